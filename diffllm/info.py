@@ -1,0 +1,56 @@
+"""`diffllm info model=<preset>`: parameters, training FLOPs per token and bf16 weight memory of a preset."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import CONFIG_DIR, build, hydra_app
+from .model import ModelConfig
+from .model.accounting import model_stats
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+
+
+def load_preset(name: str) -> ModelConfig:
+    path = CONFIG_DIR / "model" / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"model={name}: unknown preset (known: {', '.join(preset_names())})")
+    return build(ModelConfig, OmegaConf.load(path), "model")
+
+
+def _fmt(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
+    head = "| preset | arch | d_model | layers | heads (kv) | d | ffn | vocab | params | non-emb params | train GFLOPs/token | bf16 weights |"
+    rows = [head, "|" + "---|" * 12]
+    for c in cfgs:
+        s = model_stats(c, seq_len)
+        heads = f"{c.n_heads // 2 if c.arch == 'diff' else c.n_heads} ({c.kv_heads // 2 if c.arch == 'diff' else c.kv_heads})"
+        rows.append(
+            f"| {c.name} | {c.arch} | {c.d_model} | {c.n_layers} | {heads} | {c.head_dim} | {c.ffn_hidden} | "
+            f"{c.padded_vocab_size} | {s.total_params:,} | {s.nonembedding_params:,} | "
+            f"{s.flops_per_token / 1e9:.2f} @{s.seq_len} | {s.bf16_weight_bytes / 2**30:.2f} GiB |"
+        )
+    return "\n".join(rows)
+
+
+@hydra_app("info")
+def main(cfg: DictConfig) -> None:
+    seq_len = cfg.get("seq_len")
+    if cfg.all:
+        print(table([load_preset(n) for n in preset_names()], seq_len))
+        return
+    mc = build(ModelConfig, cfg.model, "model")
+    s = model_stats(mc, seq_len)
+    print(f"preset               {mc.name} ({mc.arch})")
+    print(f"parameters           {s.total_params:,} ({_fmt(s.total_params)})")
+    print(f"  input embedding    {s.embedding_params:,}")
+    print(f"  non-embedding      {s.nonembedding_params:,} ({_fmt(s.nonembedding_params)})")
+    print(f"train FLOPs/token    {s.flops_per_token:.4g} at seq_len {s.seq_len} (6 x {s.matmul_params:,} matmul params + attention)")
+    print(f"bf16 weights         {s.bf16_weight_bytes / 2**30:.2f} GiB")

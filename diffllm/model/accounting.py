@@ -1,0 +1,50 @@
+"""Parameter counts, training FLOPs per token and weight memory, from a model built on the meta device."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+from .transformer import DecoderLM
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    total_params: int  # every unique parameter (a tied embedding counts once)
+    embedding_params: int  # the input embedding table
+    nonembedding_params: int  # total - input embedding (the output head counts: it is a matmul)
+    matmul_params: int  # weights that multiply activations (all 2-D weights but the embedding lookup)
+    flops_per_token: float  # training (fwd + bwd) FLOPs per token at seq_len
+    seq_len: int
+
+    @property
+    def bf16_weight_bytes(self) -> int:
+        return 2 * self.total_params
+
+
+def meta_model(cfg: ModelConfig) -> DecoderLM:
+    """The model with shapes only: any size builds in milliseconds."""
+    with torch.device("meta"):
+        return DecoderLM(cfg)
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Forward+backward FLOPs of the score and value matmuls per token, PaLM convention (no causal halving).
+    Transformer: scores 2*T*E + values 2*T*E per layer forward. Diff: the same 2*T*E for both score maps together
+    (2h sub-heads of d = E), but each of the two maps multiplies V of width 2d, so values cost 4*T*E."""
+    E = cfg.d_model
+    forward = (2 * seq_len * E) + (4 * seq_len * E if cfg.arch == "diff" else 2 * seq_len * E)
+    return 3.0 * cfg.n_layers * forward
+
+
+def model_stats(cfg: ModelConfig, seq_len: int | None = None) -> ModelStats:
+    seq_len = seq_len or cfg.max_seq_len
+    model = meta_model(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.tok_embeddings.weight.numel()
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and n != "tok_embeddings.weight")
+    if cfg.tie_embeddings:  # the shared table is also the output matmul
+        matmul += embedding
+    flops = 6.0 * matmul + attention_flops_per_token(cfg, seq_len)
+    return ModelStats(total, embedding, total - embedding, matmul, flops, seq_len)

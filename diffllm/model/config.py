@@ -1,0 +1,89 @@
+"""ModelConfig: the one typed config that builds both decoder-only LMs (Transformer and Diff Transformer)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+ARCHS = ("transformer", "diff")
+NORMS = ("rmsnorm", "layernorm")
+BACKENDS = ("eager", "sdpa", "flash")
+
+
+@dataclass
+class ModelConfig:
+    """Layout of a decoder-only LM. `n_heads`/`n_kv_heads` are always the *Transformer's* head counts; the Diff model
+    uses n_heads/2 heads (and n_kv_heads/2 kv heads) of twice the value width, with the same head dim d."""
+
+    name: str = "custom"
+    arch: str = "transformer"  # transformer | diff
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # None -> n_heads (MHA)
+    ffn_dim: Optional[int] = None  # None -> int(8/3 * d_model), the paper's SwiGLU width
+    vocab_size: int = 8192  # raw tokenizer vocabulary; the embedding is padded up to `vocab_multiple`
+    vocab_multiple: int = 64
+    norm: str = "rmsnorm"  # rmsnorm (paper) | layernorm with bias (StableLM)
+    norm_eps: float = 1e-5
+    rotary_pct: float = 1.0  # fraction of each head dim that is rotated (StableLM: 0.25)
+    rope_theta: float = 10000.0
+    rope_interleaved: bool = False  # GPT-J pairs (2i, 2i+1) as the official Diff code; False = NeoX rotate-half (HF)
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    max_seq_len: int = 2048
+    attn_backend: str = "sdpa"  # eager (materialised maps, the reference) | sdpa | flash
+    lambda_init: Optional[float] = None  # Diff only: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
+    lambda_std: float = 0.1  # Diff only: init std of lambda_{q,k}{1,2}
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(key: str, why: str) -> None:
+            raise ValueError(f"model.{key}: {why}")
+
+        if self.arch not in ARCHS:
+            bad("arch", f"got {self.arch!r}, expected one of {ARCHS}")
+        if self.norm not in NORMS:
+            bad("norm", f"got {self.norm!r}, expected one of {NORMS}")
+        if self.attn_backend not in BACKENDS:
+            bad("attn_backend", f"got {self.attn_backend!r}, expected one of {BACKENDS}")
+        if self.d_model % self.n_heads:
+            bad("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_heads % self.kv_heads:
+            bad("n_kv_heads", f"{self.kv_heads} does not divide n_heads={self.n_heads}")
+        if self.arch == "diff" and (self.n_heads % 2 or self.kv_heads % 2):
+            bad("n_heads", f"diff needs even n_heads and n_kv_heads (got {self.n_heads}, {self.kv_heads})")
+        if not 0.0 < self.rotary_pct <= 1.0 or self.rotary_dim % 2:
+            bad("rotary_pct", f"{self.rotary_pct} gives an odd or empty rotary dim ({self.rotary_dim})")
+        if self.vocab_size < 1:
+            bad("vocab_size", f"must be positive, got {self.vocab_size}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        """d: the Transformer's head dim, which is also each Diff sub-head's dim."""
+        return self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn_dim if self.ffn_dim is not None else int(8 * self.d_model / 3)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / self.vocab_multiple) * self.vocab_multiple
+
+    def lambda_init_at(self, depth: int) -> float:
+        """lambda_init for the 0-based layer index `depth` (the paper's l-1)."""
+        if self.lambda_init is not None:
+            return float(self.lambda_init)
+        return 0.8 - 0.6 * math.exp(-0.3 * depth)

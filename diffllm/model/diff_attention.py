@@ -1,0 +1,67 @@
+"""Differential attention (Ye et al. 2024), parameter-compatible with the official `MultiheadDiffAttn`.
+
+    [Q1; Q2] = X W_Q,  [K1; K2] = X W_K,  V = X W_V          (2h sub-heads of d for Q, K; h heads of 2d for V)
+    lambda   = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init  (fp32; one set per layer, shared by all heads)
+    head_i   = (softmax(Q1 K1^T / sqrt d) - lambda softmax(Q2 K2^T / sqrt d)) V
+    out      = W_O concat_i[(1 - lambda_init) RMSNorm(head_i)]  (one 2d RMSNorm weight shared by all heads)
+
+Diff head i uses query sub-heads 2i, 2i+1 (adjacent). With GQA, diff head i reads kv group g = i // n_rep, i.e. key
+sub-heads 2g, 2g+1 and value head g, as the official flash files do.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import causal_attention, causal_probs
+from .config import ModelConfig
+from .layers import RMSNorm, apply_rotary
+
+
+class DiffAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, depth: int):
+        super().__init__()
+        self.n_heads = cfg.n_heads // 2  # h: diff heads
+        self.n_kv_heads = cfg.kv_heads // 2  # kv groups
+        self.head_dim = cfg.head_dim  # d: each Q/K sub-head; V heads are 2d
+        self.backend, self.interleaved = cfg.attn_backend, cfg.rope_interleaved
+        self.lambda_init = cfg.lambda_init_at(depth)  # a python float, as in the official code
+        kv_dim = 2 * self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.lambda_q1 = nn.Parameter(torch.zeros(self.head_dim, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.zeros(self.head_dim, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.zeros(self.head_dim, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.zeros(self.head_dim, dtype=torch.float32))
+        self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
+
+    def lambda_full(self) -> torch.Tensor:
+        """Scalar lambda in fp32."""
+        acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        l1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
+        l2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
+        return l1 - l2 + self.lambda_init
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, E = x.shape
+        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
+        k = apply_rotary(self.k_proj(x).view(B, T, 2 * g, d), cos, sin, self.interleaved)  # (B, T, 2g, d)
+        v = self.v_proj(x).view(B, T, g, 2 * d).transpose(1, 2)  # (B, g, T, 2d)
+        # Split the adjacent sub-head pairs into components 1 and 2, component-major along the head axis:
+        # (B, T, 2h, d) -> (B, T, h, 2, d) -> (B, 2, h, T, d) -> (B, 2h, T, d) = [Q1 heads..., Q2 heads...].
+        q = q.view(B, T, h, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * h, T, d)
+        k = k.view(B, T, g, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * g, T, d)
+        lam = self.lambda_full().type_as(q)
+        if self.backend == "eager":
+            probs = causal_probs(q, k).view(B, 2, h, T, T)  # materialised maps, the reference path
+            attn = (probs[:, 0] - lam * probs[:, 1]) @ v.repeat_interleave(h // g, dim=1)  # (B, h, T, 2d)
+        else:
+            # One kernel call: query head c*h + i reads kv head (c*h + i) // (h/g) = c*g + i // (h/g), i.e. the
+            # component-c keys of its own group; both components read the same V.
+            out = causal_attention(q, k, torch.cat([v, v], dim=1), self.backend).view(B, 2, h, T, 2 * d)
+            attn = out[:, 0] - lam * out[:, 1]  # (B, h, T, 2d)
+        attn = self.subln(attn) * (1.0 - self.lambda_init)
+        return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))

@@ -1,0 +1,64 @@
+"""The decoder-only LM: pre-norm blocks (attention or differential attention, then SwiGLU), chosen by `cfg.arch`."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .config import ModelConfig
+from .diff_attention import DiffAttention
+from .layers import SwiGLU, build_norm, rotary_cos_sin
+
+
+class Block(nn.Module):
+    """Y = X + Attn(Norm(X));  X' = Y + SwiGLU(Norm(Y))."""
+
+    def __init__(self, cfg: ModelConfig, depth: int):
+        super().__init__()
+        attention = DiffAttention if cfg.arch == "diff" else Attention
+        self.attn_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.attn = attention(cfg, depth)
+        self.mlp_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class DecoderLM(nn.Module):
+    """tokens (B, T) -> logits (B, T, padded_vocab). Knows nothing of parallelism, precision or checkpointing."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, depth) for depth in range(cfg.n_layers))
+        self.norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_embeddings.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, init_std) for every matrix and embedding, zero biases, unit norm weights, lambda ~ N(0, lambda_std)."""
+        for name, p in self.named_parameters():
+            if name.rsplit(".", 1)[-1].startswith("lambda_"):
+                p.normal_(0.0, self.cfg.lambda_std)
+            elif p.dim() >= 2:
+                p.normal_(0.0, self.cfg.init_std)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:  # norm weights, the Diff subln weight
+                p.fill_(1.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, T = tokens.shape
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        cos, sin = rotary_cos_sin(T, self.cfg.rotary_dim, self.cfg.rope_theta, tokens.device)  # (T, r/2)
+        x = self.tok_embeddings(tokens)  # (B, T, E)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))  # (B, T, V)
