@@ -26,11 +26,14 @@ def build_norm(kind: str, dim: int, eps: float) -> nn.Module:
     return nn.LayerNorm(dim, eps=eps, bias=True)
 
 
-def rotary_cos_sin(seq_len: int, rotary_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (T, rotary_dim/2) in fp32. Computed per call (no buffers), so meta init and bf16 casts of
-    the module never touch the frequencies."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim)
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, r/2)
+def rotary_cos_sin(
+    seq_len: int, rotary_dim: int, theta: float, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (T, rotary_dim/2) in fp32 (fp64 for float64 references). Computed per call (no buffers),
+    so meta init and bf16 casts of the module never touch the frequencies."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=device, dtype=dtype) / rotary_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=dtype), inv_freq)  # (T, r/2)
     return angles.cos(), angles.sin()
 
 

@@ -57,8 +57,8 @@ class DecoderLM(nn.Module):
         B, T = tokens.shape
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
-        cos, sin = rotary_cos_sin(T, self.cfg.rotary_dim, self.cfg.rope_theta, tokens.device)  # (T, r/2)
         x = self.tok_embeddings(tokens)  # (B, T, E)
+        cos, sin = rotary_cos_sin(T, self.cfg.rotary_dim, self.cfg.rope_theta, x.device, x.dtype)  # (T, r/2)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.lm_head(self.norm(x))  # (B, T, V)

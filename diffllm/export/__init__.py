@@ -1,0 +1,1 @@
+"""Export to other formats (Hugging Face): weight-name and config conversions."""

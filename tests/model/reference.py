@@ -1,0 +1,47 @@
+"""Independent float64 reference of differential attention, written from the paper's equations (not the module)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rotate(x: torch.Tensor, rotary_dim: int, theta: float, interleaved: bool) -> torch.Tensor:
+    """RoPE via complex multiplication. x: (T, d) float64. Pairs (2j, 2j+1) if interleaved else (j, j + r/2)."""
+    T = x.shape[0]
+    half = rotary_dim // 2
+    freqs = torch.tensor([theta ** (-2.0 * j / rotary_dim) for j in range(half)], dtype=torch.float64)
+    phase = torch.polar(torch.ones(T, half, dtype=torch.float64), torch.arange(T, dtype=torch.float64)[:, None] * freqs)
+    if interleaved:
+        z = torch.complex(x[:, 0:rotary_dim:2], x[:, 1:rotary_dim:2]) * phase
+        rot = torch.stack([z.real, z.imag], dim=-1).reshape(T, rotary_dim)
+    else:
+        z = torch.complex(x[:, :half], x[:, half:rotary_dim]) * phase
+        rot = torch.cat([z.real, z.imag], dim=-1)
+    return torch.cat([rot, x[:, rotary_dim:]], dim=-1)
+
+
+def diff_attention_reference(x, W, lam_vecs, lambda_init, h, h_kv, d, rotary_dim, theta, interleaved, eps=1e-5):
+    """x: (T, E) float64; W: dict of q/k/v/out weights ((out, in), nn.Linear layout) and subln weight (2d,).
+    Diff head i: Q1 = sub-head 2i, Q2 = sub-head 2i+1; its kv group g = i // (h / h_kv) gives K1 = 2g, K2 = 2g+1, V = g.
+    """
+    T = x.shape[0]
+    q, k, v = x @ W["q"].T, x @ W["k"].T, x @ W["v"].T
+    lq1, lk1, lq2, lk2 = lam_vecs
+    lam = math.exp(float(lq1 @ lk1)) - math.exp(float(lq2 @ lk2)) + lambda_init
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+
+    def softmax_map(qs, ks):
+        s = (rotate(qs, rotary_dim, theta, interleaved) @ rotate(ks, rotary_dim, theta, interleaved).T) / math.sqrt(d)
+        return torch.softmax(s.masked_fill(~causal, -math.inf), dim=-1)
+
+    heads = []
+    for i in range(h):
+        g = i // (h // h_kv)
+        q1, q2 = q[:, (2 * i) * d : (2 * i + 1) * d], q[:, (2 * i + 1) * d : (2 * i + 2) * d]
+        k1, k2 = k[:, (2 * g) * d : (2 * g + 1) * d], k[:, (2 * g + 1) * d : (2 * g + 2) * d]
+        vg = v[:, g * 2 * d : (g + 1) * 2 * d]
+        o = (softmax_map(q1, k1) - lam * softmax_map(q2, k2)) @ vg  # (T, 2d)
+        o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + eps) * W["subln"]
+        heads.append(o * (1 - lambda_init))
+    return torch.cat(heads, dim=-1) @ W["out"].T
