@@ -35,7 +35,7 @@ def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
         rows.append(
             f"| {c.name} | {c.arch} | {c.d_model} | {c.n_layers} | {heads} | {c.head_dim} | {c.ffn_hidden} | "
             f"{c.padded_vocab_size} | {s.total_params:,} | {s.nonembedding_params:,} | "
-            f"{s.flops_per_token / 1e9:.2f} @{s.seq_len} | {s.bf16_weight_bytes / 2**30:.2f} GiB |"
+            f"{s.flops_per_token / 1e9:.3g} @{s.seq_len} | {s.bf16_weight_bytes / 2**30:.2f} GiB |"
         )
     return "\n".join(rows)
 
@@ -43,8 +43,10 @@ def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
 @hydra_app("info")
 def main(cfg: DictConfig) -> None:
     seq_len = cfg.get("seq_len")
-    if cfg.all:
-        print(table([load_preset(n) for n in preset_names()], seq_len))
+    if cfg.all:  # `diffllm info all=true`
+        cfgs = [load_preset(n) for n in preset_names()]
+        cfgs.sort(key=lambda c: (model_stats(c).nonembedding_params, c.arch))  # by size, Transformer next to Diff
+        print(table(cfgs, seq_len))
         return
     mc = build(ModelConfig, cfg.model, "model")
     s = model_stats(mc, seq_len)
