@@ -8,6 +8,7 @@ from typing import Any, Callable, TypeVar
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS", Path(__file__).resolve().parents[1] / "configs"))
 T = TypeVar("T")
@@ -19,13 +20,19 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
 
 
 def build(cls: type[T], node: Any, prefix: str) -> T:
-    """A typed dataclass from a config node; an unknown key is a one-line error naming it (e.g. `model.d_modle`)."""
+    """A typed dataclass from a config node, checked against the dataclass's fields and types: an unknown key or a
+    value of the wrong type is a one-line ValueError naming it (e.g. `model.d_modle: unknown key`)."""
     values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"{prefix}.{unknown[0]}: unknown key (valid keys: {', '.join(sorted(fields))})")
-    return cls(**values)
+    try:
+        typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values), resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ValueError(f"{prefix}.{key}: {str(e).splitlines()[0]}") from None
+    return cls(**typed)
 
 
 def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:

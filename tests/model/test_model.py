@@ -70,6 +70,7 @@ def test_tied_embeddings_share_one_matrix():
         ({"d_model": 64, "n_heads": 6}, "model.n_heads: 6 does not divide d_model=64"),
         ({"arch": "diff", "d_model": 96, "n_heads": 3}, "model.n_heads: diff needs even"),
         ({"attn_backend": "xformers"}, "model.attn_backend"),
+        ({"d_model": "wide"}, "model.d_model: Value 'wide'"),
     ],
 )
 def test_bad_model_config_names_the_key(values, message):
