@@ -1,0 +1,168 @@
+"""Scaling-law fits with numpy only: L(N) = E + A N^-alpha and L(N, D) = E + A N^-alpha + B D^-beta by profiling the
+exponents on a grid (the rest is linear least squares with E, A, B >= 0), residual-bootstrap intervals, and the
+parameter (or token) ratio at equal loss between two fits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ALPHAS = np.concatenate([np.linspace(0.005, 0.1, 39, endpoint=False), np.linspace(0.1, 3.0, 300)])
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """L(x) = E + A x^-alpha (x: parameters or tokens)."""
+
+    E: float
+    A: float
+    alpha: float
+
+    def __call__(self, x):
+        return self.E + self.A * np.asarray(x, dtype=float) ** -self.alpha
+
+    def inverse(self, loss: float) -> float:
+        """The x at which the law reaches `loss` (inf when loss <= E: never)."""
+        if loss <= self.E or self.A <= 0:
+            return float("inf")
+        return float(((loss - self.E) / self.A) ** (-1.0 / self.alpha))
+
+
+@dataclass(frozen=True)
+class JointLaw:
+    """L(N, D) = E + A N^-alpha + B D^-beta."""
+
+    E: float
+    A: float
+    alpha: float
+    B: float
+    beta: float
+
+    def __call__(self, n, d):
+        n, d = np.asarray(n, dtype=float), np.asarray(d, dtype=float)
+        return self.E + self.A * n**-self.alpha + self.B * d**-self.beta
+
+    def at_params(self, n: float) -> PowerLaw:
+        """L(D) at fixed N: E' = E + A N^-alpha."""
+        return PowerLaw(self.E + self.A * n**-self.alpha, self.B, self.beta)
+
+    def at_tokens(self, d: float) -> PowerLaw:
+        return PowerLaw(self.E + self.B * d**-self.beta, self.A, self.alpha)
+
+
+def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Batched least squares y ~ X c with c >= 0, for small column counts: every subset of active columns is solved
+    and the best feasible one kept. X: (G, P, K), y: (P,) -> coefficients (G, K), sum of squared residuals (G,)."""
+    G, P, K = X.shape
+    best_c, best_sse = np.zeros((G, K)), np.full(G, np.inf)
+    for mask in range(1, 2**K):
+        cols = [k for k in range(K) if mask >> k & 1]
+        Xs = X[:, :, cols]
+        XtX = np.einsum("gpi,gpj->gij", Xs, Xs) + 1e-12 * np.eye(len(cols))
+        c = np.linalg.solve(XtX, np.einsum("gpi,p->gi", Xs, y)[..., None])[..., 0]
+        sse = ((np.einsum("gpi,gi->gp", Xs, c) - y) ** 2).sum(1)
+        ok = (c >= 0).all(1) & (sse < best_sse)
+        full = np.zeros((G, K))
+        full[:, cols] = c
+        best_c[ok], best_sse[ok] = full[ok], sse[ok]
+    return best_c, best_sse
+
+
+def _scale(x: np.ndarray) -> float:
+    return float(np.exp(np.log(x).mean()))  # the geometric mean keeps x/x0 near 1 for any units
+
+
+def fit_power_law(x, loss, alphas: np.ndarray = ALPHAS) -> PowerLaw:
+    x, y = np.asarray(x, dtype=float), np.asarray(loss, dtype=float)
+    if len(x) < 3 or len(np.unique(x)) < 2:
+        raise ValueError(f"a power-law fit needs >= 3 points at >= 2 sizes (got {len(x)} at {len(np.unique(x))})")
+    x0 = _scale(x)
+    feats = (x / x0)[None, :] ** -alphas[:, None]  # (G, P)
+    X = np.stack([np.ones_like(feats), feats], axis=-1)
+    c, sse = _nonneg_lstsq(X, y)
+    alphas, c, sse = _refine(alphas, c, sse, lambda a: np.stack(
+        [np.ones((len(a), len(x))), (x / x0)[None, :] ** -a[:, None]], axis=-1), y)
+    g = int(np.argmin(sse))
+    return PowerLaw(float(c[g, 0]), float(c[g, 1] * x0 ** alphas[g]), float(alphas[g]))
+
+
+def _refine(alphas, c, sse, design, y, rounds: int = 3):
+    """Zoom the 1-D exponent grid around the best value a few times."""
+    for _ in range(rounds):
+        g = int(np.argmin(sse))
+        lo, hi = alphas[max(g - 1, 0)], alphas[min(g + 1, len(alphas) - 1)]
+        fine = np.linspace(lo, hi, 41)
+        cf, sf = _nonneg_lstsq(design(fine), y)
+        alphas, c, sse = np.concatenate([alphas, fine]), np.concatenate([c, cf]), np.concatenate([sse, sf])
+    return alphas, c, sse
+
+
+def fit_joint(n, d, loss, alphas: np.ndarray | None = None) -> JointLaw:
+    n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
+    if len(y) < 5 or len(np.unique(n)) < 2 or len(np.unique(d)) < 2:
+        raise ValueError(f"L(N, D) needs >= 5 points over >= 2 sizes and >= 2 token counts (got {len(y)} points, "
+                         f"{len(np.unique(n))} sizes, {len(np.unique(d))} token counts)")
+    n0, d0 = _scale(n), _scale(d)
+    grid_a = grid_b = np.linspace(0.02, 2.0, 60) if alphas is None else alphas
+    best = None
+    for _ in range(4):  # a coarse exponent grid, then three zooms around the best pair
+        a, b = (g.ravel() for g in np.meshgrid(grid_a, grid_b, indexing="ij"))
+        X = np.stack([np.ones((len(a), len(y))), (n / n0)[None] ** -a[:, None], (d / d0)[None] ** -b[:, None]], -1)
+        c, sse = _nonneg_lstsq(X, y)
+        g = int(np.argmin(sse))
+        if best is None or sse[g] <= best[0]:
+            best = (sse[g], a[g], b[g], c[g])
+        wa, wb = 2 * (grid_a[1] - grid_a[0]), 2 * (grid_b[1] - grid_b[0])
+        grid_a = np.linspace(max(best[1] - wa, 1e-3), best[1] + wa, 21)
+        grid_b = np.linspace(max(best[2] - wb, 1e-3), best[2] + wb, 21)
+    _, a, b, c = best
+    return JointLaw(float(c[0]), float(c[1] * n0**a), float(a), float(c[2] * d0**b), float(b))
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    low: float
+    high: float
+    n_valid: int  # bootstrap replicates that gave a finite value
+
+    def __str__(self) -> str:
+        return f"{self.value:.4g} [{self.low:.4g}, {self.high:.4g}]"
+
+
+def interval(value: float, samples, level: float = 0.9) -> Interval:
+    s = np.asarray([v for v in samples if np.isfinite(v)], dtype=float)
+    if not len(s):
+        return Interval(value, float("nan"), float("nan"), 0)
+    q = (1 - level) / 2
+    return Interval(value, float(np.quantile(s, q)), float(np.quantile(s, 1 - q)), len(s))
+
+
+def bootstrap_power_law(x, loss, reps: int = 500, seed: int = 0) -> tuple[PowerLaw, list[PowerLaw]]:
+    """Residual bootstrap: refit on fitted values plus residuals drawn with replacement (keeps every size present,
+    which case resampling cannot with a handful of sizes)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(loss, dtype=float)
+    best = fit_power_law(x, y)
+    resid = y - best(x)
+    rng = np.random.default_rng(seed)
+    return best, [fit_power_law(x, best(x) + rng.choice(resid, len(resid))) for _ in range(reps)]
+
+
+def bootstrap_joint(n, d, loss, reps: int = 200, seed: int = 0) -> tuple[JointLaw, list[JointLaw]]:
+    n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
+    best = fit_joint(n, d, y)
+    resid = y - best(n, d)
+    rng = np.random.default_rng(seed)
+    return best, [fit_joint(n, d, best(n, d) + rng.choice(resid, len(resid))) for _ in range(reps)]
+
+
+def ratio_at_equal_loss(reference: PowerLaw, other: PowerLaw, x_ref: float) -> float:
+    """x_other / x_ref such that other(x_other) = reference(x_ref): e.g. Diff parameters / Transformer parameters
+    needed for the Transformer's loss at x_ref (the paper's 62.2%)."""
+    return other.inverse(float(reference(x_ref))) / x_ref
+
+
+def ratio_interval(ref_fit, ref_boot, other_fit, other_boot, x_ref: float, level: float = 0.9) -> Interval:
+    """The ratio from the best fits, with an interval from pairing the two arches' bootstrap replicates."""
+    samples = [ratio_at_equal_loss(r, o, x_ref) for r, o in zip(ref_boot, other_boot)]
+    return interval(ratio_at_equal_loss(ref_fit, other_fit, x_ref), samples, level)
