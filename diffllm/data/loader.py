@@ -1,0 +1,212 @@
+"""The training loader (rank x DataLoader-worker slots over packed streams, exact resumable state) and validation.
+
+Layout: N streams (data.num_streams, default world_size x workers) each read a disjoint share of every source.
+Slot g = rank * workers + worker serves streams g, g+S, g+2S, ... (S = world_size x workers), one micro-batch at a
+time, round-robin. A stream's state is global (it does not depend on who reads it), so a run resumes exactly on any
+layout whose slot count divides N; other layouts are refused with what to do."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from .config import DataConfig, DataError
+from .sources import Source, resolve
+from .stream import Stream, data_fingerprint
+from .tokenizer import Tokenizer, say
+
+STATE_VERSION = 1
+
+
+def resolve_sources(cfg: DataConfig, val: bool = False) -> list[Source]:
+    nodes, key = (cfg.val, "data.val") if val else (cfg.sources, "data.sources")
+    if not nodes:
+        raise DataError(f"{key}: empty; configure at least one {'held-out' if val else 'training'} source")
+    return [resolve(s, f"{key}[{i}]", cfg.prepared_dir) for i, s in enumerate(nodes)]
+
+
+class _Slots(torch.utils.data.IterableDataset):
+    """What worker w runs: slot `slots[w]`, its streams round-robin, yielding (slot, batch, update) tuples.
+    Errors travel as ("error", message) so the training process re-raises them as one-line DataErrors."""
+
+    def __init__(self, loader: "TrainLoader", slots: list[int]):
+        self.sources, self.tok, self.cfg = loader.sources, loader.tok, loader.cfg
+        self.n, self.micro = loader.n_streams, loader.micro_batch_size
+        self.slots = slots
+        self.streams = {g: [(s, loader.stream_states.get(s)) for s in loader.streams_of(g)] for g in slots}
+        self.turns = {g: loader.turns.get(g, 0) for g in slots}
+
+    def __iter__(self) -> Iterator[tuple]:
+        info = torch.utils.data.get_worker_info()
+        g = self.slots[info.id if info else 0]
+        try:
+            streams = [Stream(self.sources, self.tok, self.cfg, s, self.n, st, epochs=self.cfg.epochs)
+                       for s, st in self.streams[g]]
+            turn = self.turns[g]
+            while True:
+                stream = streams[turn]
+                try:
+                    batch = np.stack([stream.next_window() for _ in range(self.micro)])
+                except StopIteration:  # finite epochs only: the last partial micro-batch is dropped
+                    return
+                turn = (turn + 1) % len(streams)
+                yield g, torch.from_numpy(batch).long(), {"stream": stream.index, "state": stream.state(), "turn": turn}
+        except DataError as e:
+            yield "error", str(e), None
+
+
+class TrainLoader:
+    """Micro-batches (micro_batch_size, seq_len + 1) of this rank, forever; `state_dict`/`load_state_dict` resume it."""
+
+    def __init__(self, cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int):
+        if not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} is outside world_size {world_size}")
+        if micro_batch_size < 1:
+            raise DataError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.cfg, self.tok, self.rank, self.world_size, self.micro_batch_size = cfg, tok, rank, world_size, micro_batch_size
+        self.sources = resolve_sources(cfg)
+        self.fingerprint = data_fingerprint(self.sources, tok)
+        self.workers = max(1, cfg.num_workers)
+        self.n_slots = world_size * self.workers
+        self.n_streams = cfg.num_streams or self.n_slots
+        if self.n_streams % self.n_slots:
+            raise DataError(f"data.num_streams={self.n_streams} must be a multiple of world_size x workers = "
+                            f"{world_size} x {self.workers} = {self.n_slots}")
+        self.stream_states: dict[int, Optional[dict]] = {}
+        self.turns: dict[int, int] = {}
+        self.next_worker = 0  # which of this rank's slots delivers the next micro-batch
+        self.batches = 0
+        self._it: Optional[Iterator] = None
+
+    # layout
+    def slots(self) -> list[int]:
+        return [self.rank * self.workers + w for w in range(self.workers)]
+
+    def streams_of(self, slot: int) -> list[int]:
+        return list(range(slot, self.n_streams, self.n_slots))
+
+    # iteration
+    def __iter__(self) -> "TrainLoader":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._it is None:
+            self._it = self._start()
+        g, batch, update = next(self._it)
+        if g == "error":
+            self._it = None
+            raise DataError(batch)
+        self.stream_states[update["stream"]] = update["state"]
+        self.turns[g] = update["turn"]
+        self.next_worker = (g - self.rank * self.workers + 1) % self.workers
+        self.batches += 1
+        return batch
+
+    def _start(self) -> Iterator:
+        mine = self.slots()
+        order = [mine[(w + self.next_worker) % self.workers] for w in range(self.workers)]  # worker 0 serves first
+        ds = _Slots(self, order)
+        if self.cfg.num_workers == 0:
+            return iter(ds)
+        return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4))
+
+    def close(self) -> None:
+        """Stop the worker processes (they also stop when the loader is garbage-collected)."""
+        self._it = None
+
+    # state
+    def state_dict(self) -> dict:
+        """This rank's view: its streams' global positions (JSON-serialisable, a few hundred bytes per stream)."""
+        return {
+            "version": STATE_VERSION, "fingerprint": self.fingerprint, "seed": self.cfg.seed,
+            "num_streams": self.n_streams, "world_size": self.world_size, "num_workers": self.workers,
+            "rank": self.rank, "batches": self.batches, "next_worker": self.next_worker,
+            "turns": {str(g): self.turns.get(g, 0) for g in self.slots()},
+            "streams": {str(s): self.stream_states.get(s) for g in self.slots() for s in self.streams_of(g)},
+            "consumed": self.consumed(),
+        }
+
+    def consumed(self) -> dict:
+        """Per source, summed over this rank's streams: documents, empty documents, undecodable chars, tokens."""
+        out: dict = {s.name: {"docs": 0, "empty": 0, "undecodable": 0, "tokens": 0, "epoch": 0} for s in self.sources}
+        for st in self.stream_states.values():
+            for name, ps in (st or {}).get("sources", {}).items():
+                for k in ("docs", "empty", "undecodable", "tokens"):
+                    out[name][k] += ps[k]
+                out[name]["tokens"] += ps["offset"]  # the partly used current document
+                out[name]["epoch"] = max(out[name]["epoch"], ps["epoch"])
+        return out
+
+    def load_state_dict(self, states: list[dict]) -> None:
+        """Restore from the states of ALL ranks of the saving run (index = saving rank)."""
+        if not self.cfg.resume:
+            say("data.resume=false: the saved data state is ignored; the stream starts afresh (data is repeated)")
+            return
+        if isinstance(states, dict):
+            states = [states]
+        check_states(states, self)
+        first = states[0]
+        merged = {int(s): st for state in states for s, st in state["streams"].items()}
+        self.n_streams = first["num_streams"]
+        self.stream_states = {s: merged[s] for g in self.slots() for s in self.streams_of(g)}
+        if (first["world_size"], first["num_workers"]) == (self.world_size, self.workers):
+            mine = states[self.rank]
+            self.turns = {int(g): t for g, t in mine["turns"].items()}
+            self.next_worker, self.batches = mine["next_worker"], mine["batches"]
+        else:
+            self.turns, self.next_worker, self.batches = {}, 0, 0
+            say(f"data: {self.n_streams} streams saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s) "
+                f"resume on {self.world_size} x {self.workers}: every stream continues exactly; batches interleave differently")
+        self._it = None
+
+
+def check_states(states: list[dict], loader: TrainLoader) -> None:
+    """One-line errors for every way a saved data state cannot be restored exactly."""
+    cfg = loader.cfg
+    if not states or any(not isinstance(s, dict) or s.get("version") != STATE_VERSION for s in states):
+        raise DataError(f"data state: expected a list of version-{STATE_VERSION} loader states (one per saving rank)")
+    first = states[0]
+    if [s.get("rank") for s in states] != list(range(first["world_size"])):
+        raise DataError(f"data state: got states of ranks {[s.get('rank') for s in states]}; pass the states of all "
+                        f"{first['world_size']} ranks of the saving run, in rank order")
+    if first["fingerprint"] != loader.fingerprint:
+        if not cfg.ignore_fingerprint:
+            raise DataError(f"data state: fingerprint {first['fingerprint']} != {loader.fingerprint}: the sources or the "
+                            "tokenizer changed since it was saved; set data.ignore_fingerprint=true to resume anyway")
+        say(f"data: fingerprint changed ({first['fingerprint']} -> {loader.fingerprint}); resuming anyway (data.ignore_fingerprint)")
+    if first["seed"] != cfg.seed:
+        raise DataError(f"data.seed={cfg.seed} but the data state was saved with seed {first['seed']}; set data.seed={first['seed']}")
+    n = first["num_streams"]
+    if cfg.num_streams is not None and cfg.num_streams != n:
+        raise DataError(f"data.num_streams={cfg.num_streams} but the data state has {n} streams; set data.num_streams={n} (or null)")
+    ids = sorted(int(s) for state in states for s in state["streams"])
+    if ids != list(range(n)):
+        raise DataError(f"data state: streams {sorted(set(range(n)) - set(ids)) or 'duplicated'} missing; pass the states of all ranks")
+    if n % loader.n_slots:
+        fits = [d for d in range(1, n + 1) if n % d == 0]
+        raise DataError(
+            f"data state has {n} streams (saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s)); this run's "
+            f"world_size x data.num_workers = {loader.world_size} x {loader.workers} = {loader.n_slots} must divide {n} "
+            f"(one of {fits}); or set data.resume=false to restart the data stream (repeats data)")
+
+
+def build_train_loader(cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int) -> TrainLoader:
+    return TrainLoader(cfg, tok, rank, world_size, micro_batch_size)
+
+
+def build_val_batches(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> list[torch.Tensor]:
+    """The first max_batches batches (batch_size, seq_len + 1) of the held-out sources, read once in file order."""
+    fixed = dataclasses.replace(cfg, seed=0)  # the held-out stream must not change with the training seed
+    stream = Stream(resolve_sources(cfg, val=True), tok, fixed, 0, 1, shuffle=False, epochs=1)
+    windows = []
+    while len(windows) < batch_size * max_batches:
+        try:
+            windows.append(stream.next_window())
+        except StopIteration:
+            break
+    if len(windows) < batch_size:
+        raise DataError(f"data.val: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}")
+    n = len(windows) // batch_size
+    return [torch.from_numpy(np.stack(windows[i * batch_size : (i + 1) * batch_size])).long() for i in range(n)]

@@ -1,0 +1,145 @@
+"""Packer: one source's documents on one stream -> EOS-separated, unpadded windows; its state is where the next
+window starts (epoch, file item, example index, token offset), so a restore re-reads one document and is exact."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .config import DataError
+from .sources import Reader, Source
+from .tokenizer import Tokenizer
+
+Item = tuple[int, int, int]  # (file index, stride, phase): examples phase, phase+stride, ... of that file
+
+
+def assign_items(n_files: int, n_streams: int, stream: int) -> list[Item]:
+    """Which parts of a source a stream reads, so that the streams together read every example exactly once.
+    Whole files go round-robin; the last n_files % n_streams files are each split by example index among the
+    streams that got no extra whole file (stream s reads leftover file s % left). Each file is read by as few
+    streams as possible, and no stream is left empty."""
+    whole = n_files // n_streams * n_streams
+    items = [(f, 1, 0) for f in range(stream, whole, n_streams)]
+    left = n_files - whole
+    if left:
+        sharers = list(range(stream % left, n_streams, left))
+        items.append((whole + stream % left, len(sharers), sharers.index(stream)))
+    return items
+
+
+def fresh_state(order: list[Item]) -> dict:
+    return {"epoch": 0, "item": 0, "example": order[0][2], "offset": 0, "docs": 0, "empty": 0, "undecodable": 0, "tokens": 0}
+
+
+class Packer:
+    """Windows of `window` tokens from one source on one stream. Documents are tokenized in batches, each followed
+    by EOS, and cut into consecutive windows with no padding; a document longer than a window spans several."""
+
+    def __init__(self, src: Source, reader: Reader, tok: Tokenizer, window: int, items: list[Item],
+                 order_seed: Optional[list[int]], epochs: Optional[int], tokenize_chars: int, state: Optional[dict]):
+        self.src, self.reader, self.tok, self.window, self.items = src, reader, tok, window, items
+        self.order_seed, self.epochs, self.tokenize_chars = order_seed, epochs, tokenize_chars
+        st = dict(state or fresh_state(self.order(0)))
+        self.counts = {k: st[k] for k in ("docs", "empty", "undecodable", "tokens")}
+        self._next = (st["epoch"], st["item"], st["example"])  # where reading resumes once the queue is empty
+        self._skip = st["offset"]  # tokens of the first document already consumed
+        self._queue: deque = deque()  # [(epoch, item, example), stride, tokens (with EOS), undecodable]
+        self._off = 0  # tokens of the queue's first document already consumed
+        self._buffered = 0  # tokens in the queue not yet consumed
+        self._docs: Optional[Iterator] = None
+
+    def order(self, epoch: int) -> list[Item]:
+        """This stream's items in the order of `epoch` (seeded shuffle per epoch, or fixed)."""
+        if self.order_seed is None:
+            return self.items
+        perm = np.random.default_rng(self.order_seed + [epoch]).permutation(len(self.items))
+        return [self.items[k] for k in perm]
+
+    def state(self) -> dict:
+        """Start of the next window: the document at (epoch, item, example) with `offset` tokens already used."""
+        if self._queue:
+            (e, i, j), off = self._queue[0][0], self._off
+        else:
+            (e, i, j), off = self._next, 0
+        return {"epoch": e, "item": i, "example": j, "offset": off, **self.counts}
+
+    def _read(self) -> Iterator[tuple[tuple[int, int, int], int, object, int]]:
+        e, i, j = self._next
+        while self.epochs is None or e < self.epochs:
+            order = self.order(e)
+            whole_epoch, found, empty = (i == 0 and j == order[0][2]), 0, 0
+            while i < len(order):
+                f, stride, _ = order[i]
+                for jj, doc, bad in self.reader.docs(f, j, stride):
+                    found += bool(doc is not None and len(doc))
+                    empty += not (doc is not None and len(doc))
+                    yield (e, i, jj), stride, doc, bad
+                i += 1
+                j = order[i][2] if i < len(order) else 0
+            if whole_epoch and not found:
+                raise DataError(f"source {self.src.name!r}: a stream read a whole epoch without a document ({empty} empty) "
+                                f"from its {len(order)} file part(s); use fewer streams (world_size x data.num_workers) or more, fuller files")
+            e, i = e + 1, 0
+            j = self.order(e)[0][2]
+
+    def _fill(self) -> bool:
+        """Read and tokenize about tokenize_chars characters of documents into the queue; False at the end."""
+        if self._docs is None:
+            self._docs = self._read()
+        batch, chars = [], 0
+        for pos, stride, doc, bad in self._docs:
+            batch.append((pos, stride, doc, bad))
+            chars += len(doc) if isinstance(doc, str) else 4 * (0 if doc is None else len(doc))
+            if chars >= self.tokenize_chars:
+                break
+        if not batch:
+            return False
+        texts = [d for _, _, d, _ in batch if isinstance(d, str) and d]
+        ids = iter(self.tok.encode_batch(texts)) if texts else iter(())
+        eos = self.tok.eos_id
+        for pos, stride, doc, bad in batch:
+            if doc is None or not len(doc):
+                toks = np.zeros(0, np.int32)  # an empty document: counted, contributes no tokens (not even EOS)
+            else:
+                body = next(ids) if isinstance(doc, str) else doc
+                toks = np.empty(len(body) + 1, np.int32)
+                toks[:-1], toks[-1] = body, eos
+            self._queue.append((pos, stride, toks, bad))
+            self._buffered += len(toks)
+            if self._skip:  # restoring: the first document was partly used before the state was saved
+                self._off, self._skip = self._skip, 0
+                self._buffered -= self._off
+        return True
+
+    def next_window(self) -> np.ndarray:
+        """(window,) int32 tokens; StopIteration once a finite number of epochs is exhausted (nothing consumed)."""
+        while self._buffered < self.window:
+            if not self._fill():
+                raise StopIteration
+        parts, need = [], self.window
+        while need:
+            toks = self._queue[0][2]
+            take = min(len(toks) - self._off, need)
+            parts.append(toks[self._off : self._off + take])
+            self._off += take
+            need -= take
+            if self._off == len(toks):
+                self._pop()
+        while self._queue and not len(self._queue[0][2]):  # empty documents right after the window: count them now
+            self._pop()
+        self._buffered -= self.window
+        return np.concatenate(parts)
+
+    def _pop(self) -> None:
+        (e, i, j), stride, toks, bad = self._queue.popleft()
+        self.counts["docs" if len(toks) else "empty"] += 1
+        self.counts["undecodable"] += bad
+        self.counts["tokens"] += len(toks)
+        self._off = 0
+        self._next = (e, i, j + stride)
+
+    def tail(self) -> np.ndarray:
+        """Tokens read but not yet packed into a window (what a finite run leaves over at its end)."""
+        rest = [q[2][self._off if k == 0 else 0 :] for k, q in enumerate(self._queue)]
+        return np.concatenate(rest) if rest else np.zeros(0, np.int32)

@@ -1,0 +1,225 @@
+"""Sources resolved to files (globs, `pkg:` paths, hub names, prepared shards), checked, fingerprinted, and read."""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import numpy as np
+
+from .config import DataError, SourceConfig
+
+SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
+HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
+READ_BATCH = 256  # examples per arrow batch when streaming
+
+Doc = Union[str, np.ndarray, None]  # text (raw sources), token ids (prepared), None (missing/null text)
+
+
+@dataclass
+class Source:
+    """One source resolved to an ordered list of files (hub: shards), ready to be read by any rank or worker."""
+
+    cfg: SourceConfig
+    kind: str  # json | parquet | text | hub | prepared
+    files: list  # absolute paths (hub: shard labels; prepared: the original files' labels)
+    fingerprint: str
+    prepared: Optional[str] = None  # directory of pre-tokenized shards
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def n_files(self) -> int:
+        return len(self.files)
+
+
+def _expand(pattern: str, where: str) -> list[str]:
+    if pattern.startswith("pkg:"):
+        module, _, rel = pattern[4:].partition("/")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise DataError(f"{where}.path: {pattern}: package {module!r} is not installed")
+        pattern = str(Path(list(spec.submodule_search_locations)[0]) / rel)
+    pattern = os.path.abspath(os.path.expanduser(pattern))
+    if glob.has_magic(pattern):
+        found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if not found:
+            raise DataError(f"{where}.path: {pattern}: no files match")
+        return found
+    if os.path.isdir(pattern):
+        raise DataError(f"{where}.path: {pattern}: is a directory; give a glob such as {pattern}/*.jsonl")
+    if not os.path.exists(pattern):
+        raise DataError(f"{where}.path: {pattern}: no such file")
+    return [pattern]
+
+
+def _check_file(path: str, kind: str) -> str:
+    """Readable, non-empty, plausible; returns a fingerprint line (relative name added by the caller)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            if kind == "parquet" and size >= 8:
+                f.seek(size - 4)
+                tail = f.read(4)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    if size == 0:
+        raise DataError(f"{path}: empty file")
+    if kind == "parquet" and (size < 8 or head[:4] != b"PAR1" or tail != b"PAR1"):
+        raise DataError(f"{path}: corrupt parquet (no PAR1 magic at start and end; truncated or not parquet)")
+    return f"{size}:{hashlib.sha256(head).hexdigest()}"
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _semantic(cfg: SourceConfig) -> dict:
+    """The settings that change which documents a source yields (weight does not)."""
+    d = asdict(cfg)
+    d.pop("weight")
+    return d
+
+
+def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -> Source:
+    """Files of one source, checked (readable, non-empty, parquet magic) and fingerprinted."""
+    if prepared_dir:
+        return _resolve_prepared(cfg, where, Path(prepared_dir) / cfg.name)
+    if cfg.format == "hub":
+        return _resolve_hub(cfg, where)
+    files = [f for p in cfg.paths for f in _expand(p, where)]
+    kept = [f for f in files if not any(fnmatch.fnmatch(os.path.basename(f), x) or fnmatch.fnmatch(f, x) for x in cfg.exclude)]
+    if not kept:
+        raise DataError(f"{where}: every file matching {cfg.paths} is excluded by {where}.exclude")
+    if len(set(kept)) != len(kept):
+        raise DataError(f"{where}.path: a file is listed twice ({sorted(f for f in kept if kept.count(f) > 1)[0]})")
+    kinds = {cfg.format if cfg.format != "auto" else SUFFIX_FORMAT.get(Path(f).suffix.lower()) for f in kept}
+    kinds = {"json" if k == "jsonl" else k for k in kinds}
+    if None in kinds:
+        bad = next(f for f in kept if Path(f).suffix.lower() not in SUFFIX_FORMAT)
+        raise DataError(f"{where}.format: cannot infer the format of {bad} from its suffix; set format: jsonl|parquet|text")
+    if len(kinds) > 1:
+        raise DataError(f"{where}: files of several formats {sorted(kinds)}; split them into one source per format")
+    kind = kinds.pop()
+    root = os.path.commonpath([os.path.dirname(f) for f in kept])
+    lines = [f"{os.path.relpath(f, root)}:{_check_file(f, kind)}" for f in kept]
+    return Source(cfg, kind, kept, _digest(kind, cfg.text_field, cfg.sample_by, lines))
+
+
+def _resolve_hub(cfg: SourceConfig, where: str) -> Source:
+    name = cfg.paths[0]
+    try:
+        n = _load_hub(cfg).n_shards
+    except Exception as e:  # the hub client raises many types; all mean "cannot open"
+        raise DataError(f"{where}: cannot open hub dataset {name!r}: {_one_line(e)}") from None
+    labels = [f"{name}#{i}" for i in range(n)]
+    return Source(cfg, "hub", labels, _digest("hub", name, cfg.hub_config, cfg.split, cfg.revision, cfg.text_field, n))
+
+
+def _resolve_prepared(cfg: SourceConfig, where: str, folder: Path) -> Source:
+    meta_path = folder / "meta.json"
+    if not meta_path.exists():
+        raise DataError(f"{meta_path}: missing; run `diffllm data prepare` for source {cfg.name!r} ({where})")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("source") != json.loads(json.dumps(_semantic(cfg))):
+        raise DataError(f"{meta_path}: prepared from a different config of source {cfg.name!r}; re-run `diffllm data prepare`")
+    for i in range(len(meta["files"])):
+        for part in (_shard_path(folder, i, "bin"), _shard_path(folder, i, "idx.npy")):
+            if not part.exists():
+                raise DataError(f"{part}: missing prepared shard of source {cfg.name!r}; re-run `diffllm data prepare`")
+    return Source(cfg, "prepared", meta["files"], meta["fingerprint"], prepared=str(folder))
+
+
+def _shard_path(folder: Path, i: int, ext: str) -> Path:
+    return Path(folder) / f"shard-{i:05d}.{ext}"
+
+
+def _load_hub(cfg: SourceConfig):
+    from datasets import load_dataset
+
+    return load_dataset(cfg.paths[0], cfg.hub_config, split=cfg.split, revision=cfg.revision, streaming=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class Reader:
+    """Documents of one source by (file, example index); opened lazily so each worker process opens its own."""
+
+    def __init__(self, src: Source, tokenizer_fingerprint: Optional[str] = None):
+        self.src = src
+        self._ds = None
+        self._tok_fp = tokenizer_fingerprint
+
+    def _dataset(self):
+        if self._ds is None:
+            from datasets import load_dataset
+
+            cfg = self.src.cfg
+            if self.src.kind == "hub":
+                self._ds = _load_hub(cfg)
+            else:
+                kw = {"sample_by": cfg.sample_by, "encoding_errors": "replace"} if self.src.kind == "text" else {}
+                try:
+                    self._ds = load_dataset(self.src.kind, data_files=self.src.files, split="train", streaming=True, **kw)
+                except Exception as e:
+                    raise DataError(f"{self.src.files[0]}: cannot open as {self.src.kind} ({_one_line(e)})") from None
+            if self._ds.n_shards != self.src.n_files:
+                raise DataError(f"source {self.src.name!r}: the dataset has {self._ds.n_shards} shards, expected {self.src.n_files}")
+        return self._ds
+
+    def docs(self, f: int, start: int, stride: int) -> Iterator[tuple[int, Doc, int]]:
+        """(example index, document, undecodable count) for examples start, start+stride, ... of file f."""
+        if self.src.kind == "prepared":
+            yield from self._prepared_docs(f, start, stride)
+            return
+        label = self.src.files[f]
+        ds = self._dataset().shard(num_shards=self.src.n_files, index=f, contiguous=True)
+        if start:
+            ds = ds.skip(start)
+        j, field = start, self.src.cfg.text_field
+        try:
+            for table in ds.with_format("arrow").iter(batch_size=READ_BATCH):
+                if field not in table.column_names:
+                    raise DataError(f"{label}: example {j} has no field {field!r} (fields: {', '.join(table.column_names)})")
+                for text in _texts(table.column(field), label, field):
+                    if (j - start) % stride == 0:
+                        yield j, text, (text.count("\ufffd") if text else 0)
+                    j += 1
+        except DataError:
+            raise
+        except Exception as e:  # pyarrow/json/OS errors from the reader: name the file
+            raise DataError(f"{label}: cannot read {self.src.kind} near example {j} ({_one_line(e)})") from None
+
+    def _prepared_docs(self, f: int, start: int, stride: int) -> Iterator[tuple[int, Doc, int]]:
+        folder = Path(self.src.prepared)
+        idx = np.load(_shard_path(folder, f, "idx.npy"))  # (n_docs, 2): end offset, undecodable count
+        meta = json.loads((folder / "meta.json").read_text())
+        if self._tok_fp and meta["tokenizer"] != self._tok_fp:
+            raise DataError(f"{folder}: prepared with another tokenizer ({meta['tokenizer']} != {self._tok_fp}); re-run `diffllm data prepare`")
+        tokens = np.memmap(_shard_path(folder, f, "bin"), dtype=meta["dtype"], mode="r") if len(idx) and idx[-1, 0] else np.zeros(0)
+        for j in range(start, len(idx), stride):
+            lo = idx[j - 1, 0] if j else 0
+            yield j, np.asarray(tokens[lo : idx[j, 0]], dtype=np.int32), int(idx[j, 1])
+
+
+def _texts(col, label: str, field: str) -> list:
+    import pyarrow as pa
+
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
+        raise DataError(f"{label}: field {field!r} holds {col.type}, not text")
+    try:
+        return col.to_pylist()
+    except UnicodeDecodeError:  # pyarrow's json reader passes invalid UTF-8 through: replace it (and count it)
+        return [None if b is None else b.decode("utf-8", "replace") for b in col.cast(pa.large_binary()).to_pylist()]

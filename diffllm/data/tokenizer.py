@@ -1,0 +1,178 @@
+"""Tokenizers: load a tokenizer.json or HF tokenizer folder, train a byte-level BPE on the sources, cache it."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from .config import DataConfig, DataError, TokenizerConfig, cache_dir
+from .sources import Reader, Source, resolve
+
+BPE_VERSION = 1  # bump when train_bpe changes, so cached tokenizers are retrained
+
+
+def say(msg: str) -> None:
+    print(f"[diffllm.data] {msg}", file=sys.stderr, flush=True)
+
+
+class Tokenizer:
+    """A HF `tokenizers.Tokenizer` with the one special token the pipeline needs (EOS, appended per document)."""
+
+    def __init__(self, tk, eos_token: str, origin: str):
+        self.tk, self.eos_token, self.origin = tk, eos_token, origin
+        eos_id = tk.token_to_id(eos_token)
+        if eos_id is None:
+            raise DataError(f"{origin}: eos token {eos_token!r} is not in the vocabulary; set data.tokenizer.eos_token")
+        self.eos_id: int = eos_id
+        self.vocab_size: int = tk.get_vocab_size(with_added_tokens=True)
+        self.fingerprint = hashlib.sha256(tk.to_str().encode()).hexdigest()[:16]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tk.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=False)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        self.tk.save(str(tmp))
+        os.replace(tmp, path)
+
+
+def load_tokenizer(path: str, eos_token: str) -> Tokenizer:
+    """From a tokenizer.json, or a HF tokenizer folder (its own eos_token wins over `eos_token`)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    p = Path(path).expanduser()
+    if p.is_file():
+        return Tokenizer(HFTokenizer.from_file(str(p)), eos_token, str(p))
+    if not p.is_dir():
+        raise DataError(f"data.tokenizer.path: {p}: no such file or folder")
+    eos_token = _folder_eos(p) or eos_token
+    if (p / "tokenizer.json").exists():
+        return Tokenizer(HFTokenizer.from_file(str(p / "tokenizer.json")), eos_token, str(p))
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means "not a loadable tokenizer folder"
+        raise DataError(f"data.tokenizer.path: {p}: no tokenizer.json and transformers cannot load it ({type(e).__name__})") from None
+    if not getattr(hf, "is_fast", False):
+        raise DataError(f"data.tokenizer.path: {p}: only fast (tokenizers-backed) tokenizers are supported")
+    return Tokenizer(hf.backend_tokenizer, eos_token, str(p))
+
+
+def _folder_eos(folder: Path) -> Optional[str]:
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = folder / name
+        if f.exists():
+            eos = json.loads(f.read_text()).get("eos_token")
+            if isinstance(eos, dict):
+                eos = eos.get("content")
+            if eos:
+                return eos
+    return None
+
+
+def train_bpe(texts: Iterator[str], tcfg: TokenizerConfig):
+    """A byte-level BPE (GPT-2 style: no unknown tokens, lossless decode) with EOS and any extra special tokens."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = HFTokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    specials = [tcfg.eos_token] + [t for t in tcfg.special_tokens if t != tcfg.eos_token]
+    trainer = trainers.BpeTrainer(
+        vocab_size=tcfg.vocab_size, min_frequency=tcfg.min_frequency, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tk.train_from_iterator(texts, trainer=trainer)
+    return tk
+
+
+def training_texts(sources: list[Source], max_chars: int) -> Iterator[str]:
+    """Documents of the sources in file order, round-robin across sources, up to max_chars characters."""
+    streams = [_source_texts(s) for s in sources]
+    total = 0
+    while streams and total < max_chars:
+        for it in list(streams):
+            text = next(it, None)
+            if text is None:
+                streams.remove(it)
+            elif text:
+                text = text[: max_chars - total]
+                total += len(text)
+                yield text
+
+
+def _source_texts(src: Source) -> Iterator[str]:
+    reader = Reader(src)
+    for f in range(src.n_files):
+        for _, text, _ in reader.docs(f, 0, 1):
+            if text:
+                yield text
+
+
+def default_path(cfg: DataConfig, sources: list[Source]) -> Path:
+    t = cfg.tokenizer
+    key = json.dumps([BPE_VERSION, [s.fingerprint for s in sources], t.vocab_size, t.eos_token, t.special_tokens,
+                      t.min_frequency, t.train_chars])
+    return cache_dir() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:16] / "tokenizer.json"
+
+
+def train_sources(cfg: DataConfig) -> list[Source]:
+    if not cfg.sources:
+        raise DataError("data.sources: empty; configure at least one training source")
+    return [resolve(s, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
+
+
+def train_and_save(cfg: DataConfig, sources: list[Source], out: Path) -> tuple[Tokenizer, int, float]:
+    """Train on the sources, write out; returns (tokenizer, training characters, seconds)."""
+    t0 = time.perf_counter()
+    chars = [0]
+
+    def counted() -> Iterator[str]:
+        for text in training_texts(sources, cfg.tokenizer.train_chars):
+            chars[0] += len(text)
+            yield text
+
+    tk = train_bpe(counted(), cfg.tokenizer)
+    tok = Tokenizer(tk, cfg.tokenizer.eos_token, str(out))
+    tok.save(out)
+    return tok, chars[0], time.perf_counter() - t0
+
+
+def ensure_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """The configured tokenizer; the default (path null) is trained on the training sources once and cached."""
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path, cfg.tokenizer.eos_token)
+    sources = train_sources(cfg)
+    path = default_path(cfg, sources)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / ".lock", "w") as lock:  # concurrent ranks: one trains, the others wait and load
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                say(f"no cached tokenizer for data={cfg.name}: training a byte-level BPE (vocab {cfg.tokenizer.vocab_size}) -> {path}")
+                tok, chars, secs = train_and_save(cfg, sources, path)
+                say(f"trained on {chars:,} characters in {secs:.1f} s: vocab {tok.vocab_size}")
+    return load_tokenizer(str(path), cfg.tokenizer.eos_token)
+
+
+def encode_throughput(tok: Tokenizer, texts: list[str], batch_docs: int = 64) -> tuple[int, float]:
+    """(tokens, seconds) for encode_batch over texts in batches."""
+    t0, n = time.perf_counter(), 0
+    it = iter(texts)
+    while batch := list(islice(it, batch_docs)):
+        n += sum(len(ids) for ids in tok.encode_batch(batch))
+    return n, time.perf_counter() - t0
