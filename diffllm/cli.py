@@ -7,6 +7,7 @@ import sys
 # "command [subcommand]" -> "module:function". Each function is a Hydra app (or parses its own argv).
 COMMANDS = {
     "info": "diffllm.info:main",
+    "train": "diffllm.train.app:main",
     "plan": "diffllm.scaling.planner:main",
 }
 
