@@ -31,7 +31,7 @@ class _FlashStandIn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         B, H, T, _ = q.shape
-        out = q.new_empty(B, H, T, v.shape[-1])
+        out = q.new_empty(B, T, H, v.shape[-1]).transpose(1, 2)  # flash kernels write (B, T, H, d): views follow
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
