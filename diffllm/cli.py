@@ -7,8 +7,11 @@ import sys
 # "command [subcommand]" -> "module:function". Each function is a Hydra app (or parses its own argv).
 COMMANDS = {
     "info": "diffllm.info:main",
+    "tokenizer train": "diffllm.data.commands:train_main",
+    "data prepare": "diffllm.data.commands:prepare_main",
     "train": "diffllm.train.app:main",
     "plan": "diffllm.scaling.planner:main",
+    "launch": "diffllm.launch.cli:main",
 }
 
 
