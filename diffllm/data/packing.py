@@ -64,7 +64,7 @@ class Packer:
             (e, i, j), off = self._next, 0
         return {"epoch": e, "item": i, "example": j, "offset": off, **self.counts}
 
-    def _read(self) -> Iterator[tuple[tuple[int, int, int], int, object, int]]:
+    def _read(self) -> Iterator[Optional[tuple[tuple[int, int, int], int, object, int]]]:
         e, i, j = self._next
         while self.epochs is None or e < self.epochs:
             order = self.order(e)
@@ -82,14 +82,20 @@ class Packer:
                                 f"from its {len(order)} file part(s); use fewer streams (world_size x data.num_workers) or more, fuller files")
             e, i = e + 1, 0
             j = self.order(e)[0][2]
+            yield None  # epoch boundary: a small corpus is not read ahead for many epochs
 
     def _fill(self) -> bool:
         """Read and tokenize about tokenize_chars characters of documents into the queue; False at the end."""
         if self._docs is None:
             self._docs = self._read()
         batch, chars = [], 0
-        for pos, stride, doc, bad in self._docs:
-            batch.append((pos, stride, doc, bad))
+        for entry in self._docs:
+            if entry is None:
+                if batch:
+                    break
+                continue
+            pos, stride, doc, bad = entry
+            batch.append(entry)
             chars += len(doc) if isinstance(doc, str) else 4 * (0 if doc is None else len(doc))
             if chars >= self.tokenize_chars:
                 break
