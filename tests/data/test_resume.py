@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from diffllm.data import DataError, build_train_loader
 
-from .helpers import cfg, corpus, take
+from .helpers import cfg, corpus, make_docs, take, write_jsonl
 
 
 def _roundtrip(states: list[dict]) -> list[dict]:
@@ -124,3 +125,36 @@ def test_changed_sources_are_refused_unless_ignored(tmp_path, tok):
     ignoring = build_train_loader(cfg([{"path": str(tmp_path / "*.jsonl")}], ignore_fingerprint=True), tok, 0, 1, 1)
     ignoring.load_state_dict([state])
     assert next(ignoring).shape == (1, 32)
+
+
+def _stream_windows_and_states(data, tok, state=None, n=None):
+    from diffllm.data.loader import resolve_sources
+    from diffllm.data.stream import Stream
+
+    s = Stream(resolve_sources(data), tok, data, 0, 1, state=state, epochs=2)
+    out = []
+    while n is None or len(out) < n:
+        try:
+            out.append((s.next_window(), json.loads(json.dumps(s.state()))))
+        except StopIteration:
+            break
+    return out
+
+
+@pytest.mark.parametrize("exact_boundaries", [True, False])
+def test_resume_after_every_window(tmp_path, tok, exact_boundaries):
+    """Restore from the state after each window k (incl. windows ending exactly at a document's EOS, and empty
+    documents): window k+1 and the counters after it match the uninterrupted stream."""
+    candidates = make_docs("x", 600, seed=5, max_words=4)
+    lengths = [len(tok.encode(d)) + 1 for d in candidates]
+    common = max(set(lengths), key=lengths.count)
+    docs = [d for d, n in zip(candidates, lengths) if n == common][:24] if exact_boundaries else candidates[:40]
+    docs[3:3] = ["", None]
+    write_jsonl(tmp_path / "a.jsonl", docs[: len(docs) // 2])
+    write_jsonl(tmp_path / "b.jsonl", docs[len(docs) // 2 :])
+    data = cfg([{"path": str(tmp_path / "*.jsonl")}], seq_len=2 * common - 1 if exact_boundaries else 13)
+    ref = _stream_windows_and_states(data, tok)
+    assert len(ref) > 10
+    for k in range(len(ref) - 1):
+        (window, state), = _stream_windows_and_states(data, tok, ref[k][1], 1)
+        assert np.array_equal(window, ref[k + 1][0]) and state == ref[k + 1][1], f"resume after window {k}"
