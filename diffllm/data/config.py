@@ -69,8 +69,8 @@ class DataConfig:
     name: str = "custom"
     seq_len: int = 256  # windows hold seq_len + 1 tokens (inputs and shifted targets)
     seed: int = 1234  # file order per epoch and mixture draws
-    sources: List[SourceConfig] = field(default_factory=list)
-    val: List[SourceConfig] = field(default_factory=list)  # held-out sources, read once in order
+    sources: List[Any] = field(default_factory=list)  # SourceConfig nodes
+    val: List[Any] = field(default_factory=list)  # held-out SourceConfig nodes, read once in order
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     num_workers: int = 1  # DataLoader worker processes per rank (0 = tokenize in the training process)
     num_streams: Optional[int] = None  # independent packed streams; null -> world_size * max(1, num_workers)

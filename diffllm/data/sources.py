@@ -76,6 +76,13 @@ def _check_file(path: str, kind: str) -> str:
         raise DataError(f"{path}: empty file")
     if kind == "parquet" and (size < 8 or head[:4] != b"PAR1" or tail != b"PAR1"):
         raise DataError(f"{path}: corrupt parquet (no PAR1 magic at start and end; truncated or not parquet)")
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pq.read_metadata(path)  # the footer: one small read
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad footer
+            raise DataError(f"{path}: corrupt parquet footer ({_one_line(e)})") from None
     return f"{size}:{hashlib.sha256(head).hexdigest()}"
 
 
@@ -174,7 +181,7 @@ class Reader:
                 try:
                     self._ds = load_dataset(self.src.kind, data_files=self.src.files, split="train", streaming=True, **kw)
                 except Exception as e:
-                    raise DataError(f"{self.src.files[0]}: cannot open as {self.src.kind} ({_one_line(e)})") from None
+                    raise DataError(f"source {self.src.name!r}: cannot open its {self.src.kind} files ({_one_line(e)})") from None
             if self._ds.n_shards != self.src.n_files:
                 raise DataError(f"source {self.src.name!r}: the dataset has {self._ds.n_shards} shards, expected {self.src.n_files}")
         return self._ds

@@ -1,0 +1,113 @@
+"""Bad input gives a one-line DataError that names the file (or config key) and the problem."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from diffllm.data import DataError, build_train_loader, build_val_batches
+
+from .helpers import cfg, make_docs, write_jsonl
+
+
+def error_of(fn) -> str:
+    with pytest.raises(ValueError) as e:  # DataError, or the config layer's ValueError
+        fn()
+    msg = str(e.value)
+    assert "\n" not in msg, f"not one line: {msg!r}"
+    return msg
+
+
+def first_batch(data, tok):
+    return next(build_train_loader(data, tok, 0, 1, 1))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_missing_text_field(tmp_path, tok, workers):
+    write_jsonl(tmp_path / "docs.jsonl", make_docs("m", 5, 0), field="body")
+    msg = error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "docs.jsonl")}], num_workers=workers), tok))
+    assert "docs.jsonl: example 0 has no field 'text' (fields: body, id)" in msg
+
+
+def test_text_field_that_is_not_text(tmp_path, tok):
+    (tmp_path / "n.jsonl").write_text('{"text": 1}\n{"text": 2}\n')
+    assert "n.jsonl: field 'text' holds int64, not text" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "n.jsonl")}]), tok))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files without read permission")
+def test_unreadable_file(tmp_path, tok):
+    path = write_jsonl(tmp_path / "locked.jsonl", make_docs("u", 3, 0))
+    path.chmod(0)
+    assert f"{path}: cannot read (Permission denied)" in error_of(lambda: build_train_loader(cfg([{"path": str(path)}]), tok, 0, 1, 1))
+
+
+def test_file_that_vanishes(tmp_path, tok):
+    write_jsonl(tmp_path / "a.jsonl", make_docs("a", 3, 0))
+    path = write_jsonl(tmp_path / "b.jsonl", make_docs("b", 3, 1))
+    data = cfg([{"path": str(tmp_path / "*.jsonl")}], shuffle_files=False, tokenize_chars=1)
+    before = build_train_loader(data, tok, 0, 1, 1)
+    during = build_train_loader(data, tok, 0, 1, 1)
+    next(during)  # a.jsonl is being read, b.jsonl not yet
+    path.unlink()
+    assert f"source 'all': cannot open its json files (FileNotFoundError: Unable to find '{path}')" in error_of(lambda: next(before))
+    msg = error_of(lambda: [next(during) for _ in range(50)])
+    assert f"{path}: cannot read json near example 0 (FileNotFoundError" in msg
+
+
+def test_missing_files(tmp_path, tok):
+    assert "nothing/*.jsonl: no files match" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "nothing/*.jsonl")}]), tok))
+    assert "gone.jsonl: no such file" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "gone.jsonl")}]), tok))
+
+
+def test_empty_source(tmp_path, tok):
+    (tmp_path / "zero.jsonl").write_bytes(b"")
+    assert f"{tmp_path / 'zero.jsonl'}: empty file" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / 'zero.jsonl')}]), tok))
+    write_jsonl(tmp_path / "blank.jsonl", ["", None, "", "", ""])
+    msg = error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "blank.jsonl")}]), tok))
+    assert "source 'blank': a stream read a whole epoch without a document (5 empty)" in msg
+
+
+def test_corrupt_parquet(tmp_path, tok):
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"text": make_docs("g", 20, 0)}), good)
+    raw = good.read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(raw[: len(raw) // 2])  # truncated: footer gone
+    msg = error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "*.parquet")}]), tok))
+    assert f"{tmp_path / 'cut.parquet'}: corrupt parquet (no PAR1 magic at start and end" in msg
+    (tmp_path / "cut.parquet").write_bytes(raw[:4] + b"\0" * (len(raw) - 8) + raw[-4:])  # magic kept, footer zeroed
+    msg = error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "*.parquet")}]), tok))
+    assert f"{tmp_path / 'cut.parquet'}: corrupt parquet footer (" in msg
+    footer = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")  # magic and footer kept, column data zeroed
+    (tmp_path / "cut.parquet").write_bytes(raw[:4] + b"\0" * (footer - 4) + raw[footer:])
+    msg = error_of(lambda: [next(build_train_loader(cfg([{"path": str(tmp_path / "cut.parquet")}]), tok, 0, 1, 1))])
+    assert f"{tmp_path / 'cut.parquet'}: cannot read parquet near example 0 (" in msg
+
+
+def test_parquet_reads_like_jsonl(tmp_path, tok):
+    docs = make_docs("q", 30, 0)
+    pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet")
+    write_jsonl(tmp_path / "d.jsonl", docs)
+    a = next(build_train_loader(cfg([{"path": str(tmp_path / "d.parquet")}]), tok, 0, 1, 4))
+    b = next(build_train_loader(cfg([{"path": str(tmp_path / "d.jsonl")}]), tok, 0, 1, 4))
+    assert (a == b).all()
+
+
+def test_invalid_json_line(tmp_path, tok):
+    path = write_jsonl(tmp_path / "j.jsonl", make_docs("j", 3, 0))
+    with open(path, "a") as f:
+        f.write('{"text": "unterminated\n')
+    msg = error_of(lambda: [next(build_train_loader(cfg([{"path": str(path)}], seq_len=3000), tok, 0, 1, 1))])
+    assert f"{path}: cannot read json near example" in msg and "JSON parse error" in msg
+
+
+def test_config_errors_name_the_key(tmp_path, tok):
+    path = write_jsonl(tmp_path / "x.jsonl", ["a"])
+    assert "data.sources[0].pth" in error_of(lambda: cfg([{"pth": str(path)}]))
+    assert "data.sources[0].format: got 'csv'" in error_of(lambda: cfg([{"path": str(path), "format": "csv"}]))
+    assert "data.sources[0].weight: must be > 0" in error_of(lambda: cfg([{"path": str(path), "weight": 0}]))
+    assert "source name 'x' is used twice" in error_of(lambda: cfg([{"path": str(path)}, {"path": str(path)}]))
+    (tmp_path / "y.csv").write_text("text\nabc\n")
+    assert "cannot infer the format of" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "y.csv")}]), tok))
+    assert "data.val: empty" in error_of(lambda: build_val_batches(cfg([{"path": str(path)}]), tok, 1, 1))
