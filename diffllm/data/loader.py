@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .config import DataConfig, DataError
-from .sources import Source, resolve
+from .sources import Source, preload, resolve
 from .stream import Stream, data_fingerprint
 from .tokenizer import Tokenizer, say
 
@@ -110,6 +110,7 @@ class TrainLoader:
         ds = _Slots(self, order)
         if self.cfg.num_workers == 0:
             return iter(ds)
+        preload()
         return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4))
 
     def close(self) -> None:

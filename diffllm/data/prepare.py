@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sources import Reader, Source, _semantic, _shard_path
+from .sources import Reader, Source, _semantic, _shard_path, preload
 from .tokenizer import Tokenizer
 
 FORMAT = "diffllm-prepared-v1"
@@ -64,6 +64,7 @@ def prepare_source(src: Source, tok: Tokenizer, out: Path, workers: int = 1) -> 
     (folder / "meta.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     if workers > 1 and src.n_files > 1:
+        preload()
         with ProcessPoolExecutor(min(workers, src.n_files), mp_context=get_context("fork")) as pool:
             parts = list(pool.map(prepare_file, *zip(*[(src, tok, folder, f) for f in range(src.n_files)])))
     else:

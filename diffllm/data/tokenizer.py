@@ -26,6 +26,7 @@ class Tokenizer:
 
     def __init__(self, tk, eos_token: str, origin: str):
         self.tk, self.eos_token, self.origin = tk, eos_token, origin
+        tk.encode_special_tokens = True  # a literal "<|endoftext|>" inside a document is text, not a document end
         eos_id = tk.token_to_id(eos_token)
         if eos_id is None:
             raise DataError(f"{origin}: eos token {eos_token!r} is not in the vocabulary; set data.tokenizer.eos_token")

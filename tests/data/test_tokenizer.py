@@ -1,0 +1,70 @@
+"""Tokenizers: the trained byte-level BPE is lossless, loads from tokenizer.json or a HF folder, is cached once."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffllm.data import DataError, Tokenizer, ensure_tokenizer, load_tokenizer
+from diffllm.data.tokenizer import train_bpe
+
+from .conftest import PLAYS
+from .helpers import cfg, corpus
+
+TEXT = "To be, or not to be: that is the question.\n\tNaïve café — 日本語 🎭  double  spaces\r\n"
+
+
+def test_bpe_is_lossless_and_eos_is_special(tok):
+    ids = tok.encode(TEXT)
+    assert tok.decode(ids) == TEXT
+    assert tok.eos_id not in ids
+    assert tok.eos_id not in tok.encode("a literal <|endoftext|> in a document stays text")
+    assert tok.vocab_size == 320 and max(ids) < tok.vocab_size
+    assert len(tok.encode("the king")) < len("the king")  # merges were learned
+
+
+def test_tokenizer_json_and_hf_folder_load_the_same(tmp_path, tok):
+    tok.save(tmp_path / "tokenizer.json")
+    from_file = load_tokenizer(str(tmp_path / "tokenizer.json"), "<|endoftext|>")
+    assert from_file.encode(TEXT) == tok.encode(TEXT) and from_file.fingerprint == tok.fingerprint
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "hf"
+    PreTrainedTokenizerFast(tokenizer_object=tok.tk, eos_token="<|endoftext|>").save_pretrained(folder)
+    from_folder = load_tokenizer(str(folder), "ignored-because-the-folder-says")
+    assert from_folder.encode(TEXT) == tok.encode(TEXT) and from_folder.eos_id == tok.eos_id
+
+
+def test_folder_eos_must_exist(tmp_path, tok):
+    tok.save(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    with pytest.raises(DataError, match=r"eos token '</s>' is not in the vocabulary; set data.tokenizer.eos_token"):
+        load_tokenizer(str(tmp_path), "<|endoftext|>")
+    with pytest.raises(DataError, match="nowhere: no such file or folder"):
+        load_tokenizer(str(tmp_path / "nowhere"), "<|endoftext|>")
+
+
+def test_default_tokenizer_is_trained_once_and_cached(tmp_path, capfd):
+    corpus(tmp_path / "c", n_files=2, docs_per_file=50)
+    data = cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 300})
+    first = ensure_tokenizer(data)
+    said = capfd.readouterr().err
+    assert "training a byte-level BPE (vocab 300)" in said and str(tmp_path / "cache" / "tokenizers") in said
+    assert first.vocab_size == 300
+    again = ensure_tokenizer(data)
+    assert capfd.readouterr().err == "" and again.fingerprint == first.fingerprint
+    other = ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 280}))
+    assert other.vocab_size == 280  # another setting is another cache entry
+
+
+def test_configured_path_is_used(tmp_path, tok):
+    tok.save(tmp_path / "t.json")
+    data = cfg([{"path": str(PLAYS / "hamlet_gut.txt")}], tokenizer={"path": str(tmp_path / "t.json")})
+    assert isinstance(ensure_tokenizer(data), Tokenizer) and ensure_tokenizer(data).fingerprint == tok.fingerprint
+
+
+def test_train_bpe_respects_special_tokens():
+    from diffllm.data import TokenizerConfig
+
+    tk = train_bpe(iter(["some text " * 50]), TokenizerConfig(vocab_size=270, special_tokens=["<pad>", "<|endoftext|>"]))
+    assert tk.token_to_id("<|endoftext|>") == 0 and tk.token_to_id("<pad>") == 1
