@@ -1,0 +1,166 @@
+"""Typed configs of the trainer (`trainer`, `optim`, `logging` groups) and the token-budget arithmetic."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+Tokens = Union[int, str]  # 1000000, "20M", "10B", "1.5T"
+
+PRECISIONS = ("auto", "fp32", "bf16")
+SCHEDULES = ("linear", "cosine", "wsd", "constant")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+@dataclass
+class TrainerConfig:
+    tokens: Tokens = "2M"  # training budget; the run stops exactly here
+    global_batch_tokens: Tokens = 8192  # tokens per optimizer step, all ranks and micro-batches together
+    micro_batch_size: int = 8  # sequences per rank per forward/backward
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
+    offload_optimizer: bool = False  # ZeRO-1/2/3: optimizer state in CPU memory
+    offload_params: bool = False  # ZeRO-3 only: parameters in CPU memory
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    activation_checkpointing: bool = False  # recompute each block in the backward pass
+    compile: bool = False  # torch.compile each block
+    log_every: int = 10  # steps between progress lines / metrics.jsonl records
+    val_every: int = 0  # steps between validations (0: only at the start and the end)
+    val_batches: int = 8  # held-out batches per validation
+    val_batch_size: Optional[int] = None  # None -> micro_batch_size
+    save_every_steps: int = 0  # 0: no step-based saves
+    save_every_minutes: float = 0.0  # 0: no time-based saves
+    keep_last: int = 2  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
+    resume: str = "auto"  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
+    max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) steps
+    dist_timeout_minutes: float = 10.0  # a collective waiting longer than this ends the job
+    deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
+    inject_nan_at_steps: list = field(default_factory=list)  # fault injection: rank 0's loss becomes NaN there
+
+    def validate(self) -> None:
+        def bad(key: str, why: str) -> None:
+            raise ValueError(f"trainer.{key}: {why}")
+
+        if self.zero_stage not in (0, 1, 2, 3):
+            bad("zero_stage", f"got {self.zero_stage}, expected 0, 1, 2 or 3")
+        if self.precision not in PRECISIONS:
+            bad("precision", f"got {self.precision!r}, expected one of {PRECISIONS}")
+        if self.offload_params and self.zero_stage != 3:
+            bad("offload_params", "needs trainer.zero_stage=3")
+        if self.offload_optimizer and self.zero_stage == 0:
+            bad("offload_optimizer", "needs trainer.zero_stage >= 1")
+        for key in ("micro_batch_size", "log_every", "keep_last", "val_batches", "max_nonfinite_in_a_row"):
+            if getattr(self, key) < 1:
+                bad(key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("val_every", "save_every_steps", "save_every_minutes"):
+            if getattr(self, key) < 0:
+                bad(key, f"must be >= 0, got {getattr(self, key)}")
+        if not isinstance(self.deepspeed, dict):
+            bad("deepspeed", f"must be a mapping of raw DeepSpeed keys, got {type(self.deepspeed).__name__}")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 3.2e-4  # peak learning rate
+    min_lr: float = 1.28e-5  # floor reached at the last step (linear, cosine, wsd)
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-6
+    weight_decay: float = 0.1  # not applied to norms, biases and the Diff lambda_* parameters
+    grad_clip: float = 1.0  # global-norm clipping (0: off)
+    schedule: str = "linear"  # linear (the paper's) | cosine | wsd | constant
+    warmup_steps: int = 1000  # linear warmup from lr/warmup_steps to lr
+    decay_fraction: float = 0.2  # wsd only: the final fraction of steps that decays to min_lr
+
+    def validate(self) -> None:
+        def bad(key: str, why: str) -> None:
+            raise ValueError(f"optim.{key}: {why}")
+
+        if self.name != "adamw":
+            bad("name", f"got {self.name!r}; only adamw is implemented")
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"got {self.schedule!r}, expected one of {SCHEDULES}")
+        if not 0.0 <= self.min_lr <= self.lr:
+            bad("min_lr", f"must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            bad("betas", f"expected two values in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            bad("warmup_steps" if self.warmup_steps < 0 else "grad_clip" if self.grad_clip < 0 else "weight_decay",
+                "must be >= 0")
+        if not 0.0 <= self.decay_fraction <= 1.0:
+            bad("decay_fraction", f"must lie in [0, 1], got {self.decay_fraction}")
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "auto"  # auto: online with a W&B key, else offline | online | offline | disabled
+    project: str = "diffllm"
+    entity: Optional[str] = None
+    name: Optional[str] = None  # None -> the run_dir's name
+    tags: list = field(default_factory=list)
+    peak_tflops: Optional[float] = None  # override the per-device dense bf16 peak used for MFU
+
+    def validate(self) -> None:
+        if self.wandb not in WANDB_MODES:
+            raise ValueError(f"logging.wandb: got {self.wandb!r}, expected one of {WANDB_MODES}")
+
+
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_tokens(value: Any, key: str) -> int:
+    """`20M` -> 20_000_000 (decimal K/M/B/T suffixes); an int passes through; anything else names `key`."""
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: expected a token count like 20M or 10B, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMBGT]?)\s*", str(value), re.IGNORECASE)
+        if not m:
+            raise ValueError(f"{key}: expected a token count like 20M or 10B, got {value!r}")
+        exact = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
+        n = round(exact)
+        if not math.isclose(n, exact, rel_tol=0, abs_tol=1e-6 * max(1.0, exact)):
+            raise ValueError(f"{key}: {value!r} is not a whole number of tokens")
+    if n < 1:
+        raise ValueError(f"{key}: must be positive, got {value!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How a token budget maps onto steps: tokens = steps x global_batch_tokens, exactly."""
+
+    tokens: int
+    global_batch_tokens: int
+    micro_batch_size: int
+    seq_len: int
+    world_size: int
+    grad_accum: int
+    steps: int
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+
+def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget:
+    """Gradient accumulation and step count from the global batch in tokens; a combination that does not divide
+    exactly is an error naming the keys and the nearest values that would work."""
+    tokens = parse_tokens(trainer.tokens, "trainer.tokens")
+    batch = parse_tokens(trainer.global_batch_tokens, "trainer.global_batch_tokens")
+    per_micro = trainer.micro_batch_size * seq_len * world_size
+    if batch % per_micro:
+        lo, hi = max(1, batch // per_micro) * per_micro, (batch // per_micro + 1) * per_micro
+        raise ValueError(
+            f"trainer.global_batch_tokens={batch} is not a multiple of trainer.micro_batch_size x data.seq_len x "
+            f"world size = {trainer.micro_batch_size} x {seq_len} x {world_size} = {per_micro}; "
+            f"use {lo} or {hi}, or change trainer.micro_batch_size"
+        )
+    if tokens % batch:
+        lo, hi = max(1, tokens // batch) * batch, (tokens // batch + 1) * batch
+        raise ValueError(
+            f"trainer.tokens={tokens} is not a whole number of steps of trainer.global_batch_tokens={batch}; "
+            f"use {lo} or {hi} (the run stops exactly at the budget)"
+        )
+    return Budget(tokens, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro, tokens // batch)

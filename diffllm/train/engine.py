@@ -1,0 +1,90 @@
+"""The DeepSpeed side: its config generated from ours, and the model built and wrapped (ZeRO, checkpointing, compile)."""
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..model import DecoderLM, ModelConfig
+from .config import Budget, OptimConfig, TrainerConfig
+from .dist import on_gpu, rank
+from .optim import build_optimizer
+
+
+def resolve_precision(trainer: TrainerConfig) -> str:
+    """auto -> bf16 on GPUs, fp32 on CPUs (bf16 matmuls are 4-10x slower than fp32 on AVX2 CPUs)."""
+    if trainer.precision != "auto":
+        return trainer.precision
+    return "bf16" if on_gpu() else "fp32"
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def deepspeed_config(trainer: TrainerConfig, opt: OptimConfig, budget: Budget, precision: str,
+                     load_universal: bool = False) -> dict:
+    """Our config -> DeepSpeed's. `trainer.deepspeed` (raw DeepSpeed keys) is merged over the result, last."""
+    zero: dict = {"stage": trainer.zero_stage}
+    if trainer.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
+    if trainer.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu()}
+    cfg = {
+        "train_batch_size": budget.sequences_per_step,
+        "train_micro_batch_size_per_gpu": budget.micro_batch_size,
+        "gradient_accumulation_steps": budget.grad_accum,
+        "gradient_clipping": opt.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": False},
+        "zero_allow_untested_optimizer": True,  # our torch AdamW: no JIT-compiled FusedAdam/CPUAdam
+        "zero_force_ds_cpu_optimizer": False,
+        "checkpoint": {"load_universal": load_universal},
+        "steps_per_print": 2**31 - 1,  # the trainer prints its own progress lines
+        "wall_clock_breakdown": False,
+    }
+    return deep_merge(cfg, trainer.deepspeed)
+
+
+def apply_activation_checkpointing(model: DecoderLM) -> None:
+    """Recompute each block in the backward pass. The forward is swapped on the instance, so parameter names (and
+    hence checkpoints and zero_to_fp32 output) stay those of DecoderLM."""
+    for block in model.layers:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def build_model(cfg: ModelConfig, ds_config: dict, seed: int) -> DecoderLM:
+    """DecoderLM initialised from `seed`. Under ZeRO-3 the parameters are created already partitioned
+    (deepspeed.zero.Init); the model's own init is then applied with the parameters gathered, from rank 0."""
+    import deepspeed
+
+    torch.manual_seed(seed)
+    stage3 = ds_config["zero_optimization"]["stage"] == 3
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=stage3):
+        model = DecoderLM(cfg)
+    if stage3:  # zero.Init partitioned each submodule before DecoderLM.reset_parameters ran: redo it, gathered
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+            if rank() == 0:
+                model.reset_parameters()
+    return model
+
+
+def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_config: dict, seed: int):
+    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it."""
+    import deepspeed
+
+    model = build_model(cfg, ds_config, seed)
+    if trainer.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if trainer.compile:
+        for block in model.layers:
+            block.compile()
+    optimizer = build_optimizer(model, opt)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    return engine, optimizer

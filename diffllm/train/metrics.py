@@ -1,0 +1,105 @@
+"""Honest throughput metrics: dense bf16 peaks looked up by device name, MFU, the progress line, metrics.jsonl, W&B."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+# Dense (no 2:4 sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' datasheets. Matched in this order
+# against torch.cuda.get_device_name(); the first hit wins, so specific names come before generic ones.
+PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100 PCIE", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H800", 989.0),
+    ("H20", 148.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("A10G", 70.0),
+    ("MI300X", 1307.0),
+    ("MI250X", 383.0),
+]
+
+
+def peak_tflops(device_name: str) -> Optional[float]:
+    """The dense bf16 peak of a device, or None when it is unknown (a CPU, an unlisted GPU): MFU is then n/a."""
+    name = device_name.upper()
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key.upper() in name), None)
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") == "cuda" else "cpu"
+
+
+def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak: Optional[float]) -> Optional[float]:
+    """Model FLOPs utilisation: achieved model FLOP/s (6N + attention, no recomputation) over the dense peak."""
+    if peak is None or tokens_per_s_per_device <= 0:
+        return None
+    return tokens_per_s_per_device * flops_per_token / (peak * 1e12)
+
+
+def human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{1 if abs(n) < 100 * scale else 0}f}{unit}"
+    return f"{n:.0f}"
+
+
+def duration(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def progress_line(rec: dict, steps: int, budget_tokens: int, eta_s: float) -> str:
+    loss = "nan" if rec["loss"] is None else f"{rec['loss']:.4f}"
+    gnorm = "n/a" if rec["grad_norm"] is None or not math.isfinite(rec["grad_norm"]) else f"{rec['grad_norm']:.3f}"
+    util = "n/a" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
+    skipped = f" | skipped {rec['skipped_steps']}" if rec.get("skipped_steps") else ""
+    return (f"step {rec['step']}/{steps} | tokens {human(rec['tokens'])}/{human(budget_tokens)} | loss {loss} | "
+            f"lr {rec['lr']:.3e} | gnorm {gnorm} | {human(rec['tokens_per_s'])} tok/s | MFU {util} | "
+            f"ETA {duration(eta_s)}{skipped}")
+
+
+def finite_or_none(x: Optional[float]) -> Optional[float]:
+    """JSON has no NaN: a non-finite value is written as null (with `nonfinite: true` beside it)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+class MetricsLog:
+    """metrics.jsonl (rank 0), one JSON object per line, plus the same records to W&B when a run is open."""
+
+    def __init__(self, run_dir: Path, wandb_run=None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.wandb = wandb_run
+
+    def truncate_after(self, step: int) -> int:
+        """On resume: drop records of steps after the checkpoint (they are recomputed). Returns how many."""
+        if not self.path.exists():
+            return 0
+        lines = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
+        keep = [ln for ln in lines if json.loads(ln)["step"] <= step]
+        if len(keep) != len(lines):
+            tmp = self.path.with_name(".metrics.jsonl.tmp")
+            tmp.write_text("".join(ln + "\n" for ln in keep))
+            os.replace(tmp, self.path)
+        return len(lines) - len(keep)
+
+    def write(self, rec: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in rec.items() if k != "step" and v is not None}, step=rec["step"])
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []

@@ -1,0 +1,52 @@
+"""AdamW with decay/no-decay parameter groups, and a step that is skipped on every rank when gradients are non-finite."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import OptimConfig
+from .dist import all_reduce_max
+
+
+def no_decay(name: str, p: nn.Parameter) -> bool:
+    """Norm weights, biases and the Diff lambda_{q,k}{1,2} vectors get no weight decay (everything 1-D is one of those)."""
+    leaf = name.rsplit(".", 1)[-1]
+    return p.dim() < 2 or leaf == "bias" or leaf.startswith("lambda_")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (plain if no_decay(name, p) else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "group": "decay"},
+        {"params": plain, "weight_decay": 0.0, "group": "no_decay"},
+    ]
+
+
+class SkipStepAdamW(torch.optim.AdamW):
+    """torch AdamW whose `step` does nothing, on all ranks alike, when any rank sees a non-finite gradient or the
+    trainer set `force_skip` (a non-finite loss). Under ZeRO, DeepSpeed calls this on every rank with that rank's
+    (clipped, averaged) fp32 gradient partition, so the check covers the whole model. Adam's moments and step count
+    stay untouched by a skipped step."""
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        self.force_skip = False
+        self.skipped = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        bad = self.force_skip or not all(bool(torch.isfinite(g).all()) for g in grads)
+        self.skipped = all_reduce_max(bad)
+        self.force_skip = False
+        if self.skipped:
+            return None
+        return super().step(closure)
+
+
+def build_optimizer(model: nn.Module, opt: OptimConfig) -> SkipStepAdamW:
+    """fused/foreach are left to torch's defaults; the lr is set by the trainer before every step."""
+    return SkipStepAdamW(param_groups(model, opt.weight_decay), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)

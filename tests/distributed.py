@@ -1,0 +1,159 @@
+"""Run code in N real processes over gloo, as OLMo-core's test harness does: a function (`run_distributed`), or a
+`diffllm train` command (`launch_train`: one OS process per rank with torchrun's environment, or real torchrun)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(extra: Optional[dict] = None) -> dict:
+    """CPU, offline, quiet, one thread per rank (what torchrun sets), no W&B unless asked."""
+    env = dict(os.environ)
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
+# ----- a function in N processes --------------------------------------------------------------------------------
+def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple, queue) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        queue.put((rank, True, fn(*args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 120) -> list[Any]:
+    """fn(*args) on every rank of a fresh gloo world; returns the results in rank order, or raises with the failing
+    rank's traceback. `fn` must be importable (a module-level function)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, args, queue)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(results) < world_size:
+            rank, ok, value = queue.get(timeout=max(1.0, deadline - time.monotonic()))
+            if not ok:
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]
+
+
+# ----- `diffllm train` in N processes ---------------------------------------------------------------------------
+class Launch:
+    """The rank processes of one `python -m diffllm.train` run (or one torchrun process), logs in `log_dir`."""
+
+    def __init__(self, overrides: list[str], world_size: int, log_dir: Path, cwd: Path, env: Optional[dict] = None,
+                 launcher: str = "procs"):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        env = base_env(env)
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        if launcher == "torchrun":
+            cmds = [[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size),
+                     "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "diffllm.train", *overrides]]
+            envs = [env]
+        else:
+            cmds = [[sys.executable, "-m", "diffllm.train", *overrides] for _ in range(world_size)]
+            envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(port)) for r in range(world_size)]
+        if world_size == 1 and launcher == "plain":  # no launcher variables at all: the trainer picks its own
+            envs = [env]
+        for i, (cmd, e) in enumerate(zip(cmds, envs)):
+            log = self.log_dir / f"rank{i}.log"
+            with open(log, "w") as f:
+                self.procs.append(subprocess.Popen(cmd, cwd=cwd, env=e, stdout=f, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
+            self.logs.append(log)
+
+    def output(self, i: int = 0) -> str:
+        return self.logs[i].read_text()
+
+    def send(self, sig: int) -> None:
+        """To every rank process (as SLURM signals every task of a job step)."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the rank processes and everything they started (DataLoader workers, torchrun's children)."""
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            p.wait()
+
+    def wait(self, timeout: float = 300) -> list[int]:
+        deadline = time.monotonic() + timeout
+        try:
+            return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in self.procs]
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(f"training did not finish within {timeout} s; rank 0 said:\n{self.output(0)[-4000:]}")
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 300, poll: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a rank exited before the condition held; rank 0 said:\n{self.output(0)[-4000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"condition not reached within {timeout} s; rank 0 said:\n{self.output(0)[-4000:]}")
+            time.sleep(poll)
+
+
+def launch_train(overrides: list[str], world_size: int, log_dir: Path, cwd: Path = REPO, env: Optional[dict] = None,
+                 launcher: str = "procs") -> Launch:
+    """Start `diffllm train` on `world_size` ranks. launcher: procs (one process per rank with RANK/WORLD_SIZE/...),
+    torchrun (real torchrun), plain (one process, no launcher variables)."""
+    return Launch(overrides, world_size, log_dir, cwd, env, launcher)
+
+
+def run_train(overrides: list[str], world_size: int, log_dir: Path, cwd: Path = REPO, env: Optional[dict] = None,
+              launcher: str = "procs", timeout: float = 300, expect: int = 0) -> Launch:
+    """Launch, wait, and check every rank's exit code (showing rank 0's output when one differs)."""
+    run = launch_train(overrides, world_size, log_dir, cwd, env, launcher)
+    codes = run.wait(timeout)
+    if any(c != expect for c in codes):
+        bad = next(i for i, c in enumerate(codes) if c != expect)
+        raise AssertionError(f"exit codes {codes}, expected {expect}; rank {bad} said:\n{run.output(bad)[-6000:]}")
+    return run
