@@ -1,0 +1,129 @@
+"""Benchmark: tokens/s of the streaming data pipeline vs the raw tokenizer (encode_batch) on the same text, with 1 and
+2 processes (one rank each, tokenizer threads off, so one process = one core). Not a test; prints a markdown table.
+
+    .venv/bin/python scripts/bench_data.py [--mb 4] [--repeats 3] [--seq-len 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def write_corpus(folder: Path, mb: float, n_files: int) -> list[str]:
+    """Shakespeare's training plays cut into ~2 KB documents (paragraphs kept whole), repeated up to `mb` MB."""
+    from diffllm.config import build, compose
+    from diffllm.data import DataConfig
+    from diffllm.data.loader import resolve_sources
+
+    data = build(DataConfig, compose("tokenizer").data, "data")
+    paras = [p for f in resolve_sources(data)[0].files for p in Path(f).read_text().split("\n\n") if p.strip()]
+    docs, cur, size = [], "", 0
+    while size < mb * 1e6:
+        for p in paras:
+            cur += p + "\n\n"
+            if len(cur) > 2000:
+                docs.append(cur)
+                size, cur = size + len(cur), ""
+                if size >= mb * 1e6:
+                    break
+    for i in range(n_files):
+        with open(folder / f"part-{i:02d}.jsonl", "w") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in docs[i::n_files])
+    return [d for i in range(n_files) for d in docs[i::n_files]]
+
+
+def _raw(rank: int, world: int, args, barrier, out) -> None:
+    from diffllm.data import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer, "<|endoftext|>")
+    docs = [json.loads(line)["text"] for f in sorted(glob.glob(f"{args.corpus}/*.jsonl")) for line in open(f)][rank::world]
+    batches, cur, chars = [], [], 0
+    for d in docs:  # the same batching as the pipeline: about tokenize_chars characters per encode_batch call
+        cur.append(d)
+        chars += len(d)
+        if chars >= 1 << 20:
+            batches.append(cur)
+            cur, chars = [], 0
+    batches.append(cur)
+    barrier.wait()
+    t0 = time.perf_counter()
+    n = sum(len(ids) for b in batches for ids in tok.encode_batch(b))
+    out.put((n, t0, time.perf_counter()))
+
+
+def _pipeline(rank: int, world: int, args, barrier, out) -> None:
+    from diffllm.config import build
+    from diffllm.data import build_train_loader, load_tokenizer, DataConfig
+
+    tok = load_tokenizer(args.tokenizer, "<|endoftext|>")
+    data = build(DataConfig, {"name": "bench", "seq_len": args.seq_len, "num_workers": 0, "epochs": 1,
+                              "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}], "prepared_dir": args.prepared}, "data")
+    loader = build_train_loader(data, tok, rank, world, 8)
+    barrier.wait()
+    t0 = time.perf_counter()
+    n = sum(batch.numel() for batch in loader)
+    out.put((n, t0, time.perf_counter()))
+
+
+def measure(fn, world: int, args) -> float:
+    """Aggregate tokens/s of `world` processes from a common start to the last one's end."""
+    ctx = mp.get_context("fork")
+    barrier, out = ctx.Barrier(world), ctx.Queue()
+    procs = [ctx.Process(target=fn, args=(r, world, args, barrier, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    res = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(n for n, _, _ in res) / (max(e for _, _, e in res) - min(s for _, s, _ in res))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=4.0, help="corpus size in MB of text")
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3, help="best of N (the machine may be shared)")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    args = ap.parse_args()
+
+    import datasets  # noqa: F401 - loaded once here, inherited by the forked processes
+
+    from diffllm.config import build, compose
+    from diffllm.data import DataConfig, ensure_tokenizer
+    from diffllm.data.loader import resolve_sources
+    from diffllm.data.prepare import prepare_source
+
+    tok = ensure_tokenizer(build(DataConfig, compose("tokenizer").data, "data"))
+    args.tokenizer = str(Path(tok.origin))
+    with tempfile.TemporaryDirectory() as tmp:
+        args.corpus = tmp + "/corpus"
+        Path(args.corpus).mkdir()
+        docs = write_corpus(Path(args.corpus), args.mb, args.files)
+        data = build(DataConfig, {"name": "bench", "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}]}, "data")
+        prepare_source(resolve_sources(data)[0], tok, Path(tmp) / "prepared")  # also imports HF's json reader
+        print(f"corpus: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} MB in {args.files} jsonl files; "
+              f"tokenizer vocab {tok.vocab_size}; windows of {args.seq_len + 1}; best of {args.repeats}; {os.cpu_count()} CPUs\n")
+        print("| processes | raw encode_batch tokens/s | pipeline tokens/s | pipeline / raw | prepared (memmap) tokens/s |")
+        print("|---|---|---|---|---|")
+        for world in (1, 2):
+            best = {"raw": 0.0, "pipe": 0.0, "prep": 0.0}
+            for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit all three alike
+                best["raw"] = max(best["raw"], measure(_raw, world, args))
+                args.prepared = None
+                best["pipe"] = max(best["pipe"], measure(_pipeline, world, args))
+                args.prepared = str(Path(tmp) / "prepared")
+                best["prep"] = max(best["prep"], measure(_pipeline, world, args))
+            print(f"| {world} | {best['raw']:,.0f} | {best['pipe']:,.0f} | {best['pipe'] / best['raw']:.0%} | {best['prep']:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
