@@ -12,6 +12,8 @@ COMMANDS = {
     "train": "diffllm.train.app:main",
     "plan": "diffllm.scaling.planner:main",
     "launch": "diffllm.launch.cli:main",
+    "sweep": "diffllm.sweep.cli:main",
+    "sweep collect": "diffllm.sweep.cli:collect_main",
 }
 
 

@@ -1,0 +1,92 @@
+"""LaunchConfig and the argv each launcher needs: `deepspeed` (hostfile; pdsh/slurm/openmpi under it) and `torchrun`
+(c10d rendezvous, for clusters without SSH between nodes). Every command runs `-m diffllm.train <overrides>`."""
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .hostfile import check_fits, read_hostfile
+
+LAUNCHERS = ("torchrun", "deepspeed", "slurm")
+TRAIN_MODULE = "diffllm.train"
+# torchrun forwards these to the workers (SIGUSR1: SLURM's early warning); the trainer saves and exits 3 on them.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+@dataclass
+class LaunchConfig:
+    launcher: str = "torchrun"  # torchrun | deepspeed | slurm
+    nodes: int = 1
+    procs: int = 1  # processes (GPUs) per node
+    hostfile: Optional[str] = None  # deepspeed: `host slots=N` lines
+    master_addr: Optional[str] = None  # rendezvous host; None: localhost (1 node) or, under SLURM, the first node
+    master_port: int = 29500
+    rdzv_id: str = "diffllm"
+    ds_launcher: str = "pdsh"  # deepspeed's multi-node backend: pdsh | slurm | openmpi | mvapich
+    shutdown_timeout_s: int = 240  # torchrun: how long workers may take to save after a signal before SIGKILL
+    dry_run: bool = False
+    # SLURM (launcher=slurm)
+    job_name: str = "diffllm"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: str = "24:00:00"
+    cpus_per_task: Optional[int] = None  # per node (one srun task per node runs torchrun)
+    mem: Optional[str] = None  # per node, e.g. 0 (all) or 500G
+    signal_lead_s: int = 300  # SIGUSR1 this long before the time limit: save, exit 3, requeue
+    requeue: bool = True
+    log_dir: str = "logs/slurm"
+    container_image: Optional[str] = None  # pyxis/enroot: srun --container-image (e.g. a .sqsh built from docker/)
+    container_mounts: Optional[str] = None
+    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load ..., source .venv/bin/activate)
+    env: dict[str, str] = field(default_factory=dict)  # exported in the job script
+    script: Optional[str] = None  # where to write the sbatch script (None: <log_dir>/<job_name>.sbatch)
+    submit: bool = True  # sbatch the script (false: write it only)
+
+    def validate(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={self.launcher}: expected one of {', '.join(LAUNCHERS)}")
+        if self.nodes < 1 or self.procs < 1:
+            raise ValueError(f"nodes={self.nodes}, procs={self.procs}: both must be >= 1")
+        if self.signal_lead_s <= self.shutdown_timeout_s and self.launcher == "slurm":
+            raise ValueError(f"signal_lead_s={self.signal_lead_s}: must exceed shutdown_timeout_s="
+                             f"{self.shutdown_timeout_s}, or SLURM kills the job while it saves")
+
+
+def tool(name: str) -> str:
+    """An executable next to this Python (the venv's torchrun/deepspeed) when there is one, else the bare name."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def torchrun_argv(cfg: LaunchConfig, overrides: list[str], endpoint_host: Optional[str] = None,
+                  executable: str = "torchrun") -> list[str]:
+    """The same command on every node: c10d rendezvous at host:port, no SSH needed."""
+    host = endpoint_host or cfg.master_addr or "localhost"
+    port = cfg.master_port if (cfg.nodes > 1 or cfg.master_addr or endpoint_host) else 0  # 0: a free local port
+    return [executable, "--nnodes", str(cfg.nodes), "--nproc_per_node", str(cfg.procs),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", cfg.rdzv_id,
+            "--signals_to_handle", FORWARDED_SIGNALS, "--shutdown_timeout", str(cfg.shutdown_timeout_s),
+            "-m", TRAIN_MODULE, *overrides]
+
+
+def deepspeed_argv(cfg: LaunchConfig, overrides: list[str], executable: str = "deepspeed") -> list[str]:
+    """DeepSpeed's runner: with a hostfile it reaches the other nodes through `ds_launcher` (pdsh needs SSH)."""
+    argv = [executable]
+    if cfg.hostfile:
+        check_fits(read_hostfile(cfg.hostfile), cfg.nodes, cfg.procs, cfg.hostfile)
+        argv += ["--hostfile", cfg.hostfile, "--launcher", cfg.ds_launcher]
+    elif cfg.nodes > 1:
+        raise ValueError(f"nodes={cfg.nodes}: the deepspeed launcher needs --hostfile <path> with `host slots=N` "
+                         f"lines (or --launcher torchrun / slurm)")
+    argv += ["--num_nodes", str(cfg.nodes), "--num_gpus", str(cfg.procs), "--master_port", str(cfg.master_port)]
+    if cfg.master_addr:
+        argv += ["--master_addr", cfg.master_addr]
+    return argv + ["--module", TRAIN_MODULE, *overrides]
+
+
+def shell(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

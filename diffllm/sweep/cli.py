@@ -1,0 +1,66 @@
+"""`diffllm sweep [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [dry_run=true]` runs the grid's
+pending runs through Hydra multirun; `diffllm sweep collect [sweep_dir=...] [out=...]` tabulates the summaries."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import build, hydra_app
+from ..launch.commands import shell
+from .collect import collect, write_tables
+from .grid import SweepConfig, multirun_commands, plan_runs
+
+LAUNCHERS = ("basic", "submitit_slurm")
+
+
+def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher}: expected one of {', '.join(LAUNCHERS)}")
+    return ([f"hydra/launcher={launcher}"] if launcher != "basic" else []) + list(extra)
+
+
+def run_sweep(cfg: DictConfig) -> int:
+    grid = build(SweepConfig, cfg.sweep, "sweep")
+    runs = plan_runs(grid, cfg.sweep_dir)
+    pending = [r for r in runs if r.status != "finished"]
+    for r in runs:
+        print(f"{r.status:>10}  {r.run_dir}")
+    print(f"{len(runs)} runs: {len(runs) - len(pending)} finished (skipped), {len(pending)} to run", flush=True)
+    commands = multirun_commands(pending, grid, cfg.sweep_dir, launcher_overrides(cfg.launcher,
+                                                                                    cfg.launcher_overrides))
+    worst = 0
+    for argv in commands:
+        print(shell(argv), flush=True)
+        if not cfg.dry_run:
+            worst = max(worst, subprocess.call(argv))
+    return worst
+
+
+def main() -> None:
+    @hydra_app("sweep")
+    def app(cfg: DictConfig) -> None:
+        try:
+            code = run_sweep(cfg)
+        except ValueError as e:
+            sys.exit(f"diffllm sweep: {e}")
+        sys.exit(code)
+
+    app()
+
+
+def collect_main() -> None:
+    @hydra_app("sweep")
+    def app(cfg: DictConfig) -> None:
+        try:
+            records = collect(cfg.sweep_dir)
+            out = cfg.get("out") or cfg.sweep_dir
+            csv_path, md_path = write_tables(records, cfg.sweep_dir, out)
+        except ValueError as e:
+            sys.exit(f"diffllm sweep collect: {e}")
+        print(Path(md_path).read_text(), end="")
+        print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
+
+    app()

@@ -1,0 +1,181 @@
+"""The launch command builders: exact argv for torchrun and the deepspeed runner, the sbatch script (checked with
+bash -n), hostfile errors, and the CLI's option parsing and one-line errors."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffllm.launch.cli import parse_args
+from diffllm.launch.commands import LaunchConfig, deepspeed_argv, torchrun_argv
+from diffllm.launch.hostfile import read_hostfile
+from diffllm.launch.slurm import sbatch_script
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_torchrun_one_node_and_many():
+    one = torchrun_argv(LaunchConfig(procs=2), ["model=diff-tiny"])
+    assert one == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                   "--rdzv_endpoint", "localhost:0", "--rdzv_id", "diffllm", "--signals_to_handle",
+                   "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown_timeout", "240", "-m", "diffllm.train",
+                   "model=diff-tiny"]
+    many = torchrun_argv(LaunchConfig(nodes=4, procs=8, master_addr="node-1", master_port=29400), [])
+    assert many[many.index("--rdzv_endpoint") + 1] == "node-1:29400" and many[many.index("--nnodes") + 1] == "4"
+
+
+def test_deepspeed_with_hostfile(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("# two nodes\nnode-1 slots=8\nnode-2 slots=8  # comment\n")
+    argv = deepspeed_argv(LaunchConfig(launcher="deepspeed", nodes=2, procs=8, hostfile=str(hf)), ["seed=1"])
+    assert argv == ["deepspeed", "--hostfile", str(hf), "--launcher", "pdsh", "--num_nodes", "2", "--num_gpus", "8",
+                    "--master_port", "29500", "--module", "diffllm.train", "seed=1"]
+
+
+def test_deepspeed_runner_accepts_our_argv():
+    """DeepSpeed's own argument parser takes every flag we generate."""
+    from deepspeed.launcher.runner import parse_args as ds_parse
+
+    argv = deepspeed_argv(LaunchConfig(launcher="deepspeed", procs=2, master_addr="10.0.0.1"), ["model=diff-tiny"])
+    args = ds_parse(argv[1:])
+    assert (args.num_gpus, args.master_addr, args.module, args.user_script) == (2, "10.0.0.1", True, "diffllm.train")
+
+
+def test_torchrun_parser_accepts_our_argv():
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(torchrun_argv(LaunchConfig(nodes=2, procs=4, master_addr="h"), ["x=1"])[1:])
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_endpoint, args.module, args.training_script) == (
+        "2", "4", "h:29500", True, "diffllm.train")
+    assert args.shutdown_timeout == 240 and "SIGUSR1" in args.signals_to_handle
+
+
+@pytest.mark.parametrize("text,match", [
+    ("node-1\n", r"hosts:1: 'node-1' has no slots=N"),
+    ("node-1 slots=0\n", r"hosts:1: 'node-1 slots=0': slots must be a positive integer"),
+    ("# nothing\n\n", r"hosts: lists no hosts with slots"),
+    ("a slots=2\na slots=2\n", r"hosts:2: host 'a' is listed twice"),
+])
+def test_bad_hostfiles(tmp_path, text, match):
+    hf = tmp_path / "hosts"
+    hf.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        read_hostfile(hf)
+
+
+def test_hostfile_too_small(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("a slots=4\n")
+    with pytest.raises(ValueError, match=r"lists 1 host\(s\), but nodes=2"):
+        deepspeed_argv(LaunchConfig(launcher="deepspeed", nodes=2, procs=4, hostfile=str(hf)), [])
+    with pytest.raises(ValueError, match=r"host 'a' has slots=4, but procs=8"):
+        deepspeed_argv(LaunchConfig(launcher="deepspeed", nodes=1, procs=8, hostfile=str(hf)), [])
+
+
+def test_example_hostfile_parses():
+    assert read_hostfile(REPO / "scripts" / "hostfile.example") == {"node-1": 8, "node-2": 8}
+
+
+def test_sbatch_script():
+    cfg = LaunchConfig(launcher="slurm", nodes=4, procs=8, partition="gpu", account="proj", time="12:00:00",
+                       container_image="/images/diffllm.sqsh", setup=["source .venv/bin/activate"],
+                       env={"NCCL_DEBUG": "WARN"})
+    text = sbatch_script(cfg, ["model=diff-13.1b", "run_dir=runs/${model.name}"])
+    for line in ["#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --time=12:00:00",
+                 "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue", "source .venv/bin/activate",
+                 "export NCCL_DEBUG=WARN", 'scontrol requeue "$SLURM_JOB_ID"']:
+        assert line in [x.strip() for x in text.splitlines()], line
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--container-image=/images/diffllm.sqsh" in srun
+    assert '--rdzv_endpoint "${HEAD_NODE}:29500"' in srun and '--rdzv_id "${SLURM_JOB_ID}"' in srun
+    assert "'run_dir=runs/${model.name}'" in srun  # a Hydra interpolation stays verbatim (single quotes)
+    assert srun.endswith(" &") and "SIGUSR1" in srun
+    bash = shutil.which("bash")
+    assert subprocess.run([bash, "-n"], input=text, text=True).returncode == 0  # valid shell
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun stand-in: drop srun's own options, run the rest (torchrun) as a child, forward signals to it like srun does
+while [[ "$1" == --* ]]; do shift; done
+"$@" & child=$!
+trap 'kill -USR1 $child' USR1
+trap 'kill -TERM $child' TERM
+while true; do wait $child; rc=$?; kill -0 $child 2>/dev/null || exit $rc; done
+"""
+FAKE_TORCHRUN = """#!/bin/bash
+# torchrun+trainer stand-in: report the arguments, wait for a signal, 'save' and exit 3 like the trainer
+echo "$@" > "$MARKS/args"
+trap 'echo usr1 > "$MARKS/signal"; exit 3' USR1
+echo started > "$MARKS/started"
+while true; do sleep 0.1; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+if [ "$1" = show ]; then echo node-a; echo node-b; else echo "$@" > "$MARKS/scontrol"; fi
+"""
+
+
+def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
+    """Run the generated script under bash with stand-ins for srun/torchrun/scontrol; SIGUSR1 to the batch shell
+    (what `--signal=B:USR1@300` does) must reach the trainer, and the job must requeue itself and exit with 3."""
+    import os
+    import signal
+    import time
+
+    bin_dir, marks = tmp_path / "bin", tmp_path / "marks"
+    bin_dir.mkdir(), marks.mkdir()
+    for name, body in (("srun", FAKE_SRUN), ("torchrun", FAKE_TORCHRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8), ["model=diff-tiny"]))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NODELIST": "node-[a-b]"}
+    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path)
+    deadline = time.time() + 30
+    while not (marks / "started").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    job.send_signal(signal.SIGUSR1)
+    assert job.wait(timeout=30) == 3
+    assert (marks / "signal").read_text().strip() == "usr1"
+    assert (marks / "scontrol").read_text().split() == ["requeue", "42"]
+    args = (marks / "args").read_text()
+    assert "--rdzv_endpoint node-a:29500" in args and "--rdzv_id 42" in args and "--nnodes 2" in args
+
+
+def test_sbatch_signal_must_leave_time_to_save():
+    with pytest.raises(ValueError, match="signal_lead_s=100: must exceed shutdown_timeout_s=240"):
+        parse_args(["--launcher", "slurm", "--signal-lead-s", "100"])
+
+
+def test_parse_args_flags_and_overrides():
+    cfg, overrides = parse_args(["--nodes", "2", "--procs=4", "--dry-run", "model=diff-tiny", "--master-addr", "h",
+                                 "--env", "A=1", "--", "--weird"])
+    assert (cfg.nodes, cfg.procs, cfg.dry_run, cfg.master_addr, cfg.env) == (2, 4, True, "h", {"A": "1"})
+    assert overrides == ["model=diff-tiny", "--weird"]
+    slurm, _ = parse_args(["--launcher", "slurm"])
+    assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launcher/slurm.yaml applied
+    with pytest.raises(ValueError, match="--nodez: unknown launch option"):
+        parse_args(["--nodez", "2"])
+    with pytest.raises(ValueError, match=r"launch.nodes"):
+        parse_args(["--nodes", "two"])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diffllm.cli", "launch", *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def test_cli_dry_run_and_one_line_errors(tmp_path):
+    out = _cli("--nodes", "1", "--procs", "2", "--dry-run", "model=diff-tiny")
+    assert out.returncode == 0 and "--nproc_per_node 2" in out.stdout and "-m diffllm.train model=diff-tiny" in out.stdout
+    empty = tmp_path / "hosts"
+    empty.write_text("# no hosts\n")
+    for args, msg in [(["--launcher", "deepspeed", "--hostfile", str(empty), "--dry-run"], "lists no hosts"),
+                      (["--dry-run", "model=nope"], "model=nope: unknown preset"),
+                      (["--launcher", "mpi"], "no configs/launcher/mpi.yaml")]:
+        bad = _cli(*args)
+        assert bad.returncode == 1 and msg in bad.stderr and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -1,0 +1,129 @@
+"""Sweep grid generation (budgets, seeds, run directories, skipping finished runs), the multirun commands, and
+`collect` over synthetic run directories."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffllm.config import compose
+from diffllm.model.accounting import model_stats
+from diffllm.info import load_preset
+from diffllm.sweep.collect import collect, read_csv, to_csv, write_tables
+from diffllm.sweep.grid import SweepConfig, budgets, multirun_commands, plan_runs, token_label
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _summary(run_dir: Path, model: str, loss: float, status: str = "finished", **extra) -> None:
+    s = model_stats(load_preset(model))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "model": model, "arch": load_preset(model).arch, "total_params": s.total_params,
+        "nonembedding_params": s.nonembedding_params, "tokens": 131072, "flops": 1e12, "final_train_loss": loss + 0.1,
+        "final_val_loss": loss, "wall_time_s": 12.5, "world_size": 1, "status": status, **extra}))
+
+
+def test_grid_budgets_seeds_and_dirs(tmp_path):
+    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1", "diff-micro-2"], tokens=["1M"],
+                       tokens_by_model={"diff-micro-2": ["2M", "3M"]}, seeds=[1], seeds_by_model={"diff-micro-1": [1, 2]},
+                       round_tokens_to=2048)
+    runs = plan_runs(grid, tmp_path)
+    assert [(r.model, r.tokens, r.seed) for r in runs] == [
+        ("transformer-micro-1", 1001472, 1), ("diff-micro-1", 1001472, 1), ("diff-micro-1", 1001472, 2),
+        ("diff-micro-2", 2000896, 1), ("diff-micro-2", 3000320, 1)]  # rounded up to whole 2048-token steps
+    assert runs[0].run_dir == tmp_path / "transformer-micro-1" / "1001472" / "seed1"
+    assert token_label(2_000_000) == "2M" and token_label(131072) == "131072" and token_label(10**12) == "1T"
+
+
+def test_tokens_per_param_rule():
+    grid = SweepConfig(models=["diff-830m"], tokens_per_param=[20], params="total")
+    assert budgets(grid, "diff-830m") == [20 * model_stats(load_preset("diff-830m")).total_params]
+
+
+def test_multirun_commands_skip_finished(tmp_path):
+    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1"], tokens=["64K"], seeds=[7],
+                       overrides=["trainer.zero_stage=0"])
+    runs = plan_runs(grid, tmp_path)
+    _summary(runs[0].run_dir, "transformer-micro-1", 5.0)
+    (runs[1].run_dir / "checkpoints").mkdir(parents=True)  # started, not finished: resumes
+    assert [r.status for r in runs] == ["finished", "unfinished"]
+    pending = [r for r in runs if r.status != "finished"]
+    (cmd,) = multirun_commands(pending, grid, tmp_path, ["hydra/launcher=submitit_slurm"])
+    assert cmd[1:4] == ["-m", "diffllm.sweep.job", "--multirun"]
+    assert "model=diff-micro-1" in cmd and "trainer.tokens=64000" in cmd and "seed=7" in cmd and "data.seed=7" in cmd
+    assert f"run_dir={tmp_path}/${{model.name}}/64K/seed7" in cmd and "trainer.resume=auto" in cmd
+    assert cmd[-1] == "hydra/launcher=submitit_slurm" and "trainer.zero_stage=0" in cmd
+
+
+def test_job_overrides_compose_into_the_train_config(tmp_path):
+    """The run_dir interpolation in a multirun command resolves per model in the train config."""
+    grid = SweepConfig(models=["diff-micro-1"], tokens=["64K"], seeds=[3], overrides=["data.seq_len=128"])
+    (cmd,) = multirun_commands(plan_runs(grid, tmp_path), grid, tmp_path, [])
+    overrides = [a for a in cmd[4:] if not a.startswith("hydra.")]
+    cfg = compose("train", overrides)
+    assert cfg.run_dir == str(tmp_path / "diff-micro-1" / "64K" / "seed3")
+    assert (cfg.model.name, cfg.seed, cfg.data.seq_len) == ("diff-micro-1", 3, 128)
+
+
+def test_micro_sweep_config_is_a_valid_grid():
+    cfg = compose("sweep")
+    from diffllm.config import build
+
+    grid = build(SweepConfig, cfg.sweep, "sweep")
+    runs = plan_runs(grid, "/nonexistent")
+    sizes = {r.model: model_stats(load_preset(r.model)).nonembedding_params for r in runs}
+    for arch in ("transformer", "diff"):
+        ns = [n for m, n in sizes.items() if m.startswith(arch)]
+        assert len(ns) >= 4 and max(ns) / min(ns) >= 8
+    assert sum(r.model == "diff-micro-1" for r in runs) == 2
+
+
+def test_collect_tables(tmp_path):
+    _summary(tmp_path / "transformer-micro-1" / "131072" / "seed1234", "transformer-micro-1", 5.5)
+    _summary(tmp_path / "diff-micro-1" / "131072" / "seed1235", "diff-micro-1", 5.4, seed=1235)
+    unfinished = tmp_path / "diff-micro-2" / "131072" / "seed1234"
+    unfinished.mkdir(parents=True)
+    (unfinished / "metrics.jsonl").write_text('{"step": 1, "loss": 6.0}\n')
+    records = collect(tmp_path)
+    assert [(r.model, r.seed, r.status) for r in records] == [
+        ("diff-micro-1", 1235, "finished"), ("diff-micro-2", 1234, "unfinished"),
+        ("transformer-micro-1", 1234, "finished")]
+    t = records[2]
+    s = model_stats(load_preset("transformer-micro-1"))
+    assert t.block_params == s.nonembedding_params - s.embedding_params  # minus the untied output head
+    csv_path, md_path = write_tables(records, tmp_path, tmp_path / "out")
+    assert read_csv(csv_path) == records
+    rows = list(csv.DictReader(open(csv_path)))
+    assert rows[0]["final_val_loss"] == "5.4" and rows[1]["final_val_loss"] == ""
+    md = md_path.read_text()
+    assert "| diff-micro-2 | diff | 1,234 |" in md and "unfinished" in md and to_csv(records) == csv_path.read_text()
+
+
+def test_collect_bad_dirs(tmp_path):
+    with pytest.raises(ValueError, match=f"sweep_dir={tmp_path}/missing: no such directory"):
+        collect(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no runs found"):
+        collect(tmp_path)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diffllm.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def test_cli_dry_run_and_errors(tmp_path):
+    out = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true")
+    assert out.returncode == 0, out.stderr
+    assert "10 runs: 0 finished (skipped), 10 to run" in out.stdout and out.stdout.count("--multirun") == 2
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    missing = _cli("sweep", "collect", f"sweep_dir={tmp_path}/nope")
+    assert missing.returncode == 1 and missing.stderr.strip() == (
+        f"diffllm sweep collect: sweep_dir={tmp_path}/nope: no such directory")
+    bad = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true", "sweep.models=[diff-micro-9]")
+    assert bad.returncode == 1 and "model=diff-micro-9: unknown preset" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0
