@@ -7,6 +7,7 @@ layout whose slot count divides N; other layouts are refused with what to do."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Iterator, Optional
 
 import numpy as np
@@ -111,6 +112,7 @@ class TrainLoader:
         if self.cfg.num_workers == 0:
             return iter(ds)
         preload()
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
         return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4))
 
     def close(self) -> None:
@@ -158,7 +160,7 @@ class TrainLoader:
             self.next_worker, self.batches = mine["next_worker"], mine["batches"]
         else:
             self.turns, self.next_worker, self.batches = {}, 0, 0
-            say(f"data: {self.n_streams} streams saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s) "
+            say(f"{self.n_streams} streams saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s) "
                 f"resume on {self.world_size} x {self.workers}: every stream continues exactly; batches interleave differently")
         self._it = None
 
@@ -176,7 +178,7 @@ def check_states(states: list[dict], loader: TrainLoader) -> None:
         if not cfg.ignore_fingerprint:
             raise DataError(f"data state: fingerprint {first['fingerprint']} != {loader.fingerprint}: the sources or the "
                             "tokenizer changed since it was saved; set data.ignore_fingerprint=true to resume anyway")
-        say(f"data: fingerprint changed ({first['fingerprint']} -> {loader.fingerprint}); resuming anyway (data.ignore_fingerprint)")
+        say(f"fingerprint changed ({first['fingerprint']} -> {loader.fingerprint}); resuming anyway (data.ignore_fingerprint)")
     if first["seed"] != cfg.seed:
         raise DataError(f"data.seed={cfg.seed} but the data state was saved with seed {first['seed']}; set data.seed={first['seed']}")
     n = first["num_streams"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from .config import DataError
 from .sources import Reader, Source
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, say
 
 Item = tuple[int, int, int]  # (file index, stride, phase): examples phase, phase+stride, ... of that file
 
@@ -48,6 +48,7 @@ class Packer:
         self._off = 0  # tokens of the queue's first document already consumed
         self._buffered = 0  # tokens in the queue not yet consumed
         self._docs: Optional[Iterator] = None
+        self._reported: set = set()
 
     def order(self, epoch: int) -> list[Item]:
         """This stream's items in the order of `epoch` (seeded shuffle per epoch, or fixed)."""
@@ -141,9 +142,18 @@ class Packer:
         (e, i, j), stride, toks, bad = self._queue.popleft()
         self.counts["docs" if len(toks) else "empty"] += 1
         self.counts["undecodable"] += bad
+        self._report(not len(toks), "empty documents are skipped (no tokens, no EOS) and counted", (e, i, j))
+        self._report(bad, "undecodable bytes are replaced by U+FFFD and counted", (e, i, j))
         self.counts["tokens"] += len(toks)
         self._off = 0
         self._next = (e, i, j + stride)
+
+    def _report(self, happened: object, what: str, pos: tuple[int, int, int]) -> None:
+        """Say it once per source and stream, at the first occurrence (the counts go on in the state)."""
+        if happened and what not in self._reported:
+            self._reported.add(what)
+            e, i, j = pos
+            say(f"source {self.src.name!r}: {what} (first: {self.src.files[self.order(e)[i][0]]} example {j})")
 
     def tail(self) -> np.ndarray:
         """Tokens read but not yet packed into a window (what a finite run leaves over at its end)."""

@@ -46,3 +46,13 @@ def test_empty_docs_and_undecodable_bytes_are_counted(tmp_path, tok):
     body = np.concatenate([w[0].numpy() for w in windows])
     assert "broken \ufffd\ufffd bytes here" in tok.decode(body.tolist())
     assert counts["docs"] == (body == tok.eos_id).sum()  # an empty document adds no EOS
+
+
+def test_empty_and_undecodable_are_reported_once(tmp_path, tok, capfd):
+    write_jsonl(tmp_path / "r.jsonl", ["one", "", "two", "", "three \ufffd"] * 3)
+    list(build_train_loader(cfg([{"path": str(tmp_path / "r.jsonl")}], seq_len=3, epochs=1), tok, 0, 1, 1))
+    err = capfd.readouterr().err.splitlines()
+    assert err == [
+        f"[diffllm.data] source 'r': empty documents are skipped (no tokens, no EOS) and counted (first: {tmp_path / 'r.jsonl'} example 1)",
+        f"[diffllm.data] source 'r': undecodable bytes are replaced by U+FFFD and counted (first: {tmp_path / 'r.jsonl'} example 4)",
+    ]

@@ -40,3 +40,13 @@ def test_union_of_ranks_is_one_pass(tmp_path, tok, world_size, workers):
     assert sorted(streams) == list(range(n))
     read = Counter(d for s in streams for d in split_docs(drain(data, tok, s, n), tok))
     assert read == Counter(docs)
+
+
+def test_hub_dataset_shards_cover_once(tmp_path, tok):
+    """format: hub goes through load_dataset(<name>) and its shards; a local dataset folder stands in for the hub."""
+    docs = corpus(tmp_path / "repo" / "data", n_files=3, docs_per_file=7)
+    data = cfg([{"name": "hub", "path": str(tmp_path / "repo"), "format": "hub"}])
+    loader = build_train_loader(data, tok, 0, 2, 1)
+    assert loader.sources[0].n_files == 3 and next(loader).shape == (1, 32)
+    read = Counter(d for s in range(2) for d in split_docs(drain(data, tok, s, 2), tok))
+    assert read == Counter(docs)
