@@ -212,7 +212,7 @@ class Reader:
         except DataError:
             raise
         except Exception as e:  # pyarrow/json/OS errors from the reader: name the file
-            raise DataError(f"{label}: cannot read {self.src.kind} near example {j} ({_one_line(e)})") from None
+            raise DataError(f"{label}: cannot read {self.src.kind} ({_one_line(e)}) after {j} examples") from None
 
     def _prepared_docs(self, f: int, start: int, stride: int) -> Iterator[tuple[int, Doc, int]]:
         folder = Path(self.src.prepared)
