@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from typing import Iterator, Optional
 
 import numpy as np
@@ -26,6 +27,13 @@ def resolve_sources(cfg: DataConfig, val: bool = False) -> list[Source]:
     if not nodes:
         raise DataError(f"{key}: empty; configure at least one {'held-out' if val else 'training'} source")
     return [resolve(s, f"{key}[{i}]", cfg.prepared_dir) for i, s in enumerate(nodes)]
+
+
+def _ignore_stop_signals(_: int) -> None:
+    """Workers leave SIGTERM/SIGINT to the training process (which saves, then exits and takes them along), so a
+    signal sent to the whole process group cannot kill them under a trainer that is still finishing its step."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _Slots(torch.utils.data.IterableDataset):
@@ -113,7 +121,8 @@ class TrainLoader:
             return iter(ds)
         preload()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
-        return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4))
+        return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4,
+                                                worker_init_fn=_ignore_stop_signals))
 
     def close(self) -> None:
         """Stop the worker processes (they also stop when the loader is garbage-collected)."""

@@ -3,6 +3,7 @@ run token for token (single source, mixture, across an epoch boundary, 2 ranks x
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -158,3 +159,16 @@ def test_resume_after_every_window(tmp_path, tok, exact_boundaries):
     for k in range(len(ref) - 1):
         (window, state), = _stream_windows_and_states(data, tok, ref[k][1], 1)
         assert np.array_equal(window, ref[k + 1][0]) and state == ref[k + 1][1], f"resume after window {k}"
+
+
+def test_workers_survive_a_stop_signal(tmp_path, tok):
+    """SIGTERM to the whole process group (Slurm, Ctrl-C) must leave the workers to the trainer, which saves first."""
+    import signal
+
+    corpus(tmp_path, n_files=2, docs_per_file=30)
+    loader = build_train_loader(cfg([{"path": str(tmp_path / "*.jsonl")}], num_workers=2), tok, 0, 1, 1)
+    first = take(loader, 3)
+    for pid in [w.pid for w in loader._it._workers]:
+        os.kill(pid, signal.SIGTERM)
+    more = take(loader, 3)
+    assert len(first + more) == 6 and all(w.is_alive() for w in loader._it._workers)
