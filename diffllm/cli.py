@@ -14,6 +14,7 @@ COMMANDS = {
     "launch": "diffllm.launch.cli:main",
     "sweep": "diffllm.sweep.cli:main",
     "sweep collect": "diffllm.sweep.cli:collect_main",
+    "scaling fit": "diffllm.scaling.report:main",
 }
 
 

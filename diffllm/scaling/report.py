@@ -1,0 +1,212 @@
+"""`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
+L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), residual-bootstrap
+intervals, the Diff/Transformer parameter and token ratios at equal loss, PNG plots, fits.md and fits.json."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..sweep.collect import RunRecord, collect
+from .fit import (Interval, JointLaw, PowerLaw, bootstrap_joint, bootstrap_power_law, interval, ratio_at_equal_loss,
+                  ratio_interval)
+from .plots import loss_vs_params, loss_vs_tokens
+
+ARCHS = ("transformer", "diff")
+
+
+@dataclass
+class ScalingConfig:
+    sweep_dir: str = "runs/sweep/micro"
+    out: Optional[str] = None  # null: <sweep_dir>/scaling
+    params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
+    loss: str = "final_val_loss"  # final_val_loss | final_train_loss
+    joint: str = "auto"  # auto | final | curves | none: where L(N, D) gets its points
+    curve_min_fraction: float = 0.25  # learning-curve points before this fraction of the budget are left out
+    reps: int = 400  # bootstrap replicates for L(N); a quarter of it for L(N, D)
+    level: float = 0.9  # interval coverage
+    seed: int = 0
+    title: str = "diffllm scaling"
+
+    def validate(self) -> None:
+        if self.params not in ("block", "nonembedding", "total"):
+            raise ValueError(f"params={self.params}: expected block, nonembedding or total")
+        if self.loss not in ("final_val_loss", "final_train_loss"):
+            raise ValueError(f"loss={self.loss}: expected final_val_loss or final_train_loss")
+        if self.joint not in ("auto", "final", "curves", "none"):
+            raise ValueError(f"joint={self.joint}: expected auto, final, curves or none")
+
+
+def _n(r: RunRecord, params: str) -> Optional[int]:
+    return {"block": r.block_params, "nonembedding": r.nonembedding_params, "total": r.total_params}[params]
+
+
+def val_curve(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, val_loss) of every evaluation after step 0, from metrics.jsonl."""
+    path = Path(run_dir) / "metrics.jsonl"
+    pts = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        row = json.loads(line)
+        if row.get("val_loss") is not None and row.get("tokens"):
+            pts.append((row["tokens"], row["val_loss"]))
+    pts = sorted(dict(pts).items())
+    return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
+
+
+@dataclass
+class ArchFit:
+    arch: str
+    points: int
+    law: PowerLaw
+    E: Interval
+    A: Interval
+    alpha: Interval
+
+
+def _power_fits(cfg: ScalingConfig, runs: list[RunRecord]):
+    points, fits, boots, table = {}, {}, {}, []
+    for arch in ARCHS:
+        rs = [r for r in runs if r.arch == arch]
+        if not rs:
+            continue
+        n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
+        y = np.array([getattr(r, cfg.loss) for r in rs], dtype=float)
+        points[arch] = (n, y)
+        best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+        fits[arch], boots[arch] = best, boot
+        table.append(ArchFit(arch, len(rs), best, *(interval(getattr(best, k), [getattr(b, k) for b in boot],
+                                                              cfg.level) for k in ("E", "A", "alpha"))))
+    return points, fits, boots, table
+
+
+def _joint_points(cfg: ScalingConfig, runs: list[RunRecord], arch: str, mode: str):
+    rs = [r for r in runs if r.arch == arch]
+    if mode == "final":
+        return ([_n(r, cfg.params) for r in rs], [r.tokens for r in rs], [getattr(r, cfg.loss) for r in rs])
+    n, d, y = [], [], []
+    for r in rs:
+        tokens, loss = val_curve(r.run_dir)
+        keep = tokens >= cfg.curve_min_fraction * (r.tokens or tokens.max())
+        n += [_n(r, cfg.params)] * int(keep.sum())
+        d += list(tokens[keep])
+        y += list(loss[keep])
+    return n, d, y
+
+
+def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
+    cfg.validate()
+    done = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
+    if not done:
+        raise ValueError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
+    points, fits, boots, table = _power_fits(cfg, done)
+    result: dict = {"config": asdict(cfg), "runs": len(done), "power_law": table, "ratios": {}}
+    both = all(a in fits for a in ARCHS)
+    if both:  # Diff parameters needed for the Transformer's loss, at each Transformer size of the sweep
+        for n_ref in sorted(set(points["transformer"][0])):
+            result["ratios"][f"params_at_N={int(n_ref)}"] = ratio_interval(
+                fits["transformer"], boots["transformer"], fits["diff"], boots["diff"], n_ref, cfg.level)
+    mode = cfg.joint
+    budgets = {r.tokens for r in done}
+    if mode == "auto":
+        mode = "final" if len(budgets) > 1 else "curves"
+    joint, joint_boot = {}, {}
+    if mode != "none":
+        for arch in ARCHS:
+            n, d, y = _joint_points(cfg, done, arch, mode)
+            try:
+                joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
+            except ValueError as e:
+                result.setdefault("notes", []).append(f"L(N, D) for {arch} from {mode}: skipped ({e})")
+    result["joint_mode"] = mode
+    result["joint"] = {a: {"law": asdict(j), **{k: interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]],
+                                                           cfg.level) for k in ("alpha", "beta")}}
+                       for a, j in joint.items()}
+    if both and all(a in joint for a in ARCHS):
+        n_ref = max(points["transformer"][0])
+        d_ref = max(budgets)
+        t, dd = joint["transformer"], joint["diff"]
+        samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
+                   for bt, bd in zip(joint_boot["transformer"], joint_boot["diff"])]
+        result["ratios"][f"tokens_at_N={int(n_ref)},D={d_ref}"] = interval(
+            ratio_at_equal_loss(t.at_params(n_ref), dd.at_params(n_ref), d_ref), samples, cfg.level)
+        samples = [ratio_at_equal_loss(bt.at_tokens(d_ref), bd.at_tokens(d_ref), n_ref)
+                   for bt, bd in zip(joint_boot["transformer"], joint_boot["diff"])]
+        result["ratios"][f"params_from_joint_at_N={int(n_ref)},D={d_ref}"] = interval(
+            ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level)
+    result["_plot"] = (points, fits, joint, done, mode)
+    return result
+
+
+def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    points, fits, joint, done, mode = result.pop("_plot")
+    label = {"block": "parameters N (non-embedding, no output head)", "nonembedding": "non-embedding parameters",
+             "total": "total parameters"}[cfg.params]
+    files = [loss_vs_params(points, fits, out / "loss_vs_params.png", label, f"{cfg.title}: L(N)")]
+    curves = {}
+    for r in done:
+        d, y = val_curve(r.run_dir)
+        key = (r.arch, _n(r, cfg.params))
+        if len(d) and (key not in curves or (r.seed or 0) < curves[key][2]):
+            curves[key] = (d, y, r.seed or 0)
+    if curves:
+        files.append(loss_vs_tokens({k: v[:2] for k, v in curves.items()}, joint, out / "loss_vs_tokens.png",
+                                    f"{cfg.title}: learning curves, L(N, D) fit ({mode})"))
+    (out / "fits.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
+    (out / "fits.md").write_text(render(result))
+    return files + [out / "fits.json", out / "fits.md"]
+
+
+def _jsonable(o):
+    if isinstance(o, Interval):
+        return {"value": o.value, "low": o.low, "high": o.high, "n_valid": o.n_valid}
+    if hasattr(o, "__dataclass_fields__"):
+        return asdict(o)
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(type(o))
+
+
+def render(result: dict) -> str:
+    cfg = result["config"]
+    lvl = f"{cfg['level']:.0%}"
+    lines = [f"Fits over {result['runs']} finished runs; N = {cfg['params']} parameters, loss = {cfg['loss']}; "
+             f"[{lvl} residual-bootstrap intervals].", "",
+             "| arch | points | E | A | alpha |", "|---|---|---|---|---|"]
+    for f in result["power_law"]:
+        lines.append(f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |")
+    if result["joint"]:
+        lines += ["", f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:", "",
+                  "| arch | E | A | alpha | B | beta |", "|---|---|---|---|---|---|"]
+        for arch, j in result["joint"].items():
+            law = j["law"]
+            lines.append(f"| {arch} | {law['E']:.4g} | {law['A']:.4g} | {j['alpha']} | {law['B']:.4g} | {j['beta']} |")
+    if result["ratios"]:
+        lines += ["", "Diff / Transformer at equal loss (paper at 3B-13B: 62.2% of the parameters, 63.7% of the tokens):",
+                  "", "| ratio | value [interval] | valid replicates |", "|---|---|---|"]
+        for name, iv in result["ratios"].items():
+            lines.append(f"| {name} | {iv} | {iv.n_valid} |")
+    for note in result.get("notes", []):
+        lines.append(f"\nnote: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    from ..config import build, hydra_app
+
+    @hydra_app("scaling")
+    def app(node) -> None:
+        try:
+            cfg = build(ScalingConfig, node, "scaling")
+            result = fit_sweep(cfg, collect(cfg.sweep_dir))
+            files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
+        except ValueError as e:
+            sys.exit(f"diffllm scaling fit: {e}")
+        print(files[-1].read_text(), end="")
+        print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+
+    app()

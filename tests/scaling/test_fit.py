@@ -1,0 +1,113 @@
+"""Scaling-law fits on synthetic points drawn from known laws: the fits recover the exponents, the intervals cover
+the truth, the equal-loss ratios match their closed forms, and `scaling fit` runs end to end on synthetic run dirs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from diffllm.info import load_preset
+from diffllm.model.accounting import model_stats
+from diffllm.scaling.fit import (JointLaw, PowerLaw, bootstrap_power_law, fit_joint, fit_power_law, interval,
+                                 ratio_at_equal_loss)
+from diffllm.scaling.report import ScalingConfig, fit_sweep, write_report
+from diffllm.sweep.collect import collect
+
+N = np.geomspace(1e5, 2e6, 6)
+
+
+@pytest.mark.parametrize("law", [PowerLaw(1.69, 406.4, 0.34), PowerLaw(2.5, 80.0, 0.6), PowerLaw(0.0, 12.0, 0.076)])
+def test_power_law_recovered_exactly_without_noise(law):
+    f = fit_power_law(N, law(N))
+    assert f.alpha == pytest.approx(law.alpha, rel=1e-3)
+    assert f.E == pytest.approx(law.E, abs=1e-3)
+    assert f.A == pytest.approx(law.A, rel=1e-2)
+
+
+def test_power_law_with_noise_and_bootstrap_interval_covers_truth():
+    truth = PowerLaw(1.8, 300.0, 0.45)
+    rng = np.random.default_rng(3)
+    n = np.repeat(N, 2)
+    y = truth(n) * np.exp(rng.normal(0, 0.003, len(n)))
+    best, boot = bootstrap_power_law(n, y, reps=300)
+    iv = interval(best.alpha, [b.alpha for b in boot], 0.95)
+    assert iv.low <= truth.alpha <= iv.high
+    assert abs(best.alpha - truth.alpha) < 0.05 and iv.high - iv.low < 0.2
+
+
+def test_joint_law_recovered():
+    truth = JointLaw(1.69, 406.4, 0.34, 410.7, 0.28)  # Chinchilla's published fit
+    n, d = (a.ravel() for a in np.meshgrid(np.geomspace(1e6, 1e9, 5), np.geomspace(1e8, 1e11, 5)))
+    f = fit_joint(n, d, truth(n, d))
+    assert (f.alpha, f.beta) == pytest.approx((truth.alpha, truth.beta), abs=0.01)
+    assert f.E == pytest.approx(truth.E, abs=0.02)
+
+
+def test_ratio_closed_form():
+    t, d = PowerLaw(2.0, 50.0, 0.3), PowerLaw(2.0, 40.0, 0.3)  # same E and alpha: ratio = (A_d / A_t)^(1/alpha)
+    assert ratio_at_equal_loss(t, d, 1e6) == pytest.approx((40 / 50) ** (1 / 0.3))
+    assert ratio_at_equal_loss(t, PowerLaw(3.0, 40, 0.3), 1e6) == float("inf")  # never reaches the loss
+    with pytest.raises(ValueError, match="needs >= 3 points"):
+        fit_power_law([1e5, 1e5], [3.0, 3.1])
+
+
+def _synthetic_sweep(root: Path, laws: dict[str, JointLaw], budget: int = 524288, noise: float = 0.002) -> None:
+    """Run dirs as the trainer writes them (summary.json + metrics.jsonl), losses drawn from `laws`."""
+    rng = np.random.default_rng(0)
+    for arch, law in laws.items():
+        for size in (1, 2, 3, 4):
+            model = f"{arch}-micro-{size}"
+            s = model_stats(load_preset(model))
+            n = s.nonembedding_params - s.embedding_params
+            for seed in ((1234, 1235) if size == 1 else (1234,)):
+                run = root / model / str(budget) / f"seed{seed}"
+                run.mkdir(parents=True)
+                tokens = np.linspace(budget / 8, budget, 8).astype(int)
+                losses = law(n, tokens) * np.exp(rng.normal(0, noise, len(tokens)))
+                lines = [{"step": 0, "tokens": 0, "val_loss": 7.0}] + [
+                    {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)} for t, v in zip(tokens, losses)]
+                (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+                (run / "summary.json").write_text(json.dumps({
+                    "model": model, "arch": arch, "total_params": s.total_params,
+                    "nonembedding_params": s.nonembedding_params, "tokens": budget, "flops": 1.0,
+                    "final_train_loss": float(losses[-1]), "final_val_loss": float(losses[-1]), "wall_time_s": 1.0,
+                    "world_size": 1, "status": "finished", "seed": seed}))
+
+
+def test_scaling_fit_end_to_end(tmp_path):
+    t = JointLaw(1.5, 60.0, 0.35, 900.0, 0.4)
+    d = JointLaw(1.5, 60.0 * 0.7**0.35, 0.35, 900.0 * 0.8**0.4, 0.4)  # N term as 70% of the params, D term 80%
+    _synthetic_sweep(tmp_path / "sweep", {"transformer": t, "diff": d}, noise=0.001)
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=60)
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    assert result["joint_mode"] == "curves"
+    alphas = {f.arch: f.alpha for f in result["power_law"]}
+    assert alphas["transformer"].low < alphas["transformer"].value < alphas["transformer"].high
+    joint = result["joint"]
+    assert joint["transformer"]["alpha"].value == pytest.approx(0.35, abs=0.08)
+    assert joint["transformer"]["beta"].value == pytest.approx(0.4, abs=0.08)
+    n_ref = max(r.block_params for r in collect(cfg.sweep_dir) if r.arch == "transformer")
+    true_tokens = ratio_at_equal_loss(t.at_params(n_ref), d.at_params(n_ref), 524288)
+    true_params = ratio_at_equal_loss(t.at_tokens(524288), d.at_tokens(524288), n_ref)  # both terms count here
+    token_ratio = result["ratios"][f"tokens_at_N={n_ref},D=524288"]
+    param_ratio = result["ratios"][f"params_from_joint_at_N={n_ref},D=524288"]
+    assert token_ratio.value == pytest.approx(true_tokens, rel=0.05)
+    assert param_ratio.value == pytest.approx(true_params, rel=0.15)
+    assert result["ratios"][f"params_at_N={n_ref}"].value == pytest.approx(true_params, rel=0.15)
+    files = write_report(cfg, result, tmp_path / "out")
+    for png in [f for f in files if f.suffix == ".png"]:
+        assert matplotlib.image.imread(png).shape[0] > 300
+    assert "| transformer | 5 |" in (tmp_path / "out" / "fits.md").read_text()
+    assert json.loads((tmp_path / "out" / "fits.json").read_text())["runs"] == 10
+
+
+def test_scaling_fit_cli_missing_dir(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"diffllm scaling fit: sweep_dir={tmp_path}/nope: no such directory"
