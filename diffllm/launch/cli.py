@@ -78,11 +78,13 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
         if cfg.dry_run:
             print(f"# {path}\n{text}", end="")
             return 0
-        Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)  # SLURM does not create the --output folder
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path}", file=sys.stderr)
-        return subprocess.call(["sbatch", str(path)]) if cfg.submit else 0
+        if not cfg.submit:
+            return 0
+        Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)  # SLURM does not create the --output folder
+        return subprocess.call(["sbatch", str(path)])
     if cfg.launcher == "torchrun":
         argv = torchrun_argv(cfg, overrides, executable=tool("torchrun"))
     else:
