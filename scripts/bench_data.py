@@ -114,18 +114,21 @@ def main() -> None:
         data = build(DataConfig, {"name": "bench", "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}]}, "data")
         prepare_source(resolve_sources(data)[0], tok, Path(tmp) / "prepared")  # also imports HF's json reader
         print(f"corpus: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} MB in {args.files} jsonl files; "
-              f"tokenizer vocab {tok.vocab_size}; windows of {args.seq_len + 1}; best of {args.repeats}; {os.cpu_count()} CPUs\n")
+              f"tokenizer vocab {tok.vocab_size}; windows of {args.seq_len + 1}; best of {args.repeats} runs; {os.cpu_count()} CPUs\n")
         print("| processes | raw tokens/s | pipeline tokens/s | ratio (wall) | raw tokens/CPU-s | pipeline tokens/CPU-s "
-              "| ratio (CPU) | prepared tokens/s |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| ratio (CPU) | paired CPU ratios | prepared tokens/s |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for world in (1, 2):
-            best = {k: (0.0, 0.0) for k in ("raw", "pipe", "prep")}
+            runs = {"raw": [], "pipe": [], "prep": []}
             for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit all three alike
                 for key, fn, prepared in (("raw", _raw, None), ("pipe", _pipeline, None), ("prep", _pipeline, tmp + "/prepared")):
                     args.prepared = prepared
-                    best[key] = tuple(map(max, best[key], measure(fn, world, args)))
-            (rw, rc), (pw, pc), (qw, _) = best["raw"], best["pipe"], best["prep"]
-            print(f"| {world} | {rw:,.0f} | {pw:,.0f} | {pw / rw:.0%} | {rc:,.0f} | {pc:,.0f} | {pc / rc:.0%} | {qw:,.0f} |", flush=True)
+                    runs[key].append(measure(fn, world, args))
+            (rw, rc), (pw, pc) = (tuple(map(max, zip(*runs[k]))) for k in ("raw", "pipe"))
+            paired = sorted(p[1] / r[1] for r, p in zip(runs["raw"], runs["pipe"]))
+            print(f"| {world} | {rw:,.0f} | {pw:,.0f} | {pw / rw:.0%} | {rc:,.0f} | {pc:,.0f} | {pc / rc:.0%} | "
+                  f"{paired[0]:.0%}-{paired[-1]:.0%} (median {paired[len(paired) // 2]:.0%}) | {max(q[0] for q in runs['prep']):,.0f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ time, round-robin. A stream's state is global (it does not depend on who reads i
 layout whose slot count divides N; other layouts are refused with what to do."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import signal
+import weakref
 from typing import Iterator, Optional
 
 import numpy as np
@@ -27,6 +29,15 @@ def resolve_sources(cfg: DataConfig, val: bool = False) -> list[Source]:
     if not nodes:
         raise DataError(f"{key}: empty; configure at least one {'held-out' if val else 'training'} source")
     return [resolve(s, f"{key}[{i}]", cfg.prepared_dir) for i, s in enumerate(nodes)]
+
+
+_LIVE: "weakref.WeakSet[TrainLoader]" = weakref.WeakSet()
+
+
+@atexit.register  # runs before multiprocessing's exit hook, which would SIGTERM (ignored) and then wait on workers
+def _close_live_loaders() -> None:
+    for loader in list(_LIVE):
+        loader.close()
 
 
 def _ignore_stop_signals(_: int) -> None:
@@ -88,6 +99,7 @@ class TrainLoader:
         self.next_worker = 0  # which of this rank's slots delivers the next micro-batch
         self.batches = 0
         self._it: Optional[Iterator] = None
+        _LIVE.add(self)
 
     # layout
     def slots(self) -> list[int]:
@@ -105,7 +117,7 @@ class TrainLoader:
             self._it = self._start()
         g, batch, update = next(self._it)
         if g == "error":
-            self._it = None
+            self.close()
             raise DataError(batch)
         self.stream_states[update["stream"]] = update["state"]
         self.turns[g] = update["turn"]
@@ -125,8 +137,10 @@ class TrainLoader:
                                                 worker_init_fn=_ignore_stop_signals))
 
     def close(self) -> None:
-        """Stop the worker processes (they also stop when the loader is garbage-collected)."""
-        self._it = None
+        """Stop the worker processes (also done at garbage collection and at interpreter exit)."""
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
 
     # state
     def state_dict(self) -> dict:
@@ -171,7 +185,7 @@ class TrainLoader:
             self.turns, self.next_worker, self.batches = {}, 0, 0
             say(f"{self.n_streams} streams saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s) "
                 f"resume on {self.world_size} x {self.workers}: every stream continues exactly; batches interleave differently")
-        self._it = None
+        self.close()
 
 
 def check_states(states: list[dict], loader: TrainLoader) -> None:
