@@ -125,17 +125,25 @@ class Interval:
     low: float
     high: float
     n_valid: int  # bootstrap replicates that gave a finite value
+    n_total: int = 0  # bootstrap replicates in all
 
     def __str__(self) -> str:
-        return f"{self.value:.4g} [{self.low:.4g}, {self.high:.4g}]"
+        value = "never (inf)" if self.value == float("inf") else f"{self.value:.4g}"
+        if not self.n_valid:
+            return f"{value} [no finite replicate]"
+        spread = f"[{self.low:.4g}, {self.high:.4g}]"
+        return f"{value} {spread}" + (f" (finite in {self.n_valid}/{self.n_total})" if self.n_valid < self.n_total else "")
 
 
 def interval(value: float, samples, level: float = 0.9) -> Interval:
-    s = np.asarray([v for v in samples if np.isfinite(v)], dtype=float)
-    if not len(s):
-        return Interval(value, float("nan"), float("nan"), 0)
+    """Percentile interval; an infinite replicate (Diff never reaches the loss) counts as +inf, so a bound can be inf."""
+    s = np.asarray([v for v in samples if not np.isnan(v)], dtype=float)
+    finite = int(np.isfinite(s).sum())
+    if not finite:
+        return Interval(value, float("nan"), float("nan"), 0, len(s))
     q = (1 - level) / 2
-    return Interval(value, float(np.quantile(s, q)), float(np.quantile(s, 1 - q)), len(s))
+    low, high = (float(np.quantile(s, p, method="nearest")) for p in (q, 1 - q))
+    return Interval(value, low, high, finite, len(s))
 
 
 def bootstrap_power_law(x, loss, reps: int = 500, seed: int = 0) -> tuple[PowerLaw, list[PowerLaw]]:

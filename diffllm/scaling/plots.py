@@ -5,12 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 COLORS = {"transformer": "tab:blue", "diff": "tab:red"}
+
+
+def _plain_loss_axis(ax) -> None:
+    """Log-scaled loss axis with plain numbers (4.5, not 4.5 x 10^0)."""
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2f"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2f"))
 
 
 def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict, path: Path, xlabel: str,
@@ -27,6 +34,7 @@ def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict,
             ax.plot(grid, f(grid), color=COLORS.get(arch), lw=1.5,
                     label=f"{arch}: {f.E:.3f} + {f.A:.3g}·N^-{f.alpha:.3f}")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="final validation loss", title=title)
+    _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -48,6 +56,7 @@ def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]],
             grid = np.geomspace(d.min(), d.max(), 100)
             ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, label=f"{arch} N={n:,.0f}")
     ax.set(xscale="log", yscale="log", xlabel="training tokens", ylabel="validation loss", title=title)
+    _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()

@@ -163,7 +163,7 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
 
 def _jsonable(o):
     if isinstance(o, Interval):
-        return {"value": o.value, "low": o.low, "high": o.high, "n_valid": o.n_valid}
+        return {"value": o.value, "low": o.low, "high": o.high, "n_valid": o.n_valid, "n_total": o.n_total}
     if hasattr(o, "__dataclass_fields__"):
         return asdict(o)
     if isinstance(o, np.generic):
@@ -187,9 +187,9 @@ def render(result: dict) -> str:
             lines.append(f"| {arch} | {law['E']:.4g} | {law['A']:.4g} | {j['alpha']} | {law['B']:.4g} | {j['beta']} |")
     if result["ratios"]:
         lines += ["", "Diff / Transformer at equal loss (paper at 3B-13B: 62.2% of the parameters, 63.7% of the tokens):",
-                  "", "| ratio | value [interval] | valid replicates |", "|---|---|---|"]
+                  "", "| ratio | value [interval] |", "|---|---|"]
         for name, iv in result["ratios"].items():
-            lines.append(f"| {name} | {iv} | {iv.n_valid} |")
+            lines.append(f"| {name} | {iv} |")
     for note in result.get("notes", []):
         lines.append(f"\nnote: {note}")
     return "\n".join(lines) + "\n"

@@ -138,13 +138,17 @@ def read_csv(path: str | Path) -> list[RunRecord]:
         return [RunRecord(**{k: _parse(k, v) for k, v in row.items()}) for row in csv.DictReader(f)]
 
 
-def _cell(v: object) -> str:
+def _cell(column: str, v: object) -> str:
     if v is None:
         return "-"
-    if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 100 else f"{v:.3g}"
-    if isinstance(v, int) and not isinstance(v, bool):
+    if column in ("total_params", "nonembedding_params", "block_params", "tokens"):
         return f"{v:,}"
+    if column == "flops":
+        return f"{v:.3g}"
+    if column == "wall_time_s":
+        return f"{v:.0f}"
+    if isinstance(v, float):
+        return f"{v:.4f}"
     return str(v)
 
 
@@ -155,7 +159,7 @@ def to_markdown(records: list[RunRecord], root: str | Path = "") -> str:
     for r in records:
         d = asdict(r)
         rel = str(Path(r.run_dir).relative_to(root)) if root and Path(r.run_dir).is_relative_to(root) else r.run_dir
-        lines.append("| " + " | ".join(_cell(d[c]) for c in cols) + f" | {rel} |")
+        lines.append("| " + " | ".join(_cell(c, d[c]) for c in cols) + f" | {rel} |")
     return "\n".join(lines) + "\n"
 
 

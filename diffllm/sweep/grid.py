@@ -8,6 +8,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..info import load_preset
 from ..model.accounting import model_stats
@@ -23,7 +24,7 @@ class SweepConfig:
     tokens: list[str] = field(default_factory=list)  # budgets for every model (20M, 1.5B, ...)
     tokens_per_param: list[float] = field(default_factory=list)  # or budgets = k x params (Chinchilla: 20)
     params: str = "total"  # what tokens_per_param multiplies: total | nonembedding
-    tokens_by_model: dict[str, list[str]] = field(default_factory=dict)  # per-model budgets, replacing the above
+    tokens_by_model: dict[str, list[Any]] = field(default_factory=dict)  # per-model budgets (ints or 20M), replacing
     round_tokens_to: int = 1  # round budgets up to a multiple (the global batch: whole optimizer steps)
     seeds: list[int] = field(default_factory=lambda: [1234])  # `seed=` and `data.seed=` of each run
     seeds_by_model: dict[str, list[int]] = field(default_factory=dict)

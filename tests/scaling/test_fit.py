@@ -111,3 +111,10 @@ def test_scaling_fit_cli_missing_dir(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip() == f"diffllm scaling fit: sweep_dir={tmp_path}/nope: no such directory"
+
+
+def test_interval_counts_never_as_infinite():
+    inf = float("inf")
+    iv = interval(0.5, [0.4, 0.5, 0.6] + [inf] * 7, 0.9)
+    assert (iv.low, iv.high, iv.n_valid, iv.n_total) == (0.4, inf, 3, 10)
+    assert str(iv) == "0.5 [0.4, inf] (finite in 3/10)"
