@@ -36,7 +36,7 @@ def _job(cfg: DictConfig) -> int:
     if summary.exists() and json.loads(summary.read_text()).get("status") == "finished":
         print(f"[diffllm.sweep] {run_dir}: finished, skipped", flush=True)
         return 0
-    overrides = [o for o in HydraConfig.get().overrides.task]
+    overrides = list(HydraConfig.get().overrides.task)
     argv = child_argv(overrides, dict(os.environ))
     print(f"[diffllm.sweep] {run_dir}: {'resuming' if run_dir.exists() else 'starting'}", flush=True)
     code = subprocess.call(argv)

@@ -127,3 +127,17 @@ def test_cli_dry_run_and_errors(tmp_path):
     bad = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true", "sweep.models=[diff-micro-9]")
     assert bad.returncode == 1 and "model=diff-micro-9: unknown preset" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
+
+
+def test_job_multirun_skips_finished_runs(tmp_path):
+    """The real Hydra multirun (basic launcher) over two models whose runs are finished: both skipped, nothing
+    trains, exit 0; Hydra writes only under the sweep directory."""
+    for model in ("transformer-micro-1", "diff-micro-1"):
+        _summary(tmp_path / model, model, 5.0)
+    out = subprocess.run([sys.executable, "-m", "diffllm.sweep.job", "--multirun",
+                          "model=transformer-micro-1,diff-micro-1", f"run_dir={tmp_path}/${{model.name}}",
+                          f"hydra.sweep.dir={tmp_path}/.multirun"], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("finished, skipped") == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".multirun", "diff-micro-1", "transformer-micro-1"]
