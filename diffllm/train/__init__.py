@@ -1,6 +1,13 @@
-"""Training: DeepSpeed ZeRO pretraining from Hydra configs, with exact and elastic resume and honest metrics."""
-from .config import Budget, LoggingConfig, OptimConfig, TrainerConfig, parse_tokens, plan_budget
-from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, Trainer
+"""Training: DeepSpeed ZeRO pretraining from Hydra configs, with exact and elastic resume and honest metrics.
 
-__all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainerConfig", "parse_tokens", "plan_budget", "Trainer",
-           "EXIT_FINISHED", "EXIT_PREEMPTED", "EXIT_NONFINITE"]
+Entry points: `diffllm train` / `python -m diffllm.train` (app.py); the loop is diffllm.train.loop.Trainer."""
+import os
+
+# Before torch loads OpenMP: on a CPU shared with other jobs, OpenMP's default spin-waiting made a 2-thread training
+# step 10-20x slower whenever one core was busy elsewhere (measured on the 2-core CI machine); sleeping waits cost
+# nothing measurable on an idle machine. An explicit OMP_WAIT_POLICY is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .config import Budget, LoggingConfig, OptimConfig, TrainerConfig, parse_tokens, plan_budget  # noqa: E402
+
+__all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainerConfig", "parse_tokens", "plan_budget"]

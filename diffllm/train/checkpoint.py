@@ -134,6 +134,20 @@ class CheckpointManager:
         return out
 
 
+def consolidated_model(tag_dir: Path):
+    """DecoderLM with the fp32 weights of a checkpoint, gathered from its ZeRO shards by DeepSpeed's zero_to_fp32
+    (any stage, any world size) and the model config recorded in its meta.json."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from ..model import DecoderLM, ModelConfig
+
+    tag_dir = Path(tag_dir)
+    model = DecoderLM(ModelConfig(**read_meta(tag_dir)["model"]))
+    state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -15,8 +15,8 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 @dataclass
 class TrainerConfig:
-    tokens: Tokens = "2M"  # training budget; the run stops exactly here
-    global_batch_tokens: Tokens = 8192  # tokens per optimizer step, all ranks and micro-batches together
+    tokens: Tokens = 524288  # training budget; the run stops exactly here
+    global_batch_tokens: Tokens = 4096  # tokens per optimizer step, all ranks and micro-batches together
     micro_batch_size: int = 8  # sequences per rank per forward/backward
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
     offload_optimizer: bool = False  # ZeRO-1/2/3: optimizer state in CPU memory
@@ -24,12 +24,12 @@ class TrainerConfig:
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     activation_checkpointing: bool = False  # recompute each block in the backward pass
     compile: bool = False  # torch.compile each block
-    log_every: int = 10  # steps between progress lines / metrics.jsonl records
-    val_every: int = 0  # steps between validations (0: only at the start and the end)
-    val_batches: int = 8  # held-out batches per validation
+    log_every: int = 8  # steps between progress lines / metrics.jsonl records
+    val_every: int = 32  # steps between validations (0: only at the start and the end)
+    val_batches: int = 16  # held-out batches per validation
     val_batch_size: Optional[int] = None  # None -> micro_batch_size
-    save_every_steps: int = 0  # 0: no step-based saves
-    save_every_minutes: float = 0.0  # 0: no time-based saves
+    save_every_steps: int = 32  # 0: no step-based saves
+    save_every_minutes: float = 10.0  # 0: no time-based saves
     keep_last: int = 2  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
     resume: str = "auto"  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
     max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) steps

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
-import sys
+import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +17,7 @@ from ..model import ModelConfig
 from ..model.accounting import model_stats
 from .checkpoint import CheckpointManager, Resume, find_resume, rng_state, set_rng_state
 from .config import LoggingConfig, OptimConfig, TrainerConfig, plan_budget
-from .dist import all_gather_object, all_reduce_sum, barrier, init_distributed, rank, world_size
+from .dist import all_gather_object, all_reduce_sum, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
 from .metrics import MetricsLog, device_name, finite_or_none, mfu, peak_tflops, progress_line
 from .schedule import lr_at
@@ -46,6 +47,8 @@ class Trainer:
         self.data_cfg = build(DataConfig, cfg.data, "data")
         for c in (self.trainer, self.optim, self.logging):
             c.validate()
+        set_env_defaults()  # a plain single process is a world of one; checked here, before any heavy setup
+        self.budget = plan_budget(self.trainer, self.data_cfg.seq_len, int(os.environ["WORLD_SIZE"]))
         self.seed = int(cfg.seed)
         self.run_dir = Path(cfg.run_dir)
         self.state = TrainState()
@@ -60,7 +63,6 @@ class Trainer:
         self.t_launch = time.monotonic()
         self.device = init_distributed(self.trainer.dist_timeout_minutes)
         self.rank, self.ws = rank(), world_size()
-        self.budget = plan_budget(self.trainer, self.data_cfg.seq_len, self.ws)
         if self.rank == 0:  # a tokenizer trained once, by one process
             tok = ensure_tokenizer(self.data_cfg)
         barrier()
@@ -71,6 +73,8 @@ class Trainer:
         self.precision = resolve_precision(self.trainer)
         self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last)
         resume = self.prepare_run_dir()
+        if resume is not None:
+            self.check_model(resume)
 
         universal = resume is not None and resume.meta["world_size"] != self.ws
         self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, universal)
@@ -112,6 +116,14 @@ class Trainer:
         if found is None:
             raise ValueError(f"trainer.resume={mode}: no `latest` file or meta.json there")
         return found
+
+    def check_model(self, res: Resume) -> None:
+        """A checkpoint of another architecture is refused up front, naming the first differing key."""
+        saved, ours = res.meta.get("model", {}), asdict(self.model_cfg)
+        for key in sorted(set(saved) | set(ours)):
+            if key not in ("attn_backend", "max_seq_len") and saved.get(key) != ours.get(key):
+                raise ValueError(f"model.{key}: the checkpoint {res.dir / res.tag} has {saved.get(key)!r}, this run "
+                                 f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
 
     def load(self, res: Resume, universal: bool) -> dict:
         tag = CheckpointManager.to_universal(res) if universal else res.tag
@@ -213,7 +225,7 @@ class Trainer:
         t0 = time.monotonic()
         self.state.elapsed_s = self.elapsed()
         meta = {"step": self.state.step, "tokens": self.state.tokens, "world_size": self.ws,
-                "zero_stage": self.trainer.zero_stage, "model": self.model_cfg.name, "saved_at": time.time()}
+                "zero_stage": self.trainer.zero_stage, "saved_at": time.time(), "model": asdict(self.model_cfg)}
         tag = self.ckpt.save(self.engine, self.state.step, self.client_state(), meta)
         self.saved_step, self.last_save_t = self.state.step, time.monotonic()
         say(f"checkpoint: saved {self.ckpt.dir / tag} ({time.monotonic() - t0:.1f} s)")
@@ -237,6 +249,7 @@ class Trainer:
             return self.loop()
         finally:
             self.stop.restore()
+            self.loader.close()  # stops its DataLoader worker processes
             if self.metrics.wandb is not None:
                 self.metrics.wandb.finish()
 
@@ -268,7 +281,8 @@ class Trainer:
             if save_due and s.step < b.steps:
                 self.save()
         if window_steps == 0 and s.step == b.steps and self.saved_step == s.step:
-            say(f"the run is already at its budget ({b.tokens:,} tokens); trainer.resume=none starts it afresh")
+            say(f"the run is already at its budget ({b.tokens:,} tokens): raise trainer.tokens to train on, or "
+                f"trainer.resume=none to start afresh")
         else:
             self.validate()
         self.save()

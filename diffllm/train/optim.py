@@ -39,7 +39,8 @@ class SkipStepAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        bad = self.force_skip or not all(bool(torch.isfinite(g).all()) for g in grads)
+        # one sum per gradient tensor (NaN and inf survive a sum; a finite fp32 gradient does not overflow it)
+        bad = self.force_skip or (bool(grads) and not bool(torch.stack([g.sum() for g in grads]).isfinite().all()))
         self.skipped = all_reduce_max(bad)
         self.force_skip = False
         if self.skipped:

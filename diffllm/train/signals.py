@@ -30,4 +30,7 @@ class StopFlag:
             raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the save
         self.received = self.received or name
         # os.write, not print: a handler may interrupt a print, and print is not reentrant
-        os.write(2, f"\n[diffllm.train] {name} received: finishing this step, saving a checkpoint, then exiting\n".encode())
+        try:
+            os.write(2, f"\n[diffllm.train] {name} received: finishing this step, saving a checkpoint, then exiting\n".encode())
+        except OSError:  # stderr closed (a killed pipe): the save matters more than the message
+            pass

@@ -45,7 +45,8 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_id: str, config: dict):
     import wandb
 
     kwargs = dict(project=cfg.project, entity=cfg.entity, name=cfg.name or Path(run_dir).resolve().name,
-                  tags=list(cfg.tags), id=run_id, resume="allow", dir=str(run_dir), config=config)
+                  tags=list(cfg.tags), id=run_id, resume="allow", dir=str(run_dir), config=config,
+                  settings=wandb.Settings(quiet=True))  # our progress line already says it all
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     try:
         return wandb.init(mode=mode, **kwargs)

@@ -1,0 +1,147 @@
+"""Training-step benchmark (not a test): diffllm's step (DeepSpeed engine, skip-step AdamW, the trainer's own
+train_step) against a bare PyTorch loop (DecoderLM + torch AdamW + clipping) on the same model and the same batches,
+for Diff and Transformer presets of equal size. Variants run interleaved, round after round, so that a machine
+whose load drifts (other jobs) hits them all alike; the medians and their ratios are printed side by side.
+
+    .venv/bin/python scripts/bench_train.py [--rounds 4] [--steps 3] [--stages 2 0] [--seq-len 256] [--micro-batch 8]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--archs", nargs="+", default=["diff-tiny", "transformer-tiny"], help="model presets")
+    p.add_argument("--stages", nargs="+", type=int, default=[2, 0], help="ZeRO stages of the diffllm variants")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (each variant once per round)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before the first round")
+    return p.parse_args()
+
+
+def batches(seq_len: int, micro: int, n: int):
+    """n real Shakespeare micro-batches from the data pipeline, held in memory: both loops see the same tokens and
+    neither pays for data loading (that is scripts/bench_data.py's subject)."""
+    from diffllm.config import build, compose
+    from diffllm.data import DataConfig, build_train_loader, ensure_tokenizer
+
+    data = build(DataConfig, compose("train", [f"data.seq_len={seq_len}"]).data, "data")
+    tok = ensure_tokenizer(data)
+    loader = build_train_loader(data, tok, 0, 1, micro)
+    out = [next(loader) for _ in range(n)]
+    loader.close()
+    return tok, out
+
+
+class Bare:
+    """The reference: nothing but the model, cross-entropy, backward, global-norm clipping and torch AdamW."""
+
+    def __init__(self, preset: str, vocab: int, device, data):
+        import torch
+
+        from diffllm.info import load_preset
+        from diffllm.model import DecoderLM
+        from diffllm.train.optim import param_groups
+
+        cfg = load_preset(preset)
+        cfg.vocab_size = vocab
+        torch.manual_seed(0)
+        self.model = DecoderLM(cfg).to(device)
+        self.opt = torch.optim.AdamW(param_groups(self.model, 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        self.data, self.device, self.params = itertools.cycle(data), device, sum(p.numel() for p in self.model.parameters())
+
+    def step(self) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        batch = next(self.data).to(self.device)
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = self.model(batch[:, :-1])
+        F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class Ours:
+    """diffllm's Trainer, set up as `diffllm train` does (real DeepSpeed engine), stepping with its own train_step."""
+
+    def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path):
+        from diffllm.config import compose
+        from diffllm.train.loop import Trainer
+
+        cfg = compose("train", [f"model={preset}", f"data.seq_len={seq_len}", f"trainer.micro_batch_size={micro}",
+                                f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
+                                f"trainer.zero_stage={stage}", "trainer.val_batches=1", "logging.wandb=disabled",
+                                "optim.lr=1e-3", "optim.warmup_steps=0", "optim.schedule=constant", f"run_dir={run_dir}"])
+        self.trainer = Trainer(cfg)
+        self.trainer.setup()
+        self.trainer.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
+        self.params = self.trainer.stats.total_params
+
+    def step(self) -> None:
+        self.trainer.train_step()
+
+
+def main() -> None:
+    args = parse()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    import torch
+
+    from diffllm.train.dist import init_distributed
+
+    device = init_distributed(10.0)
+    tok, data = batches(args.seq_len, args.micro_batch, 16)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    variants: dict[tuple[str, str], object] = {}
+    for preset in args.archs:
+        variants[(preset, "bare torch AdamW")] = Bare(preset, tok.vocab_size, device, data)
+        for stage in args.stages:
+            variants[(preset, f"diffllm ZeRO-{stage}")] = Ours(preset, stage, args.seq_len, args.micro_batch, data,
+                                                               tmp / f"{preset}-z{stage}")
+    for v in variants.values():
+        for _ in range(args.warmup):
+            v.step()
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in variants}
+    for _ in range(args.rounds):
+        for key, v in variants.items():
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                v.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                times[key].append(time.perf_counter() - t0)
+
+    tokens = args.micro_batch * args.seq_len
+    med = {k: statistics.median(t) for k, t in times.items()}
+    print(f"\ndevice {device}, torch threads {torch.get_num_threads()}, {tokens} tokens/step (micro-batch "
+          f"{args.micro_batch} x seq {args.seq_len}, no accumulation), {args.rounds} rounds x {args.steps} steps, "
+          f"medians; ratio = step time / bare step time of the same preset")
+    print("| preset | loop | params | ms/step (median) | min | tokens/s | vs bare |")
+    print("|---|---|---|---|---|---|---|")
+    for (preset, loop), m in med.items():
+        bare = med[(preset, "bare torch AdamW")]
+        print(f"| {preset} | {loop} | {variants[(preset, loop)].params:,} | {1000 * m:.1f} | "
+              f"{1000 * min(times[(preset, loop)]):.1f} | {tokens / m:,.0f} | {m / bare:.3f} |")
+    if len(args.archs) == 2:
+        a, b = args.archs
+        print(f"\n| loop | {a} / {b} step-time ratio |\n|---|---|")
+        for loop in [k[1] for k in variants if k[0] == a]:
+            print(f"| {loop} | {med[(a, loop)] / med[(b, loop)]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

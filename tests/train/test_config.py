@@ -1,0 +1,90 @@
+"""Trainer configs: token arithmetic, budgets that must divide exactly, errors that name the key, the generated
+DeepSpeed config, and the shipped config groups."""
+from __future__ import annotations
+
+import pytest
+
+from diffllm.config import build, compose
+from diffllm.train.config import OptimConfig, TrainerConfig, parse_tokens, plan_budget
+from diffllm.train.engine import deepspeed_config
+
+
+@pytest.mark.parametrize("text, n", [("20M", 20_000_000), ("10B", 10**10), ("1.5K", 1500), (" 2t", 2 * 10**12),
+                                     (4096, 4096), ("4096", 4096), ("1e6", 10**6)])
+def test_parse_tokens(text, n):
+    assert parse_tokens(text, "trainer.tokens") == n
+
+
+@pytest.mark.parametrize("bad", ["1.5", "ten", "5X", 0, -3, True])
+def test_parse_tokens_rejects_with_the_key(bad):
+    with pytest.raises(ValueError, match=r"^trainer\.tokens: "):
+        parse_tokens(bad, "trainer.tokens")
+
+
+def test_budget_sets_grad_accum_and_steps():
+    t = TrainerConfig(tokens=2**23, global_batch_tokens=2**20, micro_batch_size=8)
+    b = plan_budget(t, 2048, 16)
+    assert (b.grad_accum, b.steps, b.sequences_per_step, b.tokens) == (4, 8, 512, 2**23)
+
+
+def test_budget_errors_name_the_keys_and_the_fix():
+    t = TrainerConfig(tokens=2**20, global_batch_tokens=3000, micro_batch_size=4)
+    with pytest.raises(ValueError) as e:
+        plan_budget(t, 64, 2)
+    msg = str(e.value)
+    assert msg.startswith("trainer.global_batch_tokens=3000") and "trainer.micro_batch_size" in msg
+    assert "data.seq_len" in msg and "use 2560 or 3072" in msg
+    t = TrainerConfig(tokens=10**6, global_batch_tokens=1024, micro_batch_size=4)
+    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000 is not a whole number.*use 999424 or 1000448"):
+        plan_budget(t, 64, 2)
+
+
+@pytest.mark.parametrize("override, key", [({"zero_stage": 4}, "trainer.zero_stage"),
+                                           ({"offload_params": True, "zero_stage": 2}, "trainer.offload_params"),
+                                           ({"precision": "fp16"}, "trainer.precision"),
+                                           ({"micro_batch_size": 0}, "trainer.micro_batch_size")])
+def test_trainer_validation_names_the_key(override, key):
+    with pytest.raises(ValueError, match=rf"^{key}: "):
+        TrainerConfig(**override).validate()
+
+
+def test_optim_validation_and_unknown_keys():
+    with pytest.raises(ValueError, match=r"^optim\.schedule: "):
+        OptimConfig(schedule="step").validate()
+    with pytest.raises(ValueError, match=r"^optim\.min_lr: "):
+        OptimConfig(lr=1e-4, min_lr=1e-3).validate()
+    with pytest.raises(ValueError, match=r"^trainer\.tokenz: unknown key"):
+        build(TrainerConfig, {"tokenz": 5}, "trainer")
+
+
+def test_deepspeed_config_from_ours():
+    t = TrainerConfig(tokens=2**16, global_batch_tokens=2**13, micro_batch_size=4, zero_stage=3,
+                      offload_optimizer=True, offload_params=True,
+                      deepspeed={"zero_optimization": {"reduce_bucket_size": 1000}, "steps_per_print": 7})
+    o = OptimConfig(grad_clip=0.5)
+    ds = deepspeed_config(t, o, plan_budget(t, 256, 2), "bf16")
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (32, 4, 4)
+    assert ds["gradient_clipping"] == 0.5 and ds["bf16"] == {"enabled": True}
+    z = ds["zero_optimization"]
+    assert z["stage"] == 3 and z["reduce_bucket_size"] == 1000  # the raw keys merge, they do not replace
+    assert z["offload_optimizer"]["device"] == "cpu" and z["offload_param"]["device"] == "cpu"
+    assert ds["steps_per_print"] == 7 and ds["zero_allow_untested_optimizer"] is True
+    assert ds["checkpoint"] == {"load_universal": False}
+
+
+def test_shipped_configs_compose_and_their_budgets_divide():
+    """make train's defaults on 1 or 2 ranks, and the paper presets at their usual GPU counts."""
+    cfg = compose("train")
+    assert cfg.model.name == "diff-tiny" and cfg.data.name == "shakespeare" and cfg.trainer.resume == "auto"
+    assert cfg.run_dir == "runs/diff-tiny"
+    t = build(TrainerConfig, cfg.trainer, "trainer")
+    for ws in (1, 2):
+        plan_budget(t, cfg.data.seq_len, ws)
+    for group, seq, sizes in (("paper-3b", 4096, (8, 64, 256)), ("paper-scaling", 2048, (8, 16))):
+        c = compose("train", [f"trainer={group}", f"optim={group}"])
+        t = build(TrainerConfig, c.trainer, "trainer")
+        o = build(OptimConfig, c.optim, "optim")
+        o.validate()
+        for ws in sizes:
+            plan_budget(t, seq, ws)
+    assert plan_budget(build(TrainerConfig, compose("train", ["trainer=paper-scaling"]).trainer, "t"), 2048, 8).steps == 40000
