@@ -25,6 +25,7 @@ class ScalingConfig:
     out: Optional[str] = None  # null: <sweep_dir>/scaling
     params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
     loss: str = "final_val_loss"  # final_val_loss | final_train_loss
+    tokens: Optional[int] = None  # the budget L(N) is fitted at (null: the one that covers the most sizes)
     joint: str = "auto"  # auto | final | curves | none: where L(N, D) gets its points
     curve_min_fraction: float = 0.25  # learning-curve points before this fraction of the budget are left out
     reps: int = 400  # bootstrap replicates for L(N); a quarter of it for L(N, D)
@@ -102,12 +103,18 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
     done = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
     if not done:
         raise ValueError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
-    points, fits, boots, table = _power_fits(cfg, done)
-    result: dict = {"config": asdict(cfg), "runs": len(done), "power_law": table, "ratios": {}}
+    budget = cfg.tokens or max({r.tokens for r in done}, key=lambda t: (len({_n(r, cfg.params) for r in done
+                                                                             if r.tokens == t}), t))
+    at_budget = [r for r in done if r.tokens == budget]
+    if not at_budget:
+        raise ValueError(f"tokens={budget}: no finished run has this budget")
+    points, fits, boots, table = _power_fits(cfg, at_budget)
+    result: dict = {"config": asdict(cfg), "runs": len(done), "power_law_tokens": budget, "power_law": table,
+                    "ratios": {}}
     both = all(a in fits for a in ARCHS)
     if both:  # Diff parameters needed for the Transformer's loss, at each Transformer size of the sweep
         for n_ref in sorted(set(points["transformer"][0])):
-            result["ratios"][f"params_at_N={int(n_ref)}"] = ratio_interval(
+            result["ratios"][f"params_at_N={int(n_ref)},D={budget}"] = ratio_interval(
                 fits["transformer"], boots["transformer"], fits["diff"], boots["diff"], n_ref, cfg.level)
     mode = cfg.joint
     budgets = {r.tokens for r in done}
@@ -126,8 +133,8 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
                                                            cfg.level) for k in ("alpha", "beta")}}
                        for a, j in joint.items()}
     if both and all(a in joint for a in ARCHS):
-        n_ref = max(points["transformer"][0])
-        d_ref = max(budgets)
+        ref = max((r for r in done if r.arch == "transformer"), key=lambda r: (r.tokens, _n(r, cfg.params)))
+        n_ref, d_ref = _n(ref, cfg.params), ref.tokens  # inside the data: the largest size at the largest budget
         t, dd = joint["transformer"], joint["diff"]
         samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
                    for bt, bd in zip(joint_boot["transformer"], joint_boot["diff"])]
@@ -147,14 +154,13 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
     label = {"block": "parameters N (non-embedding, no output head)", "nonembedding": "non-embedding parameters",
              "total": "total parameters"}[cfg.params]
     files = [loss_vs_params(points, fits, out / "loss_vs_params.png", label, f"{cfg.title}: L(N)")]
-    curves = {}
-    for r in done:
+    curves = {}  # one curve per (arch, N): the longest run, then the lowest seed
+    for r in sorted(done, key=lambda r: (-(r.tokens or 0), r.seed or 0)):
         d, y = val_curve(r.run_dir)
-        key = (r.arch, _n(r, cfg.params))
-        if len(d) and (key not in curves or (r.seed or 0) < curves[key][2]):
-            curves[key] = (d, y, r.seed or 0)
+        if len(d):
+            curves.setdefault((r.arch, _n(r, cfg.params)), (d, y))
     if curves:
-        files.append(loss_vs_tokens({k: v[:2] for k, v in curves.items()}, joint, out / "loss_vs_tokens.png",
+        files.append(loss_vs_tokens(curves, joint, out / "loss_vs_tokens.png",
                                     f"{cfg.title}: learning curves, L(N, D) fit ({mode})"))
     (out / "fits.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
     (out / "fits.md").write_text(render(result))
@@ -176,6 +182,7 @@ def render(result: dict) -> str:
     lvl = f"{cfg['level']:.0%}"
     lines = [f"Fits over {result['runs']} finished runs; N = {cfg['params']} parameters, loss = {cfg['loss']}; "
              f"[{lvl} residual-bootstrap intervals].", "",
+             f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:", "",
              "| arch | points | E | A | alpha |", "|---|---|---|---|---|"]
     for f in result["power_law"]:
         lines.append(f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |")

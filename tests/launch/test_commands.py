@@ -169,6 +169,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=120, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_dry_run_and_one_line_errors(tmp_path):
     out = _cli("--nodes", "1", "--procs", "2", "--dry-run", "model=diff-tiny")
     assert out.returncode == 0 and "--nproc_per_node 2" in out.stdout and "-m diffllm.train model=diff-tiny" in out.stdout

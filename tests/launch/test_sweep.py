@@ -116,6 +116,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_dry_run_and_errors(tmp_path):
     out = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true")
     assert out.returncode == 0, out.stderr

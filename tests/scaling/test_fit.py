@@ -98,7 +98,7 @@ def test_scaling_fit_end_to_end(tmp_path):
     param_ratio = result["ratios"][f"params_from_joint_at_N={n_ref},D=524288"]
     assert token_ratio.value == pytest.approx(true_tokens, rel=0.05)
     assert param_ratio.value == pytest.approx(true_params, rel=0.15)
-    assert result["ratios"][f"params_at_N={n_ref}"].value == pytest.approx(true_params, rel=0.15)
+    assert result["ratios"][f"params_at_N={n_ref},D=524288"].value == pytest.approx(true_params, rel=0.15)
     files = write_report(cfg, result, tmp_path / "out")
     for png in [f for f in files if f.suffix == ".png"]:
         assert matplotlib.image.imread(png).shape[0] > 300
