@@ -112,14 +112,16 @@ class Launch:
             if p.poll() is None:
                 os.kill(p.pid, sig)
 
-    def kill(self) -> None:
-        """SIGKILL the rank processes and everything they started (DataLoader workers, torchrun's children)."""
-        for p in self.procs:
+    def kill(self, ranks: Optional[list[int]] = None) -> None:
+        """SIGKILL rank processes (default: all) and everything they started (DataLoader workers, torchrun's
+        children), and reap them."""
+        chosen = [self.procs[i] for i in ranks] if ranks is not None else self.procs
+        for p in chosen:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for p in self.procs:
+        for p in chosen:
             p.wait()
 
     def wait(self, timeout: float = 300) -> list[int]:

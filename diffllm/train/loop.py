@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,9 +31,9 @@ EXIT_PREEMPTED = 3  # a stop signal arrived; the step finished and a checkpoint 
 EXIT_NONFINITE = 4  # trainer.max_nonfinite_in_a_row consecutive steps had a non-finite loss or gradient
 
 
-def say(msg: str) -> None:
+def say(msg: str, error: bool = False) -> None:
     if rank() == 0:
-        print(f"[diffllm.train] {msg}", flush=True)
+        print(f"[diffllm.train] {msg}", file=sys.stderr if error else sys.stdout, flush=True)
 
 
 class Trainer:
@@ -53,7 +54,6 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.state = TrainState()
         self.stop = StopFlag()
-        self.wandb = None
         self.saved_step = -1
 
     # ----- setup -------------------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ class Trainer:
         if resume is not None:
             self.check_model(resume)
 
-        universal = resume is not None and resume.meta["world_size"] != self.ws
+        universal = resume is not None and self.needs_universal(resume)
         self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, universal)
         self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed)
         self.loader = build_train_loader(self.data_cfg, tok, self.rank, self.ws, self.budget.micro_batch_size)
@@ -125,6 +125,17 @@ class Trainer:
                 raise ValueError(f"model.{key}: the checkpoint {res.dir / res.tag} has {saved.get(key)!r}, this run "
                                  f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
 
+    def needs_universal(self, res: Resume) -> bool:
+        """A different world size or ZeRO stage loads through DeepSpeed's universal checkpoint (a ZeRO-0 checkpoint
+        has no ZeRO shards to convert: it resumes only as it was saved)."""
+        saved = (res.meta["world_size"], res.meta["zero_stage"])
+        if saved == (self.ws, self.trainer.zero_stage):
+            return False
+        if saved[1] == 0:
+            raise ValueError(f"trainer.zero_stage: {res.dir / res.tag} was saved with ZeRO-0 on {saved[0]} rank(s), "
+                             f"which cannot be resharded; resume it with trainer.zero_stage=0 on {saved[0]} rank(s)")
+        return True
+
     def load(self, res: Resume, universal: bool) -> dict:
         tag = CheckpointManager.to_universal(res) if universal else res.tag
         path, client = self.engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
@@ -135,7 +146,8 @@ class Trainer:
         self.warn_changes(saved["config"])
         self.loader.load_state_dict(saved["data"])  # raises, naming the problem, if it cannot resume exactly
         set_rng_state(saved["rng"], self.rank)
-        how = f"a universal checkpoint (world size {saved['world_size']} -> {self.ws})" if universal else "checkpoint"
+        how = (f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.meta['zero_stage']} -> "
+               f"{self.trainer.zero_stage})" if universal else "checkpoint")
         say(f"resumed from {how} {res.dir / tag}: step {self.state.step}, {self.state.tokens:,} tokens")
         return client
 
@@ -148,7 +160,7 @@ class Trainer:
 
     # ----- one step ----------------------------------------------------------------------------------------------
     def train_step(self) -> tuple[dict, bool]:
-        """One optimizer step over grad_accum micro-batches. Returns (record, stop requested on any rank)."""
+        """One optimizer step over grad_accum micro-batches. Returns (record, whether any rank asked to stop)."""
         t0 = time.perf_counter()
         step, accum = self.state.step, self.budget.grad_accum
         lr = lr_at(step, self.budget.steps, self.optim)
@@ -160,17 +172,16 @@ class Trainer:
             logits = self.engine(batch[:, :-1])  # (B, T, V)
             loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
             if step + 1 in self.trainer.inject_nan_at_steps and self.rank == 0:
-                loss = loss * float("nan")  # fault injection (trainer.inject_nan_at_steps), a real NaN
-            self.engine.backward(loss)
+                loss = loss * float("nan")  # fault injection (trainer.inject_nan_at_steps): a real NaN, rank 0 only
+            self.engine.backward(loss)  # DeepSpeed divides by grad_accum
             loss_sum += loss.detach()
-            if micro == accum - 1:  # before the update: agree on the loss and on stopping/saving, in one collective
-                due = self.trainer.save_every_minutes and time.monotonic() - self.last_save_t >= 60 * self.trainer.save_every_minutes
-                total, stop, save_due = all_reduce_sum([loss_sum.item(), float(self.stop.received is not None), float(bool(due))])
-                mean_loss = total / (accum * self.ws)
+            if micro == accum - 1:  # the update happens in the engine.step() below: agree first
+                mean_loss, stop, save_due = self.agree(loss_sum.item())
+                plain_norm = self.plain_grad_norm()
                 self.optimizer.force_skip = not math.isfinite(mean_loss)
                 self.optimizer.skipped, ds_skipped = False, self.engine.skipped_steps
             self.engine.step()
-        skipped = self.optimizer.skipped or self.engine.skipped_steps > ds_skipped
+        skipped = self.optimizer.skipped or self.engine.skipped_steps > ds_skipped  # ours, or DeepSpeed's own check
         self.optimizer.force_skip = False
         s = self.state
         s.step, s.tokens = s.step + 1, s.tokens + self.budget.global_batch_tokens
@@ -178,10 +189,27 @@ class Trainer:
         s.nonfinite_in_a_row = s.nonfinite_in_a_row + 1 if skipped else 0
         s.last_loss = mean_loss
         norm = self.engine.get_global_grad_norm()
+        norm = plain_norm if norm is None else norm
         rec = {"step": s.step, "tokens": s.tokens, "loss": finite_or_none(mean_loss), "lr": lr,
                "grad_norm": None if norm is None or skipped else finite_or_none(float(norm)),
-               "step_time_s": time.perf_counter() - t0, "skipped": skipped, "save_due": bool(save_due)}
-        return rec, bool(stop)
+               "step_time_s": time.perf_counter() - t0, "skipped": skipped, "save_due": save_due}
+        return rec, stop
+
+    def plain_grad_norm(self) -> Optional[float]:
+        """Without ZeRO, DeepSpeed clips fp32 gradients but does not keep their norm: take it here, before clipping
+        (the gradients are already averaged over ranks). ZeRO stages report their own."""
+        if self.trainer.zero_stage != 0:
+            return None
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else None
+
+    def agree(self, local_loss_sum: float) -> tuple[float, bool, bool]:
+        """One collective per step: (mean loss over ranks and micro-batches, a stop signal reached some rank,
+        save_every_minutes has passed on some rank)."""
+        minutes = self.trainer.save_every_minutes
+        due = bool(minutes) and time.monotonic() - self.last_save_t >= 60 * minutes
+        total, stop, save_due = all_reduce_sum([local_loss_sum, float(self.stop.received is not None), float(due)])
+        return total / (self.budget.grad_accum * self.ws), stop > 0, save_due > 0
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -267,9 +295,10 @@ class Trainer:
                 self.log(rec, window_t, window_steps)
                 window_t, window_steps = 0.0, 0
             if s.nonfinite_in_a_row >= t.max_nonfinite_in_a_row:
+                last = self.ckpt.latest()
                 say(f"error: {s.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (step {s.step}); "
-                    f"stopping (trainer.max_nonfinite_in_a_row={t.max_nonfinite_in_a_row}); last good checkpoint: "
-                    f"{self.ckpt.latest().tag if self.ckpt.latest() else 'none'}")
+                    f"stopping (trainer.max_nonfinite_in_a_row={t.max_nonfinite_in_a_row}); the last checkpoint: "
+                    f"{last.dir / last.tag if last else 'none'} (exit code {EXIT_NONFINITE})", error=True)
                 return EXIT_NONFINITE
             if t.val_every and s.step % t.val_every == 0 and s.step < b.steps:
                 self.validate()
@@ -301,13 +330,15 @@ class Trainer:
             print(progress_line(rec, self.budget.steps, self.budget.tokens, eta), flush=True)
 
     def finish(self) -> None:
+        """summary.json. wall_time_s adds up each launch's time until its last checkpoint: steps that a kill threw away
+        (and then were redone) are not counted twice, nor is relaunching a finished run."""
         s, st = self.state, self.stats
         summary = {
             "model": self.model_cfg.name, "arch": self.model_cfg.arch, "total_params": st.total_params,
             "nonembedding_params": st.nonembedding_params, "tokens": s.tokens, "flops": st.flops_per_token * s.tokens,
             "flops_per_token": st.flops_per_token, "steps": s.step, "seq_len": self.budget.seq_len,
             "global_batch_tokens": self.budget.global_batch_tokens, "final_train_loss": finite_or_none(s.last_loss),
-            "final_val_loss": finite_or_none(s.last_val_loss), "wall_time_s": round(self.elapsed(), 3),
+            "final_val_loss": finite_or_none(s.last_val_loss), "wall_time_s": round(s.elapsed_s, 3),
             "world_size": self.ws, "zero_stage": self.trainer.zero_stage, "precision": self.precision,
             "device": device_name(), "skipped_steps": s.skipped_steps, "status": "finished",
             "checkpoint": str(self.ckpt.dir / f"step{s.step}"), "run_dir": str(self.run_dir),
