@@ -2,6 +2,7 @@
 ZeRO stage) that the resume tests compare against bit for bit."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ def _env():
         for k, v in ENV.items():
             mp.setenv(k, v)
         yield
+    shutil.rmtree(SESSION, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
