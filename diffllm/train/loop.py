@@ -121,7 +121,7 @@ class Trainer:
         """A checkpoint of another architecture is refused up front, naming the first differing key."""
         saved, ours = res.meta.get("model", {}), asdict(self.model_cfg)
         for key in sorted(set(saved) | set(ours)):
-            if key not in ("attn_backend", "max_seq_len") and saved.get(key) != ours.get(key):
+            if key not in ("name", "attn_backend", "max_seq_len") and saved.get(key) != ours.get(key):
                 raise ValueError(f"model.{key}: the checkpoint {res.dir / res.tag} has {saved.get(key)!r}, this run "
                                  f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
 
