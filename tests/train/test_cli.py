@@ -43,7 +43,8 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     # What a save killed half-way leaves behind: shards under the temporary tag, never published as `latest`.
     partial = run / "checkpoints" / "tmp-step8"
     partial.mkdir()
-    (partial / "mp_rank_00_model_states.pt").write_bytes((run / "checkpoints" / "step4" / "mp_rank_00_model_states.pt").read_bytes()[:1000])
+    shard = "mp_rank_00_model_states.pt"
+    (partial / shard).write_bytes((run / "checkpoints" / "step4" / shard).read_bytes()[:1000])  # cut short
     again = diffllm_train(tmp_path, *ARGS)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "removing runs/tiny/checkpoints/tmp-step8 (a save that never completed)" in again.stdout
