@@ -11,6 +11,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diffllm.hardware import peak_tflops  # noqa: E402
 from diffllm.model import DecoderLM, ModelConfig  # noqa: E402
 from diffllm.model.accounting import model_stats  # noqa: E402
 from diffllm.model.attention import flash_available  # noqa: E402
@@ -18,8 +19,6 @@ from diffllm.model.attention import flash_available  # noqa: E402
 SMOKE = os.environ.get("GPU_CHECK_SMOKE") == "1"
 DEVICE = "cpu" if SMOKE else "cuda"
 DTYPE = torch.float32 if SMOKE else torch.bfloat16
-# Dense bf16 peaks (TFLOP/s) by device-name substring; the trainer's MFU uses the same figures.
-PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
 def preset(name: str, **overrides) -> ModelConfig:
@@ -67,8 +66,8 @@ def throughput(name: str, batch: int, seq_len: int, steps: int) -> tuple[float, 
         torch.cuda.synchronize()
     tps = steps * batch * seq_len / (time.perf_counter() - t0)
     name_ = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
-    peak = next((v for k, v in PEAKS.items() if k in name_), None)
-    mfu = tps * model_stats(cfg, seq_len).flops_per_token / peak if peak else float("nan")
+    peak = peak_tflops(name_)  # the trainer's table: dense bf16 TFLOP/s by device name
+    mfu = tps * model_stats(cfg, seq_len).flops_per_token / (peak * 1e12) if peak else float("nan")
     del model
     return tps, mfu
 

@@ -15,7 +15,7 @@ from typing import Optional
 from ..model.accounting import meta_model, model_stats
 from ..model.config import ModelConfig
 from .activations import ActivationBytes, activation_bytes
-from .hardware import GPU, lookup
+from ..hardware import GPU, lookup
 
 GiB = 2**30
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -259,7 +259,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from ..config import build, hydra_app
-    from .hardware import gpu_table
+    from ..hardware import gpu_table
 
     check_model_overrides(sys.argv[1:], "diffllm plan")
 

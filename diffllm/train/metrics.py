@@ -9,31 +9,7 @@ from typing import Optional
 
 import torch
 
-# Dense (no 2:4 sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' datasheets. Matched in this order
-# against torch.cuda.get_device_name(); the first hit wins, so specific names come before generic ones.
-PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
-    ("GH200", 989.0),
-    ("H200", 989.0),
-    ("H100 PCIE", 756.0),
-    ("H100 NVL", 835.0),
-    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
-    ("H800", 989.0),
-    ("H20", 148.0),
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("A800", 312.0),
-    ("L40S", 362.0),
-    ("L4", 121.0),
-    ("A10G", 70.0),
-    ("MI300X", 1307.0),
-    ("MI250X", 383.0),
-]
-
-
-def peak_tflops(device_name: str) -> Optional[float]:
-    """The dense bf16 peak of a device, or None when it is unknown (a CPU, an unlisted GPU): MFU is then n/a."""
-    name = device_name.upper()
-    return next((peak for key, peak in PEAK_BF16_TFLOPS if key.upper() in name), None)
+from ..hardware import peak_tflops  # noqa: F401  (re-exported: the loop looks peaks up here)
 
 
 def device_name() -> str:
