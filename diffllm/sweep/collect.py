@@ -106,10 +106,10 @@ def collect(root: str | Path) -> list[RunRecord]:
 def _preset_size(model: str) -> int:
     """Sort key: the preset's parameter count (works for runs that have no summary yet)."""
     from ..info import load_preset
-    from ..model.accounting import meta_model
+    from ..model.accounting import model_stats
 
     try:
-        return sum(p.numel() for p in meta_model(load_preset(model)).parameters())
+        return model_stats(load_preset(model)).total_params
     except ValueError:
         return 0
 

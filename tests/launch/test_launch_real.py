@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from diffllm.train.dist import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -20,7 +22,7 @@ def test_launch_two_processes_on_cpu(tmp_path, launcher):
            "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-m", "diffllm.cli", "launch", "--launcher", launcher, "--nodes", "1", "--procs", "2",
-         "--master-port", str(29500 + os.getpid() % 1000),
+         "--master-port", str(free_port()),
          "model=transformer-micro-1", "data.tokenizer.vocab_size=1024", "data.seq_len=64", "trainer.tokens=8192",
          "trainer.global_batch_tokens=2048", "trainer.micro_batch_size=8", "trainer.zero_stage=2",
          "trainer.val_batches=2", "trainer.log_every=1", "logging.wandb=disabled", f"run_dir={run_dir}"],
