@@ -124,11 +124,12 @@ def test_bad_lambda_and_dtype():
 @pytest.mark.skipif("triton" not in BACKENDS,
                     reason="diffllm.model.config does not accept attn_backend=triton yet (the model refactor adds it)")
 def test_diff_tiny_trains_like_sdpa():
-    """Whole model: three AdamW steps of diff-tiny give the same losses with attn_backend=triton as with sdpa."""
+    """Whole model: three AdamW steps of diff-tiny on one batch give the same losses with attn_backend=triton as with
+    sdpa (needs the model's dispatch; proved before it landed with a monkeypatched copy of DiffAttention.forward)."""
     import yaml
 
     preset = yaml.safe_load((REPO / "configs/model/diff-tiny.yaml").read_text())
-    batches = torch.randint(0, 256, (3, 2, 25), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     losses = {}
     for backend in ("sdpa", "triton"):
         torch.manual_seed(0)
@@ -136,7 +137,7 @@ def test_diff_tiny_trains_like_sdpa():
         model = model.to(DEVICE)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses[backend] = []
-        for tokens in batches:
+        for _ in range(3):  # one batch, so that the loss must fall
             logits = model(tokens[:, :-1])
             loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
             opt.zero_grad()
