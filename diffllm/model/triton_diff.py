@@ -66,6 +66,22 @@ def _tuned(configs: list[tuple[int, int, int, int]]):
 if triton is not None:
 
     @triton.jit
+    def _load_rows(base, rows, stride_t, cols, T, W):
+        """Rows `rows` x columns `cols` of a (T, W) slab at `base` (row stride stride_t), zeros past T and W."""
+        return tl.load(base + rows[:, None] * stride_t + cols[None, :], mask=(rows[:, None] < T) & (cols[None, :] < W),
+                       other=0.0)
+
+    @triton.jit
+    def _row_stats(LSE, DELTA, bh, rows, T):
+        """Per-query log-sum-exps and Dc of both maps; LSE and DELTA are (B, h, 2, T) fp32."""
+        stat, ok = bh * 2 * T + rows, rows < T
+        lse1 = tl.load(LSE + stat, mask=ok, other=0.0)
+        lse2 = tl.load(LSE + stat + T, mask=ok, other=0.0)
+        d1 = tl.load(DELTA + stat, mask=ok, other=0.0)
+        d2 = tl.load(DELTA + stat + T, mask=ok, other=0.0)
+        return lse1, lse2, d1, d2
+
+    @triton.jit
     def _log2_scores(qa, kb, valid, scale_log2, PREC: tl.constexpr):
         """Masked scores in log2 units: (BLOCK_M, BLOCK_D) x (BLOCK_N, BLOCK_D) -> (BLOCK_M, BLOCK_N) fp32."""
         s = tl.dot(qa, tl.trans(kb), input_precision=PREC) * scale_log2
@@ -94,12 +110,10 @@ if triton is not None:
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols0 = tl.arange(0, BLOCK_N)
         dd, dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        q_ptr = Q + b * sqb + i * sqh + rows[:, None] * sqt + dd[None, :]
-        q_mask = (rows[:, None] < T) & (dd[None, :] < D)
-        q1 = tl.load(q_ptr, mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
-        q2 = tl.load(q_ptr + H * sqh, mask=q_mask, other=0.0)
-        k_ptr = K + b * skb + j * skh + dd[None, :]
-        v_ptr = V + b * svb + j * svh + dv[None, :]
+        q1 = _load_rows(Q + b * sqb + i * sqh, rows, sqt, dd, T, D)  # (BLOCK_M, BLOCK_D)
+        q2 = _load_rows(Q + b * sqb + (H + i) * sqh, rows, sqt, dd, T, D)
+        k1_ptr, k2_ptr = K + b * skb + j * skh, K + b * skb + (G + j) * skh
+        v_ptr = V + b * svb + j * svh
         m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
         m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l1 = tl.zeros([BLOCK_M], tl.float32)
@@ -109,10 +123,9 @@ if triton is not None:
         hi = tl.minimum((pid_m + 1) * BLOCK_M, T)  # causal: no key beyond the block's last query
         for start_n in range(0, hi, BLOCK_N):
             cols = start_n + cols0
-            k_mask = (cols[:, None] < T) & (dd[None, :] < D)
-            k1 = tl.load(k_ptr + cols[:, None] * skt, mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-            k2 = tl.load(k_ptr + G * skh + cols[:, None] * skt, mask=k_mask, other=0.0)
-            vt = tl.load(v_ptr + cols[:, None] * svt, mask=(cols[:, None] < T) & (dv[None, :] < DV), other=0.0)
+            k1 = _load_rows(k1_ptr, cols, skt, dd, T, D)  # (BLOCK_N, BLOCK_D)
+            k2 = _load_rows(k2_ptr, cols, skt, dd, T, D)
+            vt = _load_rows(v_ptr, cols, svt, dv, T, DV)  # (BLOCK_N, BLOCK_DV)
             valid = (rows[:, None] >= cols[None, :]) & (cols[None, :] < T)  # block 0 always holds key 0: m finite
             s1 = _log2_scores(q1, k1, valid, scale_log2, PREC)
             s2 = _log2_scores(q2, k2, valid, scale_log2, PREC)
@@ -152,38 +165,31 @@ if triton is not None:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rows0 = tl.arange(0, BLOCK_M)
         dd, dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        k_off = b * skb + j * skh + cols[:, None] * skt + dd[None, :]
-        k_mask = (cols[:, None] < T) & (dd[None, :] < D)
-        k1 = tl.load(K + k_off, mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        k2 = tl.load(K + k_off + G * skh, mask=k_mask, other=0.0)
-        v_mask = (cols[:, None] < T) & (dv[None, :] < DV)
-        vt = tl.load(V + b * svb + j * svh + cols[:, None] * svt + dv[None, :], mask=v_mask, other=0.0)
+        k1 = _load_rows(K + b * skb + j * skh, cols, skt, dd, T, D)  # (BLOCK_N, BLOCK_D)
+        k2 = _load_rows(K + b * skb + (G + j) * skh, cols, skt, dd, T, D)
+        vt = _load_rows(V + b * svb + j * svh, cols, svt, dv, T, DV)  # (BLOCK_N, BLOCK_DV)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dk2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
         lam = tl.load(Lam)
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # causal: queries before this block's first key see none of it
         for r in range(0, REP):
-            bh = b * H + j * REP + r  # diff head i = j * REP + r
-            q_base = Q + b * sqb + (j * REP + r) * sqh + dd[None, :]
+            i = j * REP + r  # diff head
+            bh = b * H + i
             for start_m in range(lo, T, BLOCK_M):
                 rows = start_m + rows0
-                q_mask = (rows[:, None] < T) & (dd[None, :] < D)
-                q1 = tl.load(q_base + rows[:, None] * sqt, mask=q_mask, other=0.0)
-                q2 = tl.load(q_base + H * sqh + rows[:, None] * sqt, mask=q_mask, other=0.0)
-                do = tl.load(DO + (bh * T + rows[:, None]) * DV + dv[None, :],
-                             mask=(rows[:, None] < T) & (dv[None, :] < DV), other=0.0)
-                stat = bh * 2 * T + rows  # LSE and DELTA: (B, h, 2, T) fp32
-                lse1 = tl.load(LSE + stat, mask=rows < T, other=0.0)
-                lse2 = tl.load(LSE + stat + T, mask=rows < T, other=0.0)
-                d1 = tl.load(DELTA + stat, mask=rows < T, other=0.0)
-                d2 = tl.load(DELTA + stat + T, mask=rows < T, other=0.0)
+                q1 = _load_rows(Q + b * sqb + i * sqh, rows, sqt, dd, T, D)  # (BLOCK_M, BLOCK_D)
+                q2 = _load_rows(Q + b * sqb + (H + i) * sqh, rows, sqt, dd, T, D)
+                do = _load_rows(DO + bh * T * DV, rows, DV, dv, T, DV)  # dO: contiguous (B, h, T, 2d)
+                lse1, lse2, d1, d2 = _row_stats(LSE, DELTA, bh, rows, T)
                 valid = (rows[:, None] >= cols[None, :]) & (rows[:, None] < T)
                 a, ds1, ds2 = _score_grads(q1, q2, k1, k2, vt, do, lse1, lse2, d1, d2, lam, valid, scale_log2, PREC)
                 dvacc += tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
                 dk1 += tl.dot(tl.trans(ds1).to(q1.dtype), q1, input_precision=PREC)
                 dk2 += tl.dot(tl.trans(ds2).to(q2.dtype), q2, input_precision=PREC)
         dk_off = (b * 2 * G + j) * T * D + cols[:, None] * D + dd[None, :]  # DK: contiguous (B, 2g, T, d)
+        k_mask = (cols[:, None] < T) & (dd[None, :] < D)
+        v_mask = (cols[:, None] < T) & (dv[None, :] < DV)
         tl.store(DK + dk_off, (dk1 * sm_scale).to(DK.dtype.element_ty), mask=k_mask)
         tl.store(DK + dk_off + G * T * D, (dk2 * sm_scale).to(DK.dtype.element_ty), mask=k_mask)
         tl.store(DVV + (bg * T + cols[:, None]) * DV + dv[None, :], dvacc.to(DVV.dtype.element_ty), mask=v_mask)
@@ -202,34 +208,25 @@ if triton is not None:
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols0 = tl.arange(0, BLOCK_N)
         dd, dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        q_off = b * sqb + i * sqh + rows[:, None] * sqt + dd[None, :]
-        q_mask = (rows[:, None] < T) & (dd[None, :] < D)
-        q1 = tl.load(Q + q_off, mask=q_mask, other=0.0)
-        q2 = tl.load(Q + q_off + H * sqh, mask=q_mask, other=0.0)
-        do = tl.load(DO + (bh * T + rows[:, None]) * DV + dv[None, :],
-                     mask=(rows[:, None] < T) & (dv[None, :] < DV), other=0.0)
-        stat = bh * 2 * T + rows
-        lse1 = tl.load(LSE + stat, mask=rows < T, other=0.0)
-        lse2 = tl.load(LSE + stat + T, mask=rows < T, other=0.0)
-        d1 = tl.load(DELTA + stat, mask=rows < T, other=0.0)
-        d2 = tl.load(DELTA + stat + T, mask=rows < T, other=0.0)
+        q1 = _load_rows(Q + b * sqb + i * sqh, rows, sqt, dd, T, D)  # (BLOCK_M, BLOCK_D)
+        q2 = _load_rows(Q + b * sqb + (H + i) * sqh, rows, sqt, dd, T, D)
+        do = _load_rows(DO + bh * T * DV, rows, DV, dv, T, DV)
+        lse1, lse2, d1, d2 = _row_stats(LSE, DELTA, bh, rows, T)
         lam = tl.load(Lam)
         dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         dq2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        k_ptr = K + b * skb + j * skh + dd[None, :]
-        v_ptr = V + b * svb + j * svh + dv[None, :]
         hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
         for start_n in range(0, hi, BLOCK_N):
             cols = start_n + cols0
-            k_mask = (cols[:, None] < T) & (dd[None, :] < D)
-            k1 = tl.load(k_ptr + cols[:, None] * skt, mask=k_mask, other=0.0)
-            k2 = tl.load(k_ptr + G * skh + cols[:, None] * skt, mask=k_mask, other=0.0)
-            vt = tl.load(v_ptr + cols[:, None] * svt, mask=(cols[:, None] < T) & (dv[None, :] < DV), other=0.0)
+            k1 = _load_rows(K + b * skb + j * skh, cols, skt, dd, T, D)
+            k2 = _load_rows(K + b * skb + (G + j) * skh, cols, skt, dd, T, D)
+            vt = _load_rows(V + b * svb + j * svh, cols, svt, dv, T, DV)
             valid = (rows[:, None] >= cols[None, :]) & (cols[None, :] < T)
             _, ds1, ds2 = _score_grads(q1, q2, k1, k2, vt, do, lse1, lse2, d1, d2, lam, valid, scale_log2, PREC)
             dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PREC)
             dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PREC)
         dq_off = (b * 2 * H + i) * T * D + rows[:, None] * D + dd[None, :]  # DQ: contiguous (B, 2h, T, d)
+        q_mask = (rows[:, None] < T) & (dd[None, :] < D)
         tl.store(DQ + dq_off, (dq1 * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
         tl.store(DQ + dq_off + H * T * D, (dq2 * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
