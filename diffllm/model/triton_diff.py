@@ -284,22 +284,25 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _forward(q, k, v, lam, save: bool) -> tuple:
+    """Launch the forward: (out, O1, O2, LSE, contiguous q, k, v, fp32 lam); O1, O2, LSE only when `save`."""
+    B, h, g, T, d = _check(q, k, v, lam)
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    lam32 = lam.detach().reshape(()).to(torch.float32)
+    o = torch.empty(B, h, T, 2 * d, device=q.device, dtype=q.dtype)  # (B, h, T, 2d)
+    o1, o2 = (torch.empty_like(o), torch.empty_like(o)) if save else (o, o)  # unused pointers when not saving
+    lse = torch.empty(B, h, 2, T, device=q.device, dtype=torch.float32) if save else o
+    _fwd_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, o, o1, o2, lse, scale_log2=d**-0.5 * LOG2E, SAVE=save,
+                                             **_common(q, k, v, h, g, T, d))
+    return o, o1, o2, lse, q, k, v, lam32
+
+
 class _FusedDiffAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lam):  # q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d), lam 0-dim
-        B, h, g, T, d = _check(q, k, v, lam)
-        q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-        lam32 = lam.detach().reshape(()).to(torch.float32)
-        save = any(ctx.needs_input_grad)
-        o = torch.empty(B, h, T, 2 * d, device=q.device, dtype=q.dtype)  # (B, h, T, 2d)
-        o1, o2 = (torch.empty_like(o), torch.empty_like(o)) if save else (o, o)
-        lse = torch.empty(B, h, 2, T, device=q.device, dtype=torch.float32) if save else o
-        args = _common(q, k, v, h, g, T, d)
-        _fwd_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, o, o1, o2, lse, scale_log2=d**-0.5 * LOG2E,
-                                                 SAVE=save, **args)
-        if save:
-            ctx.save_for_backward(q, k, v, lam32, o1, o2, lse)
-            ctx.lam_dtype = lam.dtype
+        o, o1, o2, lse, q, k, v, lam32 = _forward(q, k, v, lam, save=True)
+        ctx.save_for_backward(q, k, v, lam32, o1, o2, lse)
+        ctx.lam_dtype = lam.dtype
         return o
 
     @staticmethod
@@ -325,5 +328,7 @@ def fused_diff_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam:
     """(softmax(Q1 K1^T/sqrt d + causal) - lam softmax(Q2 K2^T/sqrt d + causal)) V, differentiable in q, k, v, lam.
     q: (B, 2h, T, d) [Q1 heads, Q2 heads], k: (B, 2g, T, d) [K1, K2], v: (B, g, T, 2d), lam: 0-dim -> (B, h, T, 2d);
     diff head i reads kv group i // (h/g)."""
-    return _FusedDiffAttention.apply(q, k, v, lam)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam)):
+        return _FusedDiffAttention.apply(q, k, v, lam)
+    return _forward(q, k, v, lam, save=False)[0]  # inference: nothing kept for a backward
 

@@ -78,7 +78,7 @@ def test_forward_and_gradients_match_float64_eager(B, h, g, T, d, lam):
 
 
 def test_forward_without_grad_matches():
-    """The inference launch (nothing saved for the backward) gives the same output."""
+    """The inference launch (no grad: nothing saved for a backward) gives the same output."""
     q, k, v, lam = inputs(1, 2, 1, 18, 16, -1.1)
     with torch.no_grad():
         out = fused_diff_attention(q, k, v, lam)
