@@ -22,7 +22,6 @@ tests). On a GPU the block sizes are autotuned (configs sized for H100/H200).
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch
