@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The prepared GPU check (one H200 run, < 8 minutes, installs nothing): backend agreement and Transformer vs Diff
-# throughput/MFU. Run from the repo root on a machine with CUDA torch and PyYAML: `bash scripts/gpu_check.sh`.
+# throughput/MFU (gpu_check.py), then the Diff attention backends incl. the Triton kernel (gpu_bench_attention.py: one
+# table). Run from the repo root on a machine with CUDA torch, PyYAML and triton: `bash scripts/gpu_check.sh`.
+# `GPU_CHECK_SMOKE=1 bash scripts/gpu_check.sh` runs the same code on CPU with tiny models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-timeout 450 python3 scripts/gpu_check.py
+timeout 150 python3 scripts/gpu_check.py || echo "gpu_check.py: exit $? (timeout 150 s); going on"
+GPU_BENCH_BUDGET_S="${GPU_BENCH_BUDGET_S:-240}" timeout 300 python3 scripts/gpu_bench_attention.py
