@@ -42,7 +42,7 @@ def main(cfg: DictConfig) -> None:
     s = model_stats(mc, seq_len)
     h = mc.variant.heads(mc)
     print(f"preset               {mc.name} ({mc.arch}: {mc.variant.label})")
-    print(f"heads                {h.out} output, {h.query} query of d={mc.head_dim}, {h.kv} kv (values {h.value_dim} wide)")
+    print(f"heads (kv)           {h.label()}, d={mc.head_dim}, values {h.value_dim} wide")
     print(f"parameters           {s.total_params:,} ({_fmt(s.total_params)})")
     print(f"  input embedding    {s.embedding_params:,}")
     print(f"  non-embedding      {s.nonembedding_params:,} ({_fmt(s.nonembedding_params)})")

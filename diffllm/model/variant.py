@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class Heads:
     """How a variant lays out its heads for a config whose Transformer would have `n_heads` heads of d."""
 
-    query: int  # query heads in the attention call(s)
+    query: int  # query heads (Diff V1: diff heads, each of two d-wide sub-heads; V2: the 2h heads of its one call)
     kv: int  # key/value heads (the KV cache holds `kv` keys of kv_dim and values of value_dim per token and layer)
     out: int  # heads concatenated before the output projection
     value_dim: int  # width of each value head
