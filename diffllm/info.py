@@ -1,22 +1,13 @@
-"""`diffllm info model=<preset>`: parameters, training FLOPs per token and bf16 weight memory of a preset."""
+"""`diffllm info model=<preset>`: parameters, training FLOPs per token and bf16 weight memory of a preset;
+`all=true`: the table of every preset."""
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from .config import CONFIG_DIR, build, hydra_app
+from .config import build, hydra_app
 from .model import ModelConfig
 from .model.accounting import model_stats
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
-
-
-def load_preset(name: str) -> ModelConfig:
-    path = CONFIG_DIR / "model" / f"{name}.yaml"
-    if not path.exists():
-        raise ValueError(f"model={name}: unknown preset (known: {', '.join(preset_names())})")
-    return build(ModelConfig, OmegaConf.load(path), "model")
+from .model.presets import load_preset, preset_names  # noqa: F401  (moved to model/presets.py; re-exported)
 
 
 def _fmt(n: float) -> str:
@@ -31,10 +22,9 @@ def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
     rows = [head, "|" + "---|" * 12]
     for c in cfgs:
         s = model_stats(c, seq_len)
-        heads = f"{c.n_heads // 2 if c.arch == 'diff' else c.n_heads} ({c.kv_heads // 2 if c.arch == 'diff' else c.kv_heads})"
         rows.append(
-            f"| {c.name} | {c.arch} | {c.d_model} | {c.n_layers} | {heads} | {c.head_dim} | {c.ffn_hidden} | "
-            f"{c.padded_vocab_size} | {s.total_params:,} | {s.nonembedding_params:,} | "
+            f"| {c.name} | {c.arch} | {c.d_model} | {c.n_layers} | {c.variant.heads(c).label()} | {c.head_dim} | "
+            f"{c.ffn_hidden} | {c.padded_vocab_size} | {s.total_params:,} | {s.nonembedding_params:,} | "
             f"{s.flops_per_token / 1e9:.3g} @{s.seq_len} | {s.bf16_weight_bytes / 2**30:.2f} GiB |"
         )
     return "\n".join(rows)
@@ -45,14 +35,17 @@ def main(cfg: DictConfig) -> None:
     seq_len = cfg.get("seq_len")
     if cfg.all:  # `diffllm info all=true`
         cfgs = [load_preset(n) for n in preset_names()]
-        cfgs.sort(key=lambda c: (model_stats(c).nonembedding_params, c.arch))  # by size, Transformer next to Diff
+        cfgs.sort(key=lambda c: (model_stats(c).nonembedding_params, c.arch))  # by size, the variants side by side
         print(table(cfgs, seq_len))
         return
     mc = build(ModelConfig, cfg.model, "model")
     s = model_stats(mc, seq_len)
-    print(f"preset               {mc.name} ({mc.arch})")
+    h = mc.variant.heads(mc)
+    print(f"preset               {mc.name} ({mc.arch}: {mc.variant.label})")
+    print(f"heads (kv)           {h.label()}, d={mc.head_dim}, values {h.value_dim} wide")
     print(f"parameters           {s.total_params:,} ({_fmt(s.total_params)})")
     print(f"  input embedding    {s.embedding_params:,}")
     print(f"  non-embedding      {s.nonembedding_params:,} ({_fmt(s.nonembedding_params)})")
-    print(f"train FLOPs/token    {s.flops_per_token:.4g} at seq_len {s.seq_len} (6 x {s.matmul_params:,} matmul params + attention)")
+    print(f"train FLOPs/token    {s.flops_per_token:.4g} at seq_len {s.seq_len} with attn_backend={mc.attn_backend} "
+          f"(6 x {s.matmul_params:,} matmul params + attention)")
     print(f"bf16 weights         {s.bf16_weight_bytes / 2**30:.2f} GiB")

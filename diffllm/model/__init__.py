@@ -1,5 +1,6 @@
-"""Models: one decoder-only LM whose attention (standard or differential) is chosen by `ModelConfig.arch`."""
+"""Models: one decoder-only LM whose attention variant (registered in variant.py) is chosen by `ModelConfig.arch`."""
 from .config import ModelConfig
 from .transformer import Block, DecoderLM
+from .variant import AttentionVariant, variant, variants
 
-__all__ = ["ModelConfig", "DecoderLM", "Block"]
+__all__ = ["ModelConfig", "DecoderLM", "Block", "AttentionVariant", "variant", "variants"]

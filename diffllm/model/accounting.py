@@ -30,15 +30,14 @@ def meta_model(cfg: ModelConfig) -> DecoderLM:
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Forward+backward FLOPs of the score and value matmuls per token, PaLM convention (no causal halving).
-    Transformer: scores 2*T*E + values 2*T*E per layer forward. Diff: the same 2*T*E for both score maps together
-    (2h sub-heads of d = E), but each of the two maps multiplies V of width 2d, so values cost 4*T*E."""
-    E = cfg.d_model
-    forward = (2 * seq_len * E) + (4 * seq_len * E if cfg.arch == "diff" else 2 * seq_len * E)
-    return 3.0 * cfg.n_layers * forward
+    """Forward+backward FLOPs of the score and value matmuls per token, PaLM convention (no causal halving), as the
+    variant counts them for the kernel cfg.attn_backend runs (see each variant's `attention_flops_per_token`)."""
+    return cfg.variant.attention_flops_per_token(cfg, seq_len)
 
 
 def model_stats(cfg: ModelConfig, seq_len: int | None = None) -> ModelStats:
+    """Counts from the model built on the meta device; FLOPs = 6 x matmul params + the variant's attention FLOPs
+    (for cfg.attn_backend)."""
     seq_len = seq_len or cfg.max_seq_len
     model = meta_model(cfg)
     total = sum(p.numel() for p in model.parameters())

@@ -1,4 +1,5 @@
-"""Causal attention kernels (eager | sdpa | flash) and the standard multi-head / grouped-query attention module."""
+"""Causal attention kernels (eager | sdpa | flash, and the planner's "meta" stand-in) and the standard multi-head /
+grouped-query attention module: the Transformer's variant (`arch: transformer`)."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .layers import apply_rotary
+from .variant import AttentionVariant, Heads, register
 
 try:  # flash-attn is an optional GPU extra; it cannot be built on CPU machines.
     from flash_attn import flash_attn_func
@@ -30,13 +32,34 @@ def causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(mask, float("-inf")).softmax(dim=-1).type_as(q)
 
 
+class _MetaFlash(torch.autograd.Function):
+    """The planner's "meta" kernel: outputs of the right shape and saves what FlashAttention-2 keeps for backward
+    (q, k, v, out and the fp32 log-sum-exp), so activations can be counted on the meta device, where SDPA would
+    trace its math path with T x T maps. Forward only: its backward is never run."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        B, H, T, _ = q.shape
+        out = q.new_empty(B, T, H, v.shape[-1]).transpose(1, 2)  # flash kernels write (B, T, H, d): views follow
+        lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        raise NotImplementedError("the meta attention kernel only measures saved tensors")
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + causal) v with GQA (query head h reads kv head h // (Hq/Hkv)).
-    q, k: (B, H*, T, d); v: (B, Hkv, T, dv) with dv free to differ from d -> (B, Hq, T, dv)."""
+    q, k: (B, H*, T, d); v: (B, Hkv, T, dv) with dv free to differ from d -> (B, Hq, T, dv).
+    "triton" runs sdpa here: only Diff has a fused kernel, every other call is one standard attention already."""
     n_rep = q.shape[1] // k.shape[1]
     if backend == "eager":
         return causal_probs(q, k) @ v.repeat_interleave(n_rep, dim=1)
-    if backend == "sdpa":
+    if backend == "meta":
+        return _MetaFlash.apply(q, k, v)
+    if backend in ("sdpa", "triton"):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_rep > 1)
     if backend == "flash":
         if not flash_available():
@@ -48,13 +71,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
     raise ValueError(f"unknown attention backend {backend!r}")
 
 
-class Attention(nn.Module):
+@register
+class Attention(AttentionVariant):
     """Standard causal self-attention: n_heads query heads and n_kv_heads kv heads of dim d = d_model / n_heads."""
 
-    def __init__(self, cfg: ModelConfig, depth: int):
-        super().__init__()
+    arch, label, color, baseline = "transformer", "Transformer", "tab:blue", True
+
+    def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
+        super().__init__(cfg, depth, backend)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.backend, self.interleaved = cfg.attn_backend, cfg.rope_interleaved
+        self.interleaved = cfg.rope_interleaved
         kv_dim = self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
@@ -69,3 +95,17 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin, self.interleaved), apply_rotary(k, cos, sin, self.interleaved)
         y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.backend)  # (B, H, T, d)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, E))
+
+    @classmethod
+    def heads(cls, cfg: ModelConfig) -> Heads:
+        return Heads(query=cfg.n_heads, kv=cfg.kv_heads, out=cfg.n_heads, value_dim=cfg.head_dim)
+
+    @classmethod
+    def attention_params(cls, cfg: ModelConfig) -> int:
+        E, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
+        return E * E + 2 * E * kv + E * E + (E + 2 * kv) * cfg.qkv_bias  # W_Q, W_K, W_V, W_O (+ q/k/v biases)
+
+    @classmethod
+    def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
+        """Scores 2*T*E + values 2*T*E per layer forward (h heads of d = E), x3 for fwd + bwd."""
+        return 3.0 * cfg.n_layers * (2 * seq_len * cfg.d_model + 2 * seq_len * cfg.d_model)

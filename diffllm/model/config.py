@@ -1,22 +1,23 @@
-"""ModelConfig: the one typed config that builds both decoder-only LMs (Transformer and Diff Transformer)."""
+"""ModelConfig: the one typed config that builds every decoder-only LM; `arch` names a registered attention variant
+(diffllm/model/variant.py)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Optional
 
-ARCHS = ("transformer", "diff")
 NORMS = ("rmsnorm", "layernorm")
-BACKENDS = ("eager", "sdpa", "flash")
+BACKENDS = ("eager", "sdpa", "flash", "triton")
 
 
 @dataclass
 class ModelConfig:
     """Layout of a decoder-only LM. `n_heads`/`n_kv_heads` are always the *Transformer's* head counts; the Diff model
-    uses n_heads/2 heads (and n_kv_heads/2 kv heads) of twice the value width, with the same head dim d."""
+    uses n_heads/2 heads (and n_kv_heads/2 kv heads) of twice the value width, with the same head dim d; Diff V2 uses
+    2 n_heads query heads of d, n_kv_heads kv heads and n_heads output heads."""
 
     name: str = "custom"
-    arch: str = "transformer"  # transformer | diff
+    arch: str = "transformer"  # a registered variant: transformer | diff | diff2
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -33,7 +34,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02
     max_seq_len: int = 2048
-    attn_backend: str = "sdpa"  # eager (materialised maps, the reference) | sdpa | flash
+    attn_backend: str = "sdpa"  # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
     lambda_init: Optional[float] = None  # Diff only: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # Diff only: init std of lambda_{q,k}{1,2}
 
@@ -44,8 +45,9 @@ class ModelConfig:
         def bad(key: str, why: str) -> None:
             raise ValueError(f"model.{key}: {why}")
 
-        if self.arch not in ARCHS:
-            bad("arch", f"got {self.arch!r}, expected one of {ARCHS}")
+        from .variant import variant  # the registry imports the variant modules, which import this one
+
+        arch = variant(self.arch)  # unknown -> "model.arch: got 'x', expected one of (...)"
         if self.norm not in NORMS:
             bad("norm", f"got {self.norm!r}, expected one of {NORMS}")
         if self.attn_backend not in BACKENDS:
@@ -54,12 +56,18 @@ class ModelConfig:
             bad("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}")
         if self.n_heads % self.kv_heads:
             bad("n_kv_heads", f"{self.kv_heads} does not divide n_heads={self.n_heads}")
-        if self.arch == "diff" and (self.n_heads % 2 or self.kv_heads % 2):
-            bad("n_heads", f"diff needs even n_heads and n_kv_heads (got {self.n_heads}, {self.kv_heads})")
+        arch.check(self)
         if not 0.0 < self.rotary_pct <= 1.0 or self.rotary_dim % 2:
             bad("rotary_pct", f"{self.rotary_pct} gives an odd or empty rotary dim ({self.rotary_dim})")
         if self.vocab_size < 1:
             bad("vocab_size", f"must be positive, got {self.vocab_size}")
+
+    @property
+    def variant(self):
+        """The attention class registered for `arch` (diffllm/model/variant.py)."""
+        from .variant import variant
+
+        return variant(self.arch)
 
     @property
     def kv_heads(self) -> int:

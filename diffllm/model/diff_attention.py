@@ -7,6 +7,11 @@
 
 Diff head i uses query sub-heads 2i, 2i+1 (adjacent). With GQA, diff head i reads kv group g = i // n_rep, i.e. key
 sub-heads 2g, 2g+1 and value head g, as the official flash files do.
+
+n_heads in the config is the Transformer's h: Diff runs h/2 diff heads of value width 2d (same d, same parameters
+but for the lambda vectors and the subln weight). Backends: eager materialises both maps and multiplies
+(P1 - lambda P2) V once; sdpa/flash make one standard call with 2h query heads and V twice; triton calls the fused
+kernel `diffllm.model.triton_diff.fused_diff_attention` (P V once, like eager).
 """
 from __future__ import annotations
 
@@ -16,15 +21,29 @@ from torch import nn
 from .attention import causal_attention, causal_probs
 from .config import ModelConfig
 from .layers import RMSNorm, apply_rotary
+from .variant import AttentionVariant, Heads, register
 
 
-class DiffAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, depth: int):
-        super().__init__()
+def _fused_diff_attention():
+    """The Triton kernel, imported on first use (triton is an optional GPU extra)."""
+    try:
+        from .triton_diff import fused_diff_attention
+    except ImportError as e:
+        raise RuntimeError(f"attn_backend=triton needs the triton package (pip install triton) and a CUDA device "
+                           f"({e}); use attn_backend=sdpa here") from None
+    return fused_diff_attention
+
+
+@register
+class DiffAttention(AttentionVariant):
+    arch, label, color = "diff", "Diff Transformer", "tab:red"
+
+    def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
+        super().__init__(cfg, depth, backend)
         self.n_heads = cfg.n_heads // 2  # h: diff heads
         self.n_kv_heads = cfg.kv_heads // 2  # kv groups
         self.head_dim = cfg.head_dim  # d: each Q/K sub-head; V heads are 2d
-        self.backend, self.interleaved = cfg.attn_backend, cfg.rope_interleaved
+        self.interleaved = cfg.rope_interleaved
         self.lambda_init = cfg.lambda_init_at(depth)  # a python float, as in the official code
         kv_dim = 2 * self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
@@ -58,6 +77,8 @@ class DiffAttention(nn.Module):
         if self.backend == "eager":
             probs = causal_probs(q, k).view(B, 2, h, T, T)  # materialised maps, the reference path
             attn = (probs[:, 0] - lam * probs[:, 1]) @ v.repeat_interleave(h // g, dim=1)  # (B, h, T, 2d)
+        elif self.backend == "triton":  # the fused kernel: (B, 2h, T, d), (B, 2g, T, d), (B, g, T, 2d) -> (B, h, T, 2d)
+            attn = _fused_diff_attention()(q, k, v, self.lambda_full())
         else:
             # One kernel call: query head c*h + i reads kv head (c*h + i) // (h/g) = c*g + i // (h/g), i.e. the
             # component-c keys of its own group; both components read the same V.
@@ -65,3 +86,29 @@ class DiffAttention(nn.Module):
             attn = out[:, 0] - lam * out[:, 1]  # (B, h, T, 2d)
         attn = self.subln(attn) * (1.0 - self.lambda_init)
         return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.n_heads % 2 or cfg.kv_heads % 2:
+            raise ValueError(f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, "
+                             f"{cfg.kv_heads})")
+
+    @classmethod
+    def heads(cls, cfg: ModelConfig) -> Heads:
+        return Heads(query=cfg.n_heads // 2, kv=cfg.kv_heads // 2, out=cfg.n_heads // 2, value_dim=2 * cfg.head_dim)
+
+    @classmethod
+    def attention_params(cls, cfg: ModelConfig) -> int:
+        """The Transformer's projections (2h sub-heads of d = E for Q, K; h heads of 2d for V) + 4 lambda vectors of
+        d + the shared 2d subln weight."""
+        E, d, kv = cfg.d_model, cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        return E * E + 2 * E * kv + E * E + (E + 2 * kv) * cfg.qkv_bias + 4 * d + 2 * d
+
+    @classmethod
+    def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
+        """Scores: both maps together are n_heads sub-heads of d (E wide): 2*T*E. Values: eager and the fused
+        triton kernel multiply (P1 - lambda P2) by V once (2*T*E, V is h/2 heads of 2d = E wide); sdpa and flash
+        multiply each map by V (4*T*E). x3 for fwd + bwd."""
+        E, T = cfg.d_model, seq_len
+        values = 2 * T * E if cfg.attn_backend in ("eager", "triton") else 4 * T * E
+        return 3.0 * cfg.n_layers * (2 * T * E + values)

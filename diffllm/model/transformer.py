@@ -1,23 +1,22 @@
-"""The decoder-only LM: pre-norm blocks (attention or differential attention, then SwiGLU), chosen by `cfg.arch`."""
+"""The decoder-only LM: pre-norm blocks (the attention variant registered for `cfg.arch`, then SwiGLU)."""
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import nn
 
-from .attention import Attention
 from .config import ModelConfig
-from .diff_attention import DiffAttention
 from .layers import SwiGLU, build_norm, rotary_cos_sin
 
 
 class Block(nn.Module):
     """Y = X + Attn(Norm(X));  X' = Y + SwiGLU(Norm(Y))."""
 
-    def __init__(self, cfg: ModelConfig, depth: int):
+    def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
         super().__init__()
-        attention = DiffAttention if cfg.arch == "diff" else Attention
         self.attn_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.attn = attention(cfg, depth)
+        self.attn = cfg.variant(cfg, depth, backend)  # backend: None -> cfg.attn_backend
         self.mlp_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
@@ -42,7 +41,8 @@ class DecoderLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """N(0, init_std) for every matrix and embedding, zero biases, unit norm weights, lambda ~ N(0, lambda_std)."""
+        """N(0, init_std) for every matrix and embedding (Diff V2's lambda_proj included), zero biases, unit norm
+        weights, Diff's lambda vectors ~ N(0, lambda_std)."""
         for name, p in self.named_parameters():
             if name.rsplit(".", 1)[-1].startswith("lambda_"):
                 p.normal_(0.0, self.cfg.lambda_std)

@@ -1,17 +1,15 @@
 """Activation memory per token, measured: one block of the real model runs forward on the meta device in bf16 and
-autograd's saved tensors are counted (no data, any size, milliseconds). Attention is swapped for a flash-style
-stand-in that keeps what FlashAttention-2 keeps for backward (q, k, v, out and the fp32 log-sum-exp), because the
-meta device would otherwise trace SDPA's math path with its T x T maps; `attn_backend=eager` keeps the real maps."""
+autograd's saved tensors are counted (no data, any size, milliseconds). The block is built with the backend its
+variant names for measuring (`meta_backend`): the "meta" kernel of diffllm/model/attention.py keeps what
+FlashAttention-2 keeps for backward (q, k, v, out and the fp32 log-sum-exp), because the meta device would otherwise
+trace SDPA's math path with its T x T maps; `attn_backend=eager` keeps the real maps."""
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
-from ..model import attention, diff_attention
 from ..model.config import ModelConfig
 from ..model.layers import build_norm, rotary_cos_sin
 from ..model.transformer import Block
@@ -25,35 +23,6 @@ class ActivationBytes:
     block_input: float  # what full activation checkpointing keeps per block: its input
     head: float  # final norm + output matmul + fp32 cross-entropy, saved for backward
     logits_transient: float  # bf16 logits + their fp32 and bf16 gradients while the head runs backward
-
-
-class _FlashStandIn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        B, H, T, _ = q.shape
-        out = q.new_empty(B, T, H, v.shape[-1]).transpose(1, 2)  # flash kernels write (B, T, H, d): views follow
-        lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]  # never run: we only count what is saved
-        raise NotImplementedError
-
-
-def _stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
-    return _FlashStandIn.apply(q, k, v)
-
-
-@contextlib.contextmanager
-def _flash_attention(enabled: bool) -> Iterator[None]:
-    saved = attention.causal_attention, diff_attention.causal_attention
-    if enabled:
-        attention.causal_attention = diff_attention.causal_attention = _stand_in
-    try:
-        yield
-    finally:
-        attention.causal_attention, diff_attention.causal_attention = saved
 
 
 def _saved_bytes(fn, params: list[torch.Tensor]) -> int:
@@ -77,13 +46,12 @@ def activation_bytes(cfg: ModelConfig, seq_len: int, dtype: torch.dtype = torch.
     meta = torch.device("meta")
     E, V = cfg.d_model, cfg.padded_vocab_size
     with torch.device(meta):
-        block = Block(cfg, depth=cfg.n_layers - 1).to(dtype)
+        block = Block(cfg, depth=cfg.n_layers - 1, backend=cfg.variant.meta_backend(cfg)).to(dtype)
         x = torch.empty(1, seq_len, E, dtype=dtype, requires_grad=True)
         cos, sin = rotary_cos_sin(seq_len, cfg.rotary_dim, cfg.rope_theta, meta)
         norm, head = build_norm(cfg.norm, E, cfg.norm_eps).to(dtype), torch.nn.Linear(E, V, bias=False).to(dtype)
         targets = torch.zeros(seq_len, dtype=torch.long)
-    with _flash_attention(cfg.attn_backend != "eager"):
-        block_bytes = _saved_bytes(lambda: block(x, cos, sin), list(block.parameters()))
+    block_bytes = _saved_bytes(lambda: block(x, cos, sin), list(block.parameters()))
     head_bytes = _saved_bytes(
         lambda: F.cross_entropy(head(norm(x)).float().view(-1, V), targets),
         list(norm.parameters()) + list(head.parameters()),

@@ -12,24 +12,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from ..counts import parse_count  # sweep/grid.py still imports it from here
+from ..hardware import GPU, lookup
 from ..model.accounting import meta_model, model_stats
 from ..model.config import ModelConfig
+from ..model.presets import check_model_overrides
 from .activations import ActivationBytes, activation_bytes
-from ..hardware import GPU, lookup
+
+__all__ = ["PlanConfig", "make_plan", "render", "plan_dict", "parse_count", "check_model_overrides"]  # the last two
+# live in diffllm/counts.py and diffllm/model/presets.py; re-exported for callers that still import them from here
 
 GiB = 2**30
-_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-
-
-def parse_count(value: object, key: str) -> int:
-    """20M, 1.5B, 2T, 4096 or 1e9 -> int; anything else is a one-line error naming `key`."""
-    text = str(value).strip().upper().replace("_", "")
-    try:
-        if text and text[-1] in _SUFFIX:
-            return int(round(float(text[:-1]) * _SUFFIX[text[-1]]))
-        return int(round(float(text)))
-    except ValueError:
-        raise ValueError(f"{key}={value}: not a count (use e.g. 20M, 1.5B, 4096)") from None
 
 
 @dataclass
@@ -236,20 +229,6 @@ def plan_dict(p: Plan) -> dict:
     """The plan as plain data (for --json style output and tests)."""
     return {"model": p.cfg.name, "world": p.world, "gpu": p.gpu.name, "seconds": p.seconds,
             "total_flops": p.total_flops, "rows": [dataclasses.asdict(r) for r in p.rows]}
-
-
-def check_model_overrides(argv: list[str], command: str) -> None:
-    """Exit with one line naming the culprit when a `model=<preset>` override names no preset (before Hydra does)."""
-    import sys
-
-    from ..info import load_preset
-
-    for arg in argv:
-        if arg.startswith("model=") and "," not in arg:
-            try:
-                load_preset(arg.split("=", 1)[1])
-            except ValueError as e:
-                sys.exit(f"{command}: {e}")
 
 
 def main() -> None:

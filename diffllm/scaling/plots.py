@@ -1,5 +1,6 @@
 """Scaling plots (matplotlib, PNG, log axes): final loss vs parameters with the L(N) fits, and validation loss vs
-tokens (learning curves) with the L(N, D) fit at each size; Transformer and Diff side by side in each figure."""
+tokens (learning curves) with the L(N, D) fit at each size; every arch side by side in each figure, in the label and
+colour its attention variant carries (diffllm/model/variant.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-COLORS = {"transformer": "tab:blue", "diff": "tab:red"}
+from ..model.variant import variants  # noqa: E402
+
+
+def _color(arch: str) -> str:
+    v = variants().get(arch)
+    return v.color if v else "k"
+
+
+def _label(arch: str) -> str:
+    v = variants().get(arch)
+    return v.label if v else arch
 
 
 def _plain_loss_axis(ax) -> None:
@@ -28,11 +39,11 @@ def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict,
     hi = max(n.max() for n, _ in points.values()) * 1.3
     grid = np.geomspace(lo, hi, 200)
     for arch, (n, loss) in points.items():
-        ax.scatter(n, loss, color=COLORS.get(arch), label=f"{arch} runs", zorder=3, s=22)
-        if arch in fits:
-            f = fits[arch]
-            ax.plot(grid, f(grid), color=COLORS.get(arch), lw=1.5,
-                    label=f"{arch}: {f.E:.3f} + {f.A:.3g}·N^-{f.alpha:.3f}")
+        ax.scatter(n, loss, color=_color(arch), label=f"{_label(arch)} runs", zorder=3, s=22)
+        f = fits.get(arch)
+        if f is not None:
+            ax.plot(grid, f(grid), color=_color(arch), lw=1.5,
+                    label=f"{_label(arch)}: {f.E:.3f} + {f.A:.3g}·N^-{f.alpha:.3f}")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="final validation loss", title=title)
     _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)
@@ -50,11 +61,11 @@ def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]],
     sizes = sorted({n for _, n in curves})
     shades = {n: 0.35 + 0.65 * i / max(len(sizes) - 1, 1) for i, n in enumerate(sizes)}
     for (arch, n), (d, loss) in sorted(curves.items()):
-        color = matplotlib.colors.to_rgba(COLORS.get(arch, "k"), shades[n])
+        color = matplotlib.colors.to_rgba(_color(arch), shades[n])
         ax.scatter(d, loss, color=color, s=10, zorder=3)
-        if arch in joint:
+        if joint.get(arch) is not None:
             grid = np.geomspace(d.min(), d.max(), 100)
-            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, label=f"{arch} N={n:,.0f}")
+            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, label=f"{_label(arch)} N={n:,.0f}")
     ax.set(xscale="log", yscale="log", xlabel="training tokens", ylabel="validation loss", title=title)
     _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)

@@ -1,6 +1,8 @@
 """`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
 L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), residual-bootstrap
-intervals, the Diff/Transformer parameter and token ratios at equal loss, PNG plots, fits.md and fits.json."""
+intervals, each variant's parameter and token ratios over the baseline (the Transformer) at equal loss, PNG plots,
+fits.md and fits.json. Ratio keys carry an `<arch>:` prefix when the sweep holds more than one variant besides the
+baseline."""
 from __future__ import annotations
 
 import json
@@ -11,13 +13,11 @@ from typing import Optional
 
 import numpy as np
 
+from ..model.variant import baseline, variants
 from ..sweep.collect import RunRecord, collect
 from .fit import (Interval, JointLaw, PowerLaw, bootstrap_joint, bootstrap_power_law, interval, ratio_at_equal_loss,
                   ratio_interval)
 from .plots import loss_vs_params, loss_vs_tokens
-
-ARCHS = ("transformer", "diff")
-
 
 @dataclass
 class ScalingConfig:
@@ -68,12 +68,17 @@ class ArchFit:
     alpha: Interval
 
 
+def _by_arch(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
+    """Runs grouped by arch, registered variants first (baseline first), archs with no runs left out."""
+    groups: dict[str, list[RunRecord]] = {a: [] for a in variants()}
+    for r in runs:
+        groups.setdefault(r.arch, []).append(r)
+    return {a: rs for a, rs in groups.items() if rs}
+
+
 def _power_fits(cfg: ScalingConfig, runs: list[RunRecord]):
     points, fits, boots, table = {}, {}, {}, []
-    for arch in ARCHS:
-        rs = [r for r in runs if r.arch == arch]
-        if not rs:
-            continue
+    for arch, rs in _by_arch(runs).items():
         n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
         y = np.array([getattr(r, cfg.loss) for r in rs], dtype=float)
         points[arch] = (n, y)
@@ -84,8 +89,7 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord]):
     return points, fits, boots, table
 
 
-def _joint_points(cfg: ScalingConfig, runs: list[RunRecord], arch: str, mode: str):
-    rs = [r for r in runs if r.arch == arch]
+def _joint_points(cfg: ScalingConfig, rs: list[RunRecord], mode: str):
     if mode == "final":
         return ([_n(r, cfg.params) for r in rs], [r.tokens for r in rs], [getattr(r, cfg.loss) for r in rs])
     n, d, y = [], [], []
@@ -111,19 +115,21 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
     points, fits, boots, table = _power_fits(cfg, at_budget)
     result: dict = {"config": asdict(cfg), "runs": len(done), "power_law_tokens": budget, "power_law": table,
                     "ratios": {}}
-    both = all(a in fits for a in ARCHS)
-    if both:  # Diff parameters needed for the Transformer's loss, at each Transformer size of the sweep
-        for n_ref in sorted(set(points["transformer"][0])):
-            result["ratios"][f"params_at_N={int(n_ref)},D={budget}"] = ratio_interval(
-                fits["transformer"], boots["transformer"], fits["diff"], boots["diff"], n_ref, cfg.level)
+    base = baseline().arch
+    others = [a for a in fits if a != base] if base in fits else []
+    key = {a: ("" if len(others) == 1 else f"{a}:") for a in others}
+    for a in others:  # the variant's parameters needed for the baseline's loss, at each baseline size of the sweep
+        for n_ref in sorted(set(points[base][0])):
+            result["ratios"][f"{key[a]}params_at_N={int(n_ref)},D={budget}"] = ratio_interval(
+                fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level)
     mode = cfg.joint
     budgets = {r.tokens for r in done}
     if mode == "auto":
         mode = "final" if len(budgets) > 1 else "curves"
     joint, joint_boot = {}, {}
     if mode != "none":
-        for arch in ARCHS:
-            n, d, y = _joint_points(cfg, done, arch, mode)
+        for arch, rs in _by_arch(done).items():
+            n, d, y = _joint_points(cfg, rs, mode)
             try:
                 joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
             except ValueError as e:
@@ -132,18 +138,19 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
     result["joint"] = {a: {"law": asdict(j), **{k: interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]],
                                                            cfg.level) for k in ("alpha", "beta")}}
                        for a, j in joint.items()}
-    if both and all(a in joint for a in ARCHS):
-        ref = max((r for r in done if r.arch == "transformer"), key=lambda r: (r.tokens, _n(r, cfg.params)))
+    for a in (o for o in others if base in joint and o in joint):
+        ref = max(_by_arch(done)[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
         n_ref, d_ref = _n(ref, cfg.params), ref.tokens  # inside the data: the largest size at the largest budget
-        t, dd = joint["transformer"], joint["diff"]
+        t, dd = joint[base], joint[a]
         samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
-                   for bt, bd in zip(joint_boot["transformer"], joint_boot["diff"])]
-        result["ratios"][f"tokens_at_N={int(n_ref)},D={d_ref}"] = interval(
+                   for bt, bd in zip(joint_boot[base], joint_boot[a])]
+        result["ratios"][f"{key[a]}tokens_at_N={int(n_ref)},D={d_ref}"] = interval(
             ratio_at_equal_loss(t.at_params(n_ref), dd.at_params(n_ref), d_ref), samples, cfg.level)
         samples = [ratio_at_equal_loss(bt.at_tokens(d_ref), bd.at_tokens(d_ref), n_ref)
-                   for bt, bd in zip(joint_boot["transformer"], joint_boot["diff"])]
-        result["ratios"][f"params_from_joint_at_N={int(n_ref)},D={d_ref}"] = interval(
+                   for bt, bd in zip(joint_boot[base], joint_boot[a])]
+        result["ratios"][f"{key[a]}params_from_joint_at_N={int(n_ref)},D={d_ref}"] = interval(
             ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level)
+    result["ratio_archs"] = [base] + others
     result["_plot"] = (points, fits, joint, done, mode)
     return result
 
@@ -193,8 +200,10 @@ def render(result: dict) -> str:
             law = j["law"]
             lines.append(f"| {arch} | {law['E']:.4g} | {law['A']:.4g} | {j['alpha']} | {law['B']:.4g} | {j['beta']} |")
     if result["ratios"]:
-        lines += ["", "Diff / Transformer at equal loss (paper at 3B-13B: 62.2% of the parameters, 63.7% of the tokens):",
-                  "", "| ratio | value [interval] |", "|---|---|"]
+        base, *others = result["ratio_archs"]
+        names = " and ".join(variants()[a].label if a in variants() else a for a in others)
+        lines += ["", f"{names} / {variants()[base].label} at equal loss (paper, Diff at 3B-13B: 62.2% of the "
+                  "parameters, 63.7% of the tokens):", "", "| ratio | value [interval] |", "|---|---|"]
         for name, iv in result["ratios"].items():
             lines.append(f"| {name} | {iv} |")
     for note in result.get("notes", []):

@@ -49,7 +49,7 @@ def _seed(summary: dict, run_dir: Path) -> Optional[int]:
 
 def block_params(model: str, total: Optional[int], nonembedding: Optional[int]) -> Optional[int]:
     """Non-embedding parameters without the output head, when the preset says whether the head is tied."""
-    from ..info import load_preset
+    from ..model.presets import load_preset
 
     if total is None or nonembedding is None:
         return None
@@ -62,7 +62,7 @@ def block_params(model: str, total: Optional[int], nonembedding: Optional[int]) 
 
 def _preset_in_path(run_dir: Path) -> str:
     """A run without a summary yet: the preset named by a folder on its path (sweeps use <model>/<tokens>/seed<s>)."""
-    from ..info import preset_names
+    from ..model.presets import preset_names
 
     names = set(preset_names())
     return next((part for part in reversed(run_dir.parts) if part in names), run_dir.name)
@@ -76,7 +76,7 @@ def read_run(run_dir: Path) -> RunRecord:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     model = s.get("model") or _preset_in_path(run_dir)
     return RunRecord(
-        run_dir=str(run_dir), model=model, arch=s.get("arch", "diff" if model.startswith("diff") else "transformer"),
+        run_dir=str(run_dir), model=model, arch=s.get("arch") or _preset_arch(model),
         seed=_seed(s, run_dir), total_params=s.get("total_params"), nonembedding_params=s.get("nonembedding_params"),
         block_params=block_params(model, s.get("total_params"), s.get("nonembedding_params")),
         tokens=s.get("tokens"), flops=s.get("flops"), final_train_loss=s.get("final_train_loss"),
@@ -103,9 +103,20 @@ def collect(root: str | Path) -> list[RunRecord]:
 
 
 @functools.lru_cache(maxsize=None)
+def _preset_arch(model: str) -> str:
+    """A run without a summary yet: the arch its preset names ("unknown" for a name that is no preset)."""
+    from ..model.presets import load_preset
+
+    try:
+        return load_preset(model).arch
+    except ValueError:
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=None)
 def _preset_size(model: str) -> int:
     """Sort key: the preset's parameter count (works for runs that have no summary yet)."""
-    from ..info import load_preset
+    from ..model.presets import load_preset
     from ..model.accounting import model_stats
 
     try:

@@ -45,3 +45,25 @@ def diff_attention_reference(x, W, lam_vecs, lambda_init, h, h_kv, d, rotary_dim
         o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + eps) * W["subln"]
         heads.append(o * (1 - lambda_init))
     return torch.cat(heads, dim=-1) @ W["out"].T
+
+
+def diff2_attention_reference(x, W, h, h_kv, d, rotary_dim, theta, interleaved):
+    """Diff Transformer V2 from its equations. x: (T, E) float64; W: q (2h d, E), k/v (h_kv d, E), out (E, h d),
+    lam (h, E). Query heads 2i and 2i+1 read kv head i // (h / h_kv); head_i = O_2i - sigmoid(x W_lam[i]) O_2i+1."""
+    T = x.shape[0]
+    q, k, v = x @ W["q"].T, x @ W["k"].T, x @ W["v"].T
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+
+    def attend(qs, ks, vs):
+        s = (rotate(qs, rotary_dim, theta, interleaved) @ rotate(ks, rotary_dim, theta, interleaved).T) / math.sqrt(d)
+        return torch.softmax(s.masked_fill(~causal, -math.inf), dim=-1) @ vs
+
+    heads = []
+    for i in range(h):
+        g = i // (h // h_kv)
+        kg, vg = k[:, g * d : (g + 1) * d], v[:, g * d : (g + 1) * d]
+        o1 = attend(q[:, (2 * i) * d : (2 * i + 1) * d], kg, vg)  # (T, d)
+        o2 = attend(q[:, (2 * i + 1) * d : (2 * i + 2) * d], kg, vg)
+        lam = 1.0 / (1.0 + torch.exp(-(x @ W["lam"][i])))  # (T,)
+        heads.append(o1 - lam[:, None] * o2)
+    return torch.cat(heads, dim=-1) @ W["out"].T

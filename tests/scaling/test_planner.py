@@ -14,12 +14,13 @@ import time
 import pytest
 import torch
 
-from diffllm.info import load_preset
+from diffllm.model import variants
 from diffllm.model.accounting import meta_model
 from diffllm.model.layers import rotary_cos_sin
+from diffllm.model.presets import load_preset
 from diffllm.model.transformer import Block
 from diffllm.scaling.activations import activation_bytes
-from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states, parse_count
+from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states
 
 ds12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
@@ -94,11 +95,11 @@ def _real_saved_bytes(cfg, seq_len: int) -> float:
     return sum(storages.values()) / seq_len
 
 
-@pytest.mark.parametrize("preset,backend", [("transformer-tiny", "sdpa"), ("transformer-tiny", "eager"),
-                                             ("diff-tiny", "eager")])
+@pytest.mark.parametrize("preset,backend", [("transformer-tiny", "sdpa")] + [(f"{a}-tiny", "eager") for a in variants()])
 def test_block_activations_match_a_real_forward(preset, backend):
-    """sdpa: CPU runs its flash kernel for the Transformer (same saved tensors as the planner's stand-in); for Diff
-    (v heads 2d wide) CPU falls back to the math path, so Diff is checked with the eager maps on both sides."""
+    """sdpa: CPU runs its flash kernel for the Transformer (same saved tensors as the planner's meta kernel); for
+    the Diff variants CPU's sdpa falls back to the math path (Diff: v heads 2d wide), so every variant is checked
+    with the eager maps on both sides."""
     cfg = dataclasses.replace(load_preset(preset), attn_backend=backend)
     measured = _real_saved_bytes(cfg, 256)
     planned = activation_bytes(cfg, 256, dtype=torch.float32).block
@@ -138,16 +139,23 @@ def test_cluster_too_small_says_why():
 @pytest.mark.parametrize("key,value,match", [
     ("gpu", "h900", "gpu=h900: unknown GPU type"),
     ("global_batch_tokens", "1000", "global_batch_tokens=1000: not a whole number"),
-    ("tokens", "lots", "tokens=lots: not a count"),
+    ("tokens", "lots", "tokens: expected a count like 20M, 1.5B or 4096, got 'lots'"),
+    ("tokens", "-5B", "tokens: must be positive, got '-5B'"),
+    ("tokens", "0", "tokens: must be positive"),
+    ("global_batch_tokens", "1.5", "global_batch_tokens: '1.5' is not a whole number"),
 ])
 def test_bad_plan_inputs(key, value, match):
     with pytest.raises(ValueError, match=match):
         make_plan(load_preset("diff-830m"), PlanConfig(**{key: value}))
 
 
-def test_parse_count():
-    assert [parse_count(v, "t") for v in ("20M", "1.5B", "2T", "4096", "1e9", 7)] == [
-        20_000_000, 1_500_000_000, 2_000_000_000_000, 4096, 1_000_000_000, 7]
+@pytest.mark.parametrize("arch", list(variants()))
+def test_every_variant_plans_at_830m(arch):
+    """The planner runs every variant through its meta backend; more attention work means more activations."""
+    p = make_plan(load_preset(f"{arch}-830m"), PlanConfig(zero_stage=3, offload=False, activation_checkpointing=False))
+    base = make_plan(load_preset("transformer-830m"), PlanConfig(zero_stage=3, offload=False,
+                                                                 activation_checkpointing=False))
+    assert p.fitting and p.rows[0].activations_per_sample >= base.rows[0].activations_per_sample
 
 
 @pytest.mark.slow
@@ -159,3 +167,6 @@ def test_cli_table_and_unknown_preset():
     bad = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "model=nope"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "model=nope: unknown preset" in bad.stderr
+    neg = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True,
+                         timeout=120)
+    assert neg.returncode == 1 and neg.stderr.strip() == "diffllm plan: tokens: must be positive, got '-5B'"

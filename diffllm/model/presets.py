@@ -1,0 +1,50 @@
+"""Model presets: configs/model/<name>.yaml, each listing its bases (configs/model/arch/<arch>.yaml and
+configs/model/size/<size>.yaml) in a Hydra defaults list, composed by Hydra into a typed ModelConfig."""
+from __future__ import annotations
+
+import difflib
+import functools
+import sys
+
+from omegaconf import OmegaConf
+
+from ..config import CONFIG_DIR, build
+from .config import ModelConfig
+
+
+def preset_names() -> list[str]:
+    """The selectable presets: configs/model/*.yaml (the arch/ and size/ bases below it are not presets)."""
+    return sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(name: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside a command's @hydra.main, which reads the same CONFIG_DIR
+        node = compose(config_name=f"model/{name}").model
+    else:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            node = compose(config_name=f"model/{name}").model
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def load_preset(name: str) -> ModelConfig:
+    """configs/model/<name>.yaml as a ModelConfig; an unknown name is a one-line error with the nearest names."""
+    names = preset_names()
+    if name not in names:
+        near = difflib.get_close_matches(name, names, n=3)
+        hint = f"did you mean {', '.join(near)}? " if near else ""
+        raise ValueError(f"model={name}: unknown preset ({hint}known: {', '.join(names)})")
+    return build(ModelConfig, _composed(name), "model")
+
+
+def check_model_overrides(argv: list[str], command: str) -> None:
+    """Exit with one line naming the culprit when a `model=<preset>` override names no preset (before Hydra does)."""
+    for arg in argv:
+        if arg.startswith("model=") and "," not in arg:
+            try:
+                load_preset(arg.split("=", 1)[1])
+            except ValueError as e:
+                sys.exit(f"{command}: {e}")
