@@ -5,7 +5,6 @@ slow: the shapes are small. On a GPU the same tests run the compiled kernels.
 """
 import math
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,6 @@ from diffllm.model.config import BACKENDS  # noqa: E402
 from diffllm.model.triton_diff import INTERPRET, fused_diff_attention  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def reference(q, k, v, lam):
@@ -126,9 +124,11 @@ def test_bad_lambda_and_dtype():
 def test_diff_tiny_trains_like_sdpa():
     """Whole model: three AdamW steps of diff-tiny on one batch give the same losses with attn_backend=triton as with
     sdpa (needs the model's dispatch; proved before it landed with a monkeypatched copy of DiffAttention.forward)."""
-    import yaml
+    from dataclasses import asdict
 
-    preset = yaml.safe_load((REPO / "configs/model/diff-tiny.yaml").read_text())
+    from diffllm.model.presets import load_preset
+
+    preset = asdict(load_preset("diff-tiny"))
     tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     losses = {}
     for backend in ("sdpa", "triton"):
