@@ -2,10 +2,13 @@
 grouped-query attention module: the Transformer's variant (`arch: transformer`)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import LayerCache
 from .config import ModelConfig
 from .layers import apply_rotary
 from .variant import AttentionVariant, Heads, register
@@ -20,15 +23,20 @@ def flash_available() -> bool:
     return flash_attn_func is not None and torch.cuda.is_available()
 
 
+def causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
+    """True where query i (the last t_q of t_k positions: a cached decode step) may NOT see key j: j > t_k - t_q + i."""
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(t_k - t_q + 1)
+
+
 def causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Materialised causal attention maps, softmax in fp32.
-    q: (B, Hq, T, d), k: (B, Hkv, T, d) -> (B, Hq, T, T); query head h reads kv head h // (Hq/Hkv)."""
+    q: (B, Hq, Tq, d), k: (B, Hkv, Tk, d) -> (B, Hq, Tq, Tk); query head h reads kv head h // (Hq/Hkv); the queries
+    are the last Tq of the Tk positions (Tq = Tk without a KV cache)."""
     n_rep = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(n_rep, dim=1)  # (B, Hq, T, d)
+    k = k.repeat_interleave(n_rep, dim=1)  # (B, Hq, Tk, d)
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for float64 references
-    scores = (q.to(acc) @ k.to(acc).transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, Hq, T, T)
-    T = q.shape[2]
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = (q.to(acc) @ k.to(acc).transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, Hq, Tq, Tk)
+    mask = causal_mask(q.shape[2], k.shape[2], q.device)
     return scores.masked_fill(mask, float("-inf")).softmax(dim=-1).type_as(q)
 
 
@@ -52,13 +60,17 @@ class _MetaFlash(torch.autograd.Function):
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + causal) v with GQA (query head h reads kv head h // (Hq/Hkv)).
-    q, k: (B, H*, T, d); v: (B, Hkv, T, dv) with dv free to differ from d -> (B, Hq, T, dv).
+    q: (B, Hq, Tq, d), k: (B, Hkv, Tk, d); v: (B, Hkv, Tk, dv) with dv free to differ from d -> (B, Hq, Tq, dv);
+    Tq < Tk after a KV cache (the queries are the last Tq positions).
     "triton" runs sdpa here: only Diff has a fused kernel, every other call is one standard attention already."""
     n_rep = q.shape[1] // k.shape[1]
     if backend == "eager":
         return causal_probs(q, k) @ v.repeat_interleave(n_rep, dim=1)
     if backend == "meta":
         return _MetaFlash.apply(q, k, v)
+    if q.shape[2] != k.shape[2]:  # queries after a KV cache: sdpa with the bottom-right causal mask, any backend
+        mask = None if q.shape[2] == 1 else ~causal_mask(q.shape[2], k.shape[2], q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
     if backend in ("sdpa", "triton"):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_rep > 1)
     if backend == "flash":
@@ -87,13 +99,17 @@ class Attention(AttentionVariant):
         self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
         B, T, E = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, d)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, d)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, d)
         q, k = apply_rotary(q, cos, sin, self.interleaved), apply_rotary(k, cos, sin, self.interleaved)
-        y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.backend)  # (B, H, T, d)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H*, T, d)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, Hkv, pos + T, d)
+        y = causal_attention(q, k, v, self.backend)  # (B, H, T, d)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, E))
 
     @classmethod

@@ -12,10 +12,13 @@ n_heads in the config is h (the Transformer's head count); the KV cache equals t
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 from .attention import causal_attention
+from .cache import LayerCache
 from .config import ModelConfig
 from .layers import apply_rotary
 from .variant import AttentionVariant, Heads, register
@@ -36,13 +39,17 @@ class Diff2Attention(AttentionVariant):
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.lambda_proj = nn.Linear(cfg.d_model, self.n_heads, bias=False)  # init: N(0, init_std) as every matrix
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
         B, T, E = x.shape
         h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
         q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
         k = apply_rotary(self.k_proj(x).view(B, T, g, d), cos, sin, self.interleaved)  # (B, T, g, d)
         v = self.v_proj(x).view(B, T, g, d)  # (B, T, g, d)
-        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.backend)  # (B, 2h, T, d)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, g, T, d)
+        if cache is not None:
+            k, v = cache.update(k, v)  # the standard cache: (B, g, pos + T, d)
+        o = causal_attention(q.transpose(1, 2), k, v, self.backend)  # (B, 2h, T, d)
         o = o.transpose(1, 2)  # (B, T, 2h, d)
         lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)  # (B, T, h, 1)
         attn = o[:, :, 0::2] - lam * o[:, :, 1::2]  # (B, T, h, d)

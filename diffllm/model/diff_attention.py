@@ -15,10 +15,13 @@ kernel `diffllm.model.triton_diff.fused_diff_attention` (P V once, like eager).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 from .attention import causal_attention, causal_probs
+from .cache import LayerCache
 from .config import ModelConfig
 from .layers import RMSNorm, apply_rotary
 from .variant import AttentionVariant, Heads, register
@@ -63,7 +66,8 @@ class DiffAttention(AttentionVariant):
         l2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
         return l1 - l2 + self.lambda_init
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
         B, T, E = x.shape
         h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
         q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
@@ -73,15 +77,19 @@ class DiffAttention(AttentionVariant):
         # (B, T, 2h, d) -> (B, T, h, 2, d) -> (B, 2, h, T, d) -> (B, 2h, T, d) = [Q1 heads..., Q2 heads...].
         q = q.view(B, T, h, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * h, T, d)
         k = k.view(B, T, g, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * g, T, d)
+        if cache is not None:
+            k, v = cache.update(k, v)  # cached K1/K2 (B, 2g, S, d) and V (B, g, S, 2d), S = pos + T
+        S = k.shape[2]
         lam = self.lambda_full().type_as(q)
         if self.backend == "eager":
-            probs = causal_probs(q, k).view(B, 2, h, T, T)  # materialised maps, the reference path
+            probs = causal_probs(q, k).view(B, 2, h, T, S)  # materialised maps, the reference path
             attn = (probs[:, 0] - lam * probs[:, 1]) @ v.repeat_interleave(h // g, dim=1)  # (B, h, T, 2d)
-        elif self.backend == "triton":  # the fused kernel: (B, 2h, T, d), (B, 2g, T, d), (B, g, T, 2d) -> (B, h, T, 2d)
-            attn = _fused_diff_attention()(q, k, v, self.lambda_full())
+        elif self.backend == "triton" and S == T:  # the fused kernel: (B, 2h, T, d), (B, 2g, T, d), (B, g, T, 2d)
+            attn = _fused_diff_attention()(q, k, v, self.lambda_full())  # -> (B, h, T, 2d)
         else:
             # One kernel call: query head c*h + i reads kv head (c*h + i) // (h/g) = c*g + i // (h/g), i.e. the
-            # component-c keys of its own group; both components read the same V.
+            # component-c keys of its own group; both components read the same V. (Also the cached decode step of
+            # the triton backend, whose kernel is written for T = S.)
             out = causal_attention(q, k, torch.cat([v, v], dim=1), self.backend).view(B, 2, h, T, 2 * d)
             attn = out[:, 0] - lam * out[:, 1]  # (B, h, T, 2d)
         attn = self.subln(attn) * (1.0 - self.lambda_init)

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .layers import SwiGLU, build_norm, rotary_cos_sin
 
@@ -20,8 +21,9 @@ class Block(nn.Module):
         self.mlp_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -53,12 +55,19 @@ class DecoderLM(nn.Module):
             else:  # norm weights, the Diff subln weight
                 p.fill_(1.0)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache)."""
         B, T = tokens.shape
-        if T > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        start = cache.pos if cache is not None else 0
+        if start + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        if cache is not None:
+            cache.check_room(T)
         x = self.tok_embeddings(tokens)  # (B, T, E)
-        cos, sin = rotary_cos_sin(T, self.cfg.rotary_dim, self.cfg.rope_theta, x.device, x.dtype)  # (T, r/2)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        cos, sin = rotary_cos_sin(start + T, self.cfg.rotary_dim, self.cfg.rope_theta, x.device, x.dtype)
+        cos, sin = cos[start:], sin[start:]  # (T, r/2): this call's positions
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.layer(i) if cache is not None else None)
+        if cache is not None:
+            cache.advance(T)
         return self.lm_head(self.norm(x))  # (B, T, V)

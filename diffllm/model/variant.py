@@ -34,7 +34,8 @@ class Heads:
 
 
 class AttentionVariant(nn.Module):
-    """Base of every attention module: `Variant(cfg, depth, backend=None)`, forward (x, cos, sin) -> (B, T, E).
+    """Base of every attention module: `Variant(cfg, depth, backend=None)`, forward (x, cos, sin, cache=None) ->
+    (B, T, E); with a `LayerCache` the variant stores its keys/values there and attends over all cached positions.
     `backend` overrides cfg.attn_backend (the planner passes "meta")."""
 
     arch: ClassVar[str]  # the `model.arch` value
