@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import hydra
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -78,14 +81,19 @@ def take_config_dirs(argv: list[str]) -> list[str]:
     return rest
 
 
-def _hydra_search(dirs: list[Path], overrides: list[str]) -> list[str]:
-    """The main config dir is dirs[0]; the rest go after it through `hydra.searchpath` (merged with a user's own)."""
-    own = [o for o in overrides if o.startswith("hydra.searchpath=")]
-    rest = [o for o in overrides if o not in own]
-    extra = [f"file://{d}" for d in dirs[1:]]
-    if own:
-        extra = [s.strip() for s in own[0].split("=", 1)[1].strip("[]").split(",") if s.strip()] + extra
-    return rest + ([f"hydra.searchpath=[{','.join(extra)}]"] if extra else [])
+class _UserConfigs(SearchPathPlugin):
+    """Puts the user's config directories ahead of the packaged configs in the search path of every diffllm app."""
+
+    def manipulate_search_path(self, path: ConfigSearchPath) -> None:
+        main = [e for e in path.get_path() if e.provider == "main"]
+        if not main or Path(str(main[0].path).replace("file://", "")).resolve() != CONFIG_DIR.resolve():
+            return  # another Hydra app in this environment
+        for d in search_path()[:-1]:  # in order, each before the packaged configs
+            path.prepend(provider="diffllm", path=f"file://{d}", anchor="main")
+
+
+def _use_search_path() -> None:
+    Plugins.instance().register(_UserConfigs)  # Hydra's documented hook for a plugin outside hydra_plugins/
 
 
 # ---------------------------------------------------------------------------------------------- typed dataclasses
@@ -269,8 +277,8 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
             argv = take_config_dirs(argv)
             schema = register_schema(config_name)
             argv = _plus_to_force(argv, schema)
-            dirs = search_path()
-            sys.argv = [sys.argv[0]] + _hydra_search(dirs, argv)
+            _use_search_path()
+            sys.argv = [sys.argv[0]] + argv
             user_full_error = os.environ.get("HYDRA_FULL_ERROR")
 
             def checked(cfg: DictConfig) -> Any:
@@ -284,7 +292,7 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                 finally:
                     os.environ["HYDRA_FULL_ERROR"] = "1"
 
-            app = hydra.main(config_path=str(dirs[0]), config_name=config_name, version_base=None)(checked)
+            app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
             os.environ["HYDRA_FULL_ERROR"] = "1"  # raise composition errors here rather than print 6-35 lines
             try:
                 return app()
@@ -314,9 +322,9 @@ def compose(config_name: str, overrides: list[str] | None = None, return_hydra_c
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_schema(config_name)
-    dirs = search_path()
+    overrides = _plus_to_force(list(overrides or []), register_schema(config_name))
+    _use_search_path()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(dirs[0]), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=_hydra_search(dirs, list(overrides or [])),
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=overrides,
                              return_hydra_config=return_hydra_config)
