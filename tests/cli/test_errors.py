@@ -37,7 +37,7 @@ def test_unknown_option_lists_the_closest(diffllm, argv, closest):
     assert res.code == 2 and res.err.startswith(closest) and res.err.count("\n") == 1, res.err
 
 
-def test_hydra_composition_error_raised_inside_the_app(diffllm, monkeypatch):
+def test_hydra_composition_error_raised_inside_the_app(diffllm):
     """Past the dispatcher's preflight (a sweep value), Hydra's own MissingConfig error is turned into one line too."""
     res = diffllm("info", "-m", "model=diff-tiny,difff-tiny")
     assert res.code == 2 and res.err.startswith("diffllm info: error: unknown model=difff-tiny (closest: diff-tiny")
@@ -60,8 +60,10 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("DIFFLLM_CONFIG_PATH", "HYDRA_FULL_ERROR")}
 
 
-def test_multirun_and_hydra_grammar_still_work(diffllm):
+def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
     from diffllm.config import compose
+
+    monkeypatch.chdir(tmp_path)  # a multirun writes multirun.yaml here
 
     res = diffllm("info", "-m", "model=diff-tiny,transformer-tiny", "model.n_layers=2")
     assert res.code == 0 and "preset               diff-tiny (diff)" in res.out and "transformer-tiny (transformer)" in res.out
