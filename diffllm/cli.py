@@ -16,6 +16,9 @@ TRAIN = {"model": MODEL, "data": DATA, "trainer": "diffllm.train.config:TrainerC
 
 @dataclass(frozen=True)
 class Command:
+    """One command. A new one is one entry in _REGISTRY; a Hydra command's configs/<config>.yaml lists
+    `- <config>_schema` first in its defaults (the schema's dataclass defaults, under the YAML)."""
+
     entry: str  # "module:function": a Hydra app (hydra_app) or a function that parses its own argv
     summary: str  # the one line in `diffllm --help`
     config: Optional[str] = None  # configs/<config>.yaml; None: the command parses its own argv (--help goes to it)
@@ -82,12 +85,12 @@ def overview() -> str:
     from . import __version__
 
     width = max(map(len, COMMANDS)) + 2
-    lines = [f"usage: diffllm <command> [--config-dir DIR] [group=option ...] [key=value ...]   (diffllm {__version__})",
-             "", "commands:"]
+    lines = [f"diffllm {__version__}: pretrain Transformers and Differential Transformers, and compare them.", "",
+             "usage: diffllm <command> [--config-dir DIR] [group=option ...] [key=value ...]", "", "commands:"]
     lines += [f"  {name:<{width}}{c.summary}" for name, c in COMMANDS.items()]
-    lines += ["", "`diffllm <command> --help` (or `diffllm help <command>`) lists a command's keys, defaults and examples.",
-              "Configs are looked up in $DIFFLLM_CONFIG_PATH (colon-separated, `--config-dir DIR` prepends), ./configs,",
-              "then the packaged configs: `data=mine` finds ./configs/data/mine.yaml."]
+    lines += ["", "`diffllm <command> --help` (or `diffllm help <command>`): its keys, defaults and examples.",
+              "Configs are looked up in $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` prepends),",
+              "./configs, then the packaged configs: `data=mine` finds ./configs/data/mine.yaml."]
     return "\n".join(lines)
 
 

@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 _PACKAGED = Path(__file__).resolve().parent / "configs"  # a wheel install; a checkout keeps them in <repo>/configs
-CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS") or (_PACKAGED if _PACKAGED.is_dir() else _PACKAGED.parents[1] / "configs"))
+CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS")
+                  or (_PACKAGED if _PACKAGED.is_dir() else _PACKAGED.parents[1] / "configs"))
 CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
@@ -57,7 +58,8 @@ def config_groups(config_name: str) -> dict[str, str]:
     """{group: default option} from the defaults list of configs/<config>.yaml (Hydra's own groups left out)."""
     path = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
     entries = OmegaConf.load(path).get("defaults", []) if path else []
-    return {k: str(v) for e in entries if isinstance(e, DictConfig) for k, v in e.items() if not k.startswith("override")}
+    return {k: str(v) for e in entries if isinstance(e, DictConfig)
+            for k, v in e.items() if not k.startswith("override")}
 
 
 def take_config_dirs(argv: list[str]) -> list[str]:
@@ -172,7 +174,7 @@ def register_schema(config_name: str) -> dict[str, type]:
 
 
 def check_typed(cfg: DictConfig, schema: dict[str, type]) -> None:
-    """Build every typed config of a composed config once: a wrong type or invalid value raises a one-line ValueError."""
+    """Build each typed config of a composed config once: a wrong type or bad value is a one-line ValueError."""
     for group, cls in schema.items():
         if group:
             build(cls, cfg.get(group), group)

@@ -128,7 +128,7 @@ def command_help(config_name: str, prog: str) -> str:
         lines.append("")
     schema = schema_for(config_name)
     nested = set(groups) | {f"{g}.{f.name}".lstrip(".") for g, cls in schema.items() for f in dataclasses.fields(cls)
-                            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)}
+                            if dataclasses.is_dataclass(f.default_factory)}
     rows = [r for r in _rows(cfg, "", nested) if not r[0].startswith("hydra.")]
     rows.sort(key=lambda r: "." in r[0])  # the command's own keys first, then each group's
     width = min(max(len(f"{k}={v}") for k, v in rows) + 2, 48) if rows else 0

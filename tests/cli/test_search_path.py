@@ -71,3 +71,5 @@ def test_sweep_config_dir_reaches_the_jobs(tmp_path):
                           timeout=600, env={**env, "PYTHONPATH": str(REPO)})
     assert "Could not find" not in done.stderr
     assert done.returncode == 2 and "diffllm train: error: data.seq_len: must be >= 1, got 0" in done.stderr, done.stderr
+    # the printed multirun command carries the directory too, so it can be rerun by hand
+    assert f"DIFFLLM_CONFIG_PATH={cfg_dir} " in done.stdout and "-m diffllm.sweep.job --multirun" in done.stdout
