@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -119,7 +120,14 @@ def resolve(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `diffllm train --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
+
+
+def dispatch(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(overview())
         return
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"diffllm {__version__}")
         return
     if argv[0] == "help":
-        return main(argv[1:] + ["--help"] if argv[1:] else [])
+        return dispatch(argv[1:] + ["--help"] if argv[1:] else [])
     from .config import check_group_options, config_groups, fail, take_config_dirs
 
     name, rest = resolve(argv)
