@@ -1,35 +1,161 @@
-"""`diffllm <command> [hydra overrides]`: a thin dispatcher onto one Hydra app per command (configs/<command>.yaml)."""
+"""`diffllm <command> [key=value ...]`: the command registry (one entry per command: entry function, config, typed
+configs, one-line summary, examples) and the dispatcher. Hydra commands get their --help from diffllm/help.py."""
 from __future__ import annotations
 
+import difflib
 import importlib
+import os
 import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-# "command [subcommand]" -> "module:function". Each function is a Hydra app (or parses its own argv).
-COMMANDS = {
-    "info": "diffllm.info:main",
-    "tokenizer train": "diffllm.data.commands:train_main",
-    "data prepare": "diffllm.data.commands:prepare_main",
-    "train": "diffllm.train.app:main",
-    "plan": "diffllm.scaling.planner:main",
-    "launch": "diffllm.launch.cli:main",
-    "sweep": "diffllm.sweep.cli:main",
-    "sweep collect": "diffllm.sweep.cli:collect_main",
-    "scaling fit": "diffllm.scaling.report:main",
+MODEL = "diffllm.model.config:ModelConfig"
+DATA = "diffllm.data.config:DataConfig"
+TRAIN = {"model": MODEL, "data": DATA, "trainer": "diffllm.train.config:TrainerConfig",
+         "optim": "diffllm.train.config:OptimConfig", "logging": "diffllm.train.config:LoggingConfig"}
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command. A new one is one entry in _REGISTRY; a Hydra command's configs/<config>.yaml lists
+    `- <config>_schema` first in its defaults (the schema's dataclass defaults, under the YAML)."""
+
+    entry: str  # "module:function": a Hydra app (hydra_app) or a function that parses its own argv
+    summary: str  # the one line in `diffllm --help`
+    config: Optional[str] = None  # configs/<config>.yaml; None: the command parses its own argv (--help goes to it)
+    schema: dict[str, str] = field(default_factory=dict)  # group ("" = root keys) -> "module:Dataclass"
+    examples: tuple[str, ...] = ()
+    name: str = ""
+
+
+_REGISTRY: dict[str, Command] = {
+    "info": Command(
+        "diffllm.info:main", "parameters, training FLOPs per token and weight memory of a model preset", "info",
+        {"model": MODEL},
+        ("diffllm info model=diff-3b", "diffllm info model=transformer-830m seq_len=4096", "diffllm info all=true")),
+    "tokenizer train": Command(
+        "diffllm.data.commands:train_main", "train the byte-level BPE tokenizer on a data config's sources",
+        "tokenizer", {"data": DATA},
+        ("diffllm tokenizer train", "diffllm tokenizer train data.tokenizer.vocab_size=1024 out=tok/tokenizer.json",
+         "diffllm tokenizer train data=mine   # ./configs/data/mine.yaml")),
+    "data prepare": Command(
+        "diffllm.data.commands:prepare_main", "pre-tokenize a data config into shards for data.prepared_dir",
+        "data_prepare", {"data": DATA},
+        ("diffllm data prepare", "diffllm data prepare data=mine out=prepared/mine workers=2",
+         "diffllm train data.prepared_dir=prepared/shakespeare   # then train from the shards")),
+    "train": Command(
+        "diffllm.train.app:main", "train a model (DeepSpeed ZeRO); relaunching resumes from run_dir", "train", TRAIN,
+        ("diffllm train", "diffllm train model=transformer-tiny trainer.tokens=1M run_dir=runs/t-tiny",
+         "diffllm train model.lambda_init=0.5 model.attn_backend=eager data.seq_len=128")),
+    "plan": Command(
+        "diffllm.scaling.planner:main", "memory per GPU under ZeRO 0-3, the largest micro-batch, time to a budget",
+        "plan", {"model": MODEL, "": "diffllm.scaling.planner:PlanConfig"},
+        ("diffllm plan model=diff-3b nodes=2 gpus_per_node=8 gpu=h100 tokens=1T", "diffllm plan gpus=true",
+         "diffllm plan model=diff-13.1b zero_stage=3 activation_checkpointing=true")),
+    "launch": Command(
+        "diffllm.launch.cli:main", "run `diffllm train` under torchrun, deepspeed or SLURM (argparse options)",
+        examples=("diffllm launch --procs 8 model=diff-3b", "diffllm launch --launcher slurm --nodes 4 --dry-run")),
+    "sweep": Command(
+        "diffllm.sweep.cli:main", "run a grid of training runs (presets x budgets x seeds) through Hydra multirun",
+        "sweep", {"sweep": "diffllm.sweep.grid:SweepConfig"},
+        ("diffllm sweep dry_run=true", "diffllm sweep sweep=paper launcher=submitit_slurm",
+         "diffllm sweep --config-dir my_configs sweep=mine   # my_configs/sweep/mine.yaml, also seen by the jobs")),
+    "sweep collect": Command(
+        "diffllm.sweep.cli:collect_main", "tabulate a sweep's run summaries into runs.csv and runs.md", "sweep",
+        {"sweep": "diffllm.sweep.grid:SweepConfig"},
+        ("diffllm sweep collect", "diffllm sweep collect sweep_dir=runs/sweep/paper out=reports")),
+    "scaling fit": Command(
+        "diffllm.scaling.report:main", "fit scaling laws to a collected sweep: ratios at equal loss, plots",
+        "scaling", {"": "diffllm.scaling.report:ScalingConfig"},
+        ("diffllm scaling fit sweep_dir=runs/sweep/micro", "diffllm scaling fit params=total joint=none reps=100")),
 }
+COMMANDS: dict[str, Command] = {name: Command(**{**c.__dict__, "name": name}) for name, c in _REGISTRY.items()}
+
+
+def load(target: str) -> Any:
+    """"module:attr" -> the object."""
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def command_for_config(config_name: str) -> Optional[Command]:
+    return next((c for c in COMMANDS.values() if c.config == config_name), None)
+
+
+def overview() -> str:
+    from . import __version__
+
+    width = max(map(len, COMMANDS)) + 2
+    lines = [f"diffllm {__version__}: pretrain Transformers and Differential Transformers, and compare them.", "",
+             "usage: diffllm <command> [--config-dir DIR] [group=option ...] [key=value ...]", "", "commands:"]
+    lines += [f"  {name:<{width}}{c.summary}" for name, c in COMMANDS.items()]
+    lines += ["", "`diffllm <command> --help` (or `diffllm help <command>`): its keys, defaults and examples.",
+              "Configs are looked up in $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` prepends),",
+              "./configs, then the packaged configs: `data=mine` finds ./configs/data/mine.yaml."]
+    return "\n".join(lines)
+
+
+def resolve(argv: list[str]) -> tuple[str, list[str]]:
+    """(command name, its arguments); SystemExit(2) with a "did you mean" for an unknown command."""
+    from .config import fail
+
+    for n in (2, 1):
+        name = " ".join(argv[:n])
+        if len(argv) >= n and name in COMMANDS:
+            return name, argv[n:]
+    family = [name for name in COMMANDS if name.split()[0] == argv[0]]
+    if family and len(argv) > 1 and argv[1] in ("-h", "--help"):
+        if len(family) == 1:  # `diffllm tokenizer --help` -> tokenizer train's help
+            return family[0], argv[1:]
+        print("subcommands:\n" + "\n".join(f"  diffllm {n:<16}{COMMANDS[n].summary}" for n in family))
+        raise SystemExit(0)
+    if family and len(argv) == 1:
+        fail(f"diffllm {argv[0]}", f"missing subcommand: {', '.join('diffllm ' + n for n in family)}")
+    word = " ".join(argv[:2]) if family else argv[0]
+    close = difflib.get_close_matches(word, list(COMMANDS) if family else sorted({n.split()[0] for n in COMMANDS}),
+                                      n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]}?)" if close else f" (commands: {', '.join(COMMANDS)})"
+    fail("diffllm", f"unknown command {word!r}{hint}")
+    raise AssertionError  # fail() exits
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print("usage: diffllm <command> [key=value ...]\n\ncommands:\n  " + "\n  ".join(sorted(COMMANDS)))
+    try:
+        dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `diffllm train --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
+
+
+def dispatch(argv: list[str]) -> None:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(overview())
         return
-    name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]
-    if name not in COMMANDS:
-        sys.exit(f"diffllm: unknown command {argv[0]!r}; commands: {', '.join(sorted(COMMANDS))}")
-    rest = argv[len(name.split()):]
-    module, func = COMMANDS[name].split(":")
-    sys.argv = [f"diffllm {name}"] + rest  # Hydra reads sys.argv
-    getattr(importlib.import_module(module), func)()
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"diffllm {__version__}")
+        return
+    if argv[0] == "help":
+        return dispatch(argv[1:] + ["--help"] if argv[1:] else [])
+    from .config import check_group_options, config_groups, fail, take_config_dirs
+
+    name, rest = resolve(argv)
+    cmd = COMMANDS[name]
+    rest = take_config_dirs(rest)  # into $DIFFLLM_CONFIG_PATH: the command and every process it starts see it
+    prog = f"diffllm {name}"
+    if cmd.config is not None:
+        if "-h" in rest or "--help" in rest:
+            from .help import command_help
+
+            print(command_help(cmd.config, prog))
+            return
+        try:  # before the command's (heavy) imports: a mistyped preset answers at once
+            check_group_options(rest, config_groups(cmd.config))
+        except ValueError as e:
+            fail(prog, str(e))
+    sys.argv = [prog] + rest  # Hydra (or the command's own parser) reads sys.argv
+    load(cmd.entry)()
 
 
 if __name__ == "__main__":

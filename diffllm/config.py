@@ -1,43 +1,332 @@
-"""Config plumbing shared by every command: where the Hydra configs live, and typed dataclasses from config nodes."""
+"""Config plumbing shared by every command: the config search path, typed dataclasses from config nodes, the dataclass
+defaults under the YAML (every field settable by its plain name), and the Hydra app wrapper that turns bad overrides
+into one line (exit code 2) and answers --help.
+
+Search path, first match wins: each directory of $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` on any
+command prepends to it, so the processes a command starts see it too), then ./configs of the current directory, then
+the packaged configs (CONFIG_DIR)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import os
+import re
+import sys
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import hydra
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS", Path(__file__).resolve().parents[1] / "configs"))
+_PACKAGED = Path(__file__).resolve().parent / "configs"  # a wheel install; a checkout keeps them in <repo>/configs
+CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS")
+                  or (_PACKAGED if _PACKAGED.is_dir() else _PACKAGED.parents[1] / "configs"))
+CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
+EXIT_BAD_INPUT = 2
 T = TypeVar("T")
 
 
-def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """`@hydra_app("train")` = `@hydra.main` on configs/train.yaml."""
-    return hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)
+# ---------------------------------------------------------------------------------------------------- search path
+def search_path() -> list[Path]:
+    """$DIFFLLM_CONFIG_PATH entries, ./configs, the packaged configs: existing directories, first match wins."""
+    dirs = [Path(p) for p in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if p]
+    out: list[Path] = []
+    for d in dirs + [Path("configs"), CONFIG_DIR]:
+        d = d.resolve()
+        if d.is_dir() and d not in out:
+            out.append(d)
+    return out
+
+
+def find_config(group: str, name: str) -> Optional[Path]:
+    """configs/<group>/<name>.yaml along the search path (None when no directory has it)."""
+    return next((d / group / f"{name}.yaml" for d in search_path() if (d / group / f"{name}.yaml").is_file()), None)
+
+
+def group_options(group: str) -> list[str]:
+    """Every <option> of configs/<group>/<option>.yaml along the search path."""
+    return sorted({p.stem for d in search_path() for p in (d / group).glob("*.yaml")})
+
+
+def config_groups(config_name: str) -> dict[str, str]:
+    """{group: default option} from the defaults list of configs/<config>.yaml (Hydra's own groups left out)."""
+    path = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
+    entries = OmegaConf.load(path).get("defaults", []) if path else []
+    return {k: str(v) for e in entries if isinstance(e, DictConfig)
+            for k, v in e.items() if not k.startswith("override")}
+
+
+def take_config_dirs(argv: list[str]) -> list[str]:
+    """Remove `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR` and prepend DIR to $DIFFLLM_CONFIG_PATH (in this
+    process's environment, so sweep jobs and other child processes inherit it)."""
+    rest, dirs, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--config-dir="):
+            dirs.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    if dirs:
+        old = [p for p in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if p]
+        os.environ[CONFIG_PATH_ENV] = os.pathsep.join([str(Path(d).resolve()) for d in dirs] + old)
+    return rest
+
+
+class _UserConfigs(SearchPathPlugin):
+    """Puts the user's config directories ahead of the packaged configs in the search path of every diffllm app."""
+
+    def manipulate_search_path(self, path: ConfigSearchPath) -> None:
+        main = [e for e in path.get_path() if e.provider == "main"]
+        if not main or Path(str(main[0].path).replace("file://", "")).resolve() != CONFIG_DIR.resolve():
+            return  # another Hydra app in this environment
+        for d in search_path()[:-1]:  # in order, each before the packaged configs
+            path.prepend(provider="diffllm", path=f"file://{d}", anchor="main")
+
+
+def _use_search_path() -> None:
+    Plugins.instance().register(_UserConfigs)  # Hydra's documented hook for a plugin outside hydra_plugins/
+
+
+# ---------------------------------------------------------------------------------------------- typed dataclasses
+def _suggest(key: str, candidates: list[str], dot: str = "") -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {dot}{close[0]}?)" if close else ""
+
+
+def _call_validate(obj: Any, prefix: str) -> None:
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        required = [p for p in inspect.signature(validate).parameters.values() if p.default is p.empty
+                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        validate(prefix) if required else validate()  # SourceConfig.validate(where)
 
 
 def build(cls: type[T], node: Any, prefix: str) -> T:
-    """A typed dataclass from a config node, checked against the dataclass's fields and types: an unknown key or a
-    value of the wrong type is a one-line ValueError naming it (e.g. `model.d_modle: unknown key`)."""
+    """A typed dataclass from a config node, checked against the dataclass's fields and types and by its validate():
+    an unknown key or a bad value is a one-line ValueError naming it (`model.d_modle: unknown key (did you mean
+    model.d_model?)`). An empty prefix names root keys bare."""
     values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - fields)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    dot = f"{prefix}." if prefix else ""
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"{prefix}.{unknown[0]}: unknown key (valid keys: {', '.join(sorted(fields))})")
+        raise ValueError(f"{dot}{unknown[0]}: unknown key{_suggest(unknown[0], fields, dot)}"
+                         f" (valid keys: {', '.join(sorted(fields))})")
     try:
         typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values), resolve=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        raise ValueError(f"{prefix}.{key}: {str(e).splitlines()[0]}") from None
-    return cls(**typed)
+        raise ValueError(f"{dot}{key}: {str(e).splitlines()[0]}") from None
+    obj = cls(**typed)
+    _call_validate(obj, prefix)
+    return obj
 
 
-def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
-    """The config a command would see, without running it (tests, scripts)."""
+def field_defaults(cls: type) -> dict[str, Any]:
+    """{field: default} of a dataclass, nested dataclasses as dicts (None where a field has no default)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        out[f.name] = field_defaults(type(value)) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def schema_node(schema: dict[str, type]) -> dict[str, Any]:
+    """{group: dataclass} ("" = root keys) -> one plain config of every field at its dataclass default."""
+    node: dict[str, Any] = {}
+    for group, cls in schema.items():
+        (node.setdefault(group, {}) if group else node).update(field_defaults(cls))
+    return node
+
+
+def schema_for(config_name: str) -> dict[str, type]:
+    """The typed configs a command's config holds, from its registration in diffllm/cli.py ({} when unregistered)."""
+    from .cli import command_for_config, load
+
+    cmd = command_for_config(config_name)
+    return {group: load(target) for group, target in (cmd.schema if cmd else {}).items()}
+
+
+def register_schema(config_name: str) -> dict[str, type]:
+    """Store the dataclass defaults as `<config>_schema`, the first entry of configs/<config>.yaml's defaults list, so
+    the YAML merges over them and every field exists (settable without `+`)."""
+    from hydra.core.config_store import ConfigStore
+
+    schema = schema_for(config_name)
+    ConfigStore.instance().store(name=f"{config_name}_schema", node=OmegaConf.create(schema_node(schema)))
+    return schema
+
+
+def check_typed(cfg: DictConfig, schema: dict[str, type]) -> None:
+    """Build each typed config of a composed config once: a wrong type or bad value is a one-line ValueError."""
+    for group, cls in schema.items():
+        if group:
+            build(cls, cfg.get(group), group)
+        else:
+            names = {f.name for f in dataclasses.fields(cls)}
+            build(cls, {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k in names}, "")
+
+
+# ------------------------------------------------------------------------------------------------ bad overrides
+def flat_keys(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            yield from flat_keys(node._get_node(k), f"{prefix}{k}.")  # no interpolation resolved
+    elif prefix:
+        yield prefix[:-1]
+
+
+def unknown_key(key: str, keys: list[str]) -> str:
+    """`unknown key trainer.zero_stag (did you mean trainer.zero_stage?)`: the closest full key, or the closest key
+    with the same last part (`zero_stage` -> trainer.zero_stage)."""
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not close:
+        last = key.rsplit(".", 1)[-1]
+        close = [k for k in keys if k.rsplit(".", 1)[-1] == last][:1] or \
+            [k for k in keys if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.8)][:1]
+    return f"unknown key {key}" + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def unknown_option(group: str, option: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(option, options, n=3, cutoff=0.5)
+    listing = f"closest: {', '.join(close)}" if close else f"options: {', '.join(options) or 'none'}"
+    return f"unknown {group}={option} ({listing}; search path: {', '.join(map(str, search_path()))})"
+
+
+def check_group_options(argv: list[str], groups: list[str]) -> None:
+    """`group=option` arguments naming no configs/<group>/<option>.yaml: ValueError (before anything is imported)."""
+    for arg in argv:
+        m = re.fullmatch(r"([\w/]+)=([\w.\-]+)", arg)
+        if m and m.group(1) in groups and find_config(m.group(1), m.group(2)) is None:
+            raise ValueError(unknown_option(m.group(1), m.group(2), group_options(m.group(1))))
+
+
+def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
+    """One line for a Hydra composition error: an unknown key or option with the nearest names, else its first line."""
+    from hydra.errors import MissingConfigException
+
+    msg = str(e).strip()
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in str(e.missing_cfg_file):
+        group, option = str(e.missing_cfg_file).rsplit("/", 1)
+        return unknown_option(group, option, group_options(group))
+    m = re.match(r"Could not override '([^']+)'", msg)
+    if m:
+        key = m.group(1)
+        others = [o for o in overrides if not re.match(rf"[+~]*{re.escape(key)}=", o) and "," not in o
+                  and not o.startswith("-")]
+        try:
+            keys = list(flat_keys(compose(config_name, others)))
+        except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
+            keys = []
+        return unknown_key(key, keys)
+    cause = e.__cause__ or e.__context__
+    lines = [ln for ln in (msg.splitlines() + (str(cause).splitlines() if cause else [])) if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
+    """`+model.lambda_init=0.5` (the form documented before every field existed) -> `++model.lambda_init=0.5`."""
+    fields = {f"{g}.{k}" if g else k for g, cls in schema.items() for k in field_defaults(cls)}
+    return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
+
+
+def fail(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+# ------------------------------------------------------------------------------------------------------ Hydra apps
+def program(config_name: str) -> str:
+    """`diffllm train` for the messages: the dispatcher's argv[0], else the command registered on this config."""
+    if sys.argv and sys.argv[0].startswith("diffllm "):
+        return sys.argv[0]
+    from .cli import command_for_config
+
+    cmd = command_for_config(config_name)
+    return f"diffllm {cmd.name}" if cmd else f"diffllm {config_name}"
+
+
+def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """`@hydra_app("train")`: a Hydra app on configs/train.yaml along the search path. `-h/--help` prints the
+    command's help; an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
+
+    def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+        @functools.wraps(task)
+        def run() -> Any:
+            prog = program(config_name)
+            argv = sys.argv[1:]
+            if "-h" in argv or "--help" in argv:
+                from .help import command_help
+
+                print(command_help(config_name, prog))
+                raise SystemExit(0)
+            argv = take_config_dirs(argv)
+            schema = register_schema(config_name)
+            argv = _plus_to_force(argv, schema)
+            _use_search_path()
+            sys.argv = [sys.argv[0]] + argv
+            user_full_error = os.environ.get("HYDRA_FULL_ERROR")
+
+            def checked(cfg: DictConfig) -> Any:
+                _set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
+                try:
+                    check_typed(cfg, schema)
+                except ValueError as e:
+                    fail(prog, str(e))
+                try:
+                    return task(cfg)
+                finally:
+                    os.environ["HYDRA_FULL_ERROR"] = "1"
+
+            app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
+            os.environ["HYDRA_FULL_ERROR"] = "1"  # raise composition errors here rather than print 6-35 lines
+            try:
+                return app()
+            except Exception as e:  # noqa: BLE001 - composition errors; a user asking for full errors gets them
+                from hydra.errors import HydraException
+
+                if user_full_error == "1" or not isinstance(e, (HydraException, OmegaConfBaseException)):
+                    raise
+                fail(prog, explain(e, config_name, argv))
+            finally:
+                _set_env("HYDRA_FULL_ERROR", user_full_error)
+
+        return run
+
+    return decorate
+
+
+def _set_env(name: str, value: Optional[str]) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def compose(config_name: str, overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:
+    """The config a command would see, without running it (tests, scripts, help)."""
     from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    overrides = _plus_to_force(list(overrides or []), register_schema(config_name))
+    _use_search_path()
+    GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=overrides or [])
+        return hydra_compose(config_name=config_name, overrides=overrides,
+                             return_hydra_config=return_hydra_config)

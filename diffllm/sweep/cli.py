@@ -1,14 +1,17 @@
-"""`diffllm sweep [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [dry_run=true]` runs the grid's
-pending runs through Hydra multirun; `diffllm sweep collect [sweep_dir=...] [out=...]` tabulates the summaries."""
+"""`diffllm sweep [--config-dir DIR] [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [dry_run=true]`
+runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH);
+`diffllm sweep collect [sweep_dir=...] [out=...]` tabulates the summaries."""
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import build, hydra_app
+from ..config import CONFIG_PATH_ENV, build, hydra_app
 from ..launch.commands import shell
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs
@@ -31,9 +34,11 @@ def run_sweep(cfg: DictConfig) -> int:
     print(f"{len(runs)} runs: {len(runs) - len(pending)} finished (skipped), {len(pending)} to run", flush=True)
     commands = multirun_commands(pending, grid, cfg.sweep_dir, launcher_overrides(cfg.launcher,
                                                                                     cfg.launcher_overrides))
+    # The jobs inherit the user's config directories (--config-dir / $DIFFLLM_CONFIG_PATH) through the environment.
+    env = f"{CONFIG_PATH_ENV}={shlex.quote(os.environ[CONFIG_PATH_ENV])} " if os.environ.get(CONFIG_PATH_ENV) else ""
     worst = 0
     for argv in commands:
-        print(shell(argv), flush=True)
+        print(env + shell(argv), flush=True)
         if not cfg.dry_run:
             worst = max(worst, subprocess.call(argv))
     return worst

@@ -1,0 +1,147 @@
+"""`diffllm <command> --help`: usage, the config groups and every key with its default and meaning, and examples.
+The meanings are the config files' own comments (`key: value  # meaning`), else the dataclass field's comment
+(`name: type = default  # meaning`): the configs are the one source, nothing here repeats them."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from .config import compose, config_groups, find_config, group_options, schema_for, search_path
+
+_KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*)\s*:(.*)$")
+_FIELD = re.compile(r"^    ([A-Za-z_]\w*)\s*:[^#]*?#\s*(.+)$")
+
+
+def _comment(rest: str) -> str:
+    """The `# comment` after a YAML value (a `#` inside quotes is part of the value)."""
+    quote = None
+    for i, ch in enumerate(rest):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
+            return rest[i + 1:].strip()
+    return ""
+
+
+def yaml_comments(path: Path | None, prefix: str = "") -> dict[str, str]:
+    """{dotted key: trailing comment} of a block-style YAML file."""
+    out: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    for line in path.read_text().splitlines() if path else []:
+        m = _KEY.match(line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = ".".join([k for _, k in stack] + [m.group(2)])
+        stack.append((indent, m.group(2)))
+        if _comment(m.group(3)):
+            out[prefix + key] = _comment(m.group(3))
+    return out
+
+
+def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
+    """{dotted field: its trailing source comment} of a dataclass, nested dataclasses included."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out = {prefix + m.group(1): m.group(2).strip() for m in map(_FIELD.match, source.splitlines()) if m}
+    for f in dataclasses.fields(cls):
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if factory is not None and dataclasses.is_dataclass(factory):
+            out.update(field_comments(factory, f"{prefix}{f.name}."))
+    return out
+
+
+def header(path: Path | None) -> list[str]:
+    """The comment lines a YAML file opens with."""
+    lines = []
+    for line in path.read_text().splitlines() if path else []:
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").rstrip())
+    return lines
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, ListConfig):
+        items = [value._get_node(i) for i in range(len(value))]
+        if all(not isinstance(v, (DictConfig, ListConfig)) for v in items):
+            text = "[" + ", ".join(_show(v) for v in items) + "]"
+            return text if len(text) <= 40 else f"[{len(items)} items]"
+        return f"[{len(items)} entr{'y' if len(items) == 1 else 'ies'}]"
+    if isinstance(value, DictConfig):
+        return "{}" if not len(value) else "{...}"
+    value = value._value() if hasattr(value, "_value") else value
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _rows(node: DictConfig, prefix: str, nested: set[str]) -> list[tuple[str, str]]:
+    """(key, shown default) for every key; only groups and nested dataclasses open up (a plain dict shows {...})."""
+    rows = []
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and len(child) and f"{prefix}{key}" in nested:
+            rows += _rows(child, f"{prefix}{key}.", nested)
+        else:
+            rows.append((f"{prefix}{key}", _show(child)))
+    return rows
+
+
+def command_help(config_name: str, prog: str) -> str:
+    """The whole --help text of the command running configs/<config_name>.yaml."""
+    from .cli import COMMANDS, command_for_config
+
+    cmd = COMMANDS.get(prog.replace("diffllm ", "", 1)) or command_for_config(config_name)
+    top = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
+    cfg = compose(config_name)
+    groups = config_groups(config_name)
+    comments: dict[str, str] = {}
+    for group, cls in schema_for(config_name).items():  # dataclass comments first, the YAML files' win
+        comments.update(field_comments(cls, f"{group}." if group else ""))
+    comments.update(yaml_comments(top))
+    for group, option in groups.items():
+        comments.update(yaml_comments(find_config(group, option), f"{group}."))
+
+    lines = [f"usage: {prog} [--config-dir DIR] [group=option ...] [key=value ...]", ""]
+    if cmd:
+        lines += [cmd.summary[0].upper() + cmd.summary[1:] + ".", ""]
+    lines += [ln for ln in header(top)] + [""] if header(top) else []
+    subs = [n for n in COMMANDS if cmd and n.startswith(cmd.name + " ")]
+    if subs:
+        lines += ["subcommands: " + ", ".join(f"diffllm {n} ({COMMANDS[n].summary})" for n in subs), ""]
+    if groups:
+        lines.append("config groups (group=option; configs/<group>/<option>.yaml):")
+        for group, option in groups.items():
+            options = group_options(group)
+            listing = textwrap.fill(", ".join(options), 110, initial_indent=" " * 4, subsequent_indent=" " * 4,
+                                    break_on_hyphens=False)
+            lines += [f"  {group}={option}   ({len(options)} option{'s' * (len(options) != 1)})", listing]
+        lines.append("")
+    schema = schema_for(config_name)
+    nested = set(groups) | {f"{g}.{f.name}".lstrip(".") for g, cls in schema.items() for f in dataclasses.fields(cls)
+                            if dataclasses.is_dataclass(f.default_factory)}
+    rows = [r for r in _rows(cfg, "", nested) if not r[0].startswith("hydra.")]
+    rows.sort(key=lambda r: "." in r[0])  # the command's own keys first, then each group's
+    width = min(max(len(f"{k}={v}") for k, v in rows) + 2, 48) if rows else 0
+    lines.append("keys (key=default, then what it means):")
+    for key, value in rows:
+        text = f"{key}={value}"
+        meaning = comments.get(key, "")
+        wrapped = len(text) >= width and meaning
+        lines.append(f"  {text}\n  {'':<{width}}{meaning}" if wrapped else f"  {text:<{width}}{meaning}".rstrip())
+    if cmd and cmd.examples:
+        lines += ["", "examples:"] + [f"  {e}" for e in cmd.examples]
+    lines += ["", "Config search path (first match wins): $DIFFLLM_CONFIG_PATH (colon-separated; --config-dir DIR "
+              "prepends), ./configs, the packaged configs:", "  " + ", ".join(map(str, search_path())),
+              "Hydra's grammar works too: +key=value adds a key, ~key deletes one, -m key=a,b sweeps, --cfg job prints "
+              "the composed config."]
+    return "\n".join(lines)

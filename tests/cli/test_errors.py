@@ -1,0 +1,86 @@
+"""Bad input is one line on stderr with the nearest valid names, exit code 2, no traceback: unknown keys, unknown
+config-group options, wrong types, unknown commands. Hydra's own grammar and multirun keep working."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+TYPO = "diffllm train: error: unknown key trainer.zero_stag (did you mean trainer.zero_stage?)"
+NOT_INT = "Value '{}' of type 'str' could not be converted to Integer"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "trainer.zero_stag=2"], TYPO),
+    (["train", "traner.zero_stage=2"],
+     "diffllm train: error: unknown key traner.zero_stage (did you mean trainer.zero_stage?)"),
+    (["train", "zero_stage=2"], "diffllm train: error: unknown key zero_stage (did you mean trainer.zero_stage?)"),
+    (["info", "model.lamda_init=0.5"],
+     "diffllm info: error: unknown key model.lamda_init (did you mean model.lambda_init?)"),
+    (["train", "trainer.zero_stage=abc"], "diffllm train: error: trainer.zero_stage: " + NOT_INT.format("abc")),
+    (["train", "trainer.zero_stage=7"], "diffllm train: error: trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
+    (["tokenizer", "train", "data.tokenizer.min_frequency=often"],
+     "diffllm tokenizer train: error: data.tokenizer.min_frequency: " + NOT_INT.format("often")),
+    (["trian"], "diffllm: error: unknown command 'trian' (did you mean train?)"),
+    (["tokenizer", "trian"], "diffllm: error: unknown command 'tokenizer trian' (did you mean tokenizer train?)"),
+])
+def test_one_line_errors_exit_2(diffllm, argv, message):
+    res = diffllm(*argv)
+    assert (res.code, res.err) == (2, message + "\n")
+
+
+@pytest.mark.parametrize("argv, closest", [
+    (["train", "model=difff-tiny"], "diffllm train: error: unknown model=difff-tiny (closest: diff-tiny, "),
+    (["plan", "model=difff-tiny"], "diffllm plan: error: unknown model=difff-tiny (closest: diff-tiny, "),
+    (["train", "trainer=gpu-big"],
+     "diffllm train: error: unknown trainer=gpu-big (options: cpu, paper-3b, paper-scaling;"),
+])
+def test_unknown_option_lists_the_closest(diffllm, argv, closest):
+    res = diffllm(*argv)
+    assert res.code == 2 and res.err.startswith(closest) and res.err.count("\n") == 1, res.err
+
+
+def test_hydra_composition_error_raised_inside_the_app(diffllm):
+    """Past the dispatcher's preflight (a sweep value), Hydra's own MissingConfig error is turned into one line too."""
+    res = diffllm("info", "-m", "model=diff-tiny,difff-tiny")
+    assert res.code == 2 and res.err.startswith("diffllm info: error: unknown model=difff-tiny (closest: diff-tiny")
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("diffllm.cli", ["train", "trainer.zero_stag=2"], TYPO),
+    ("diffllm.train", ["-m", "trainer.zero_stag=2,3"], TYPO),
+])
+def test_processes_print_one_line(module, argv, message, tmp_path):
+    """A real process: nothing but the one line, exit code 2 (also `python -m diffllm.train`, multirun)."""
+    done = subprocess.run([sys.executable, "-m", module, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**_env(), "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stderr, done.stdout) == (2, message + "\n", "")
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in ("DIFFLLM_CONFIG_PATH", "HYDRA_FULL_ERROR")}
+
+
+def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
+    from diffllm.config import compose
+
+    monkeypatch.chdir(tmp_path)  # a multirun writes multirun.yaml here
+
+    res = diffllm("info", "-m", "model=diff-tiny,transformer-tiny", "model.n_layers=2")
+    assert res.code == 0 and "preset               diff-tiny (diff)" in res.out
+    assert "preset               transformer-tiny (transformer)" in res.out
+    cfg = compose("train", ["+trainer.deepspeed.steps_per_print=7", "logging.tags=[a,b]",
+                            "~trainer.inject_nan_at_steps",
+                            "+model.lambda_init=0.5"])  # `+` on a field that now always exists still works
+    assert cfg.trainer.deepspeed.steps_per_print == 7 and list(cfg.logging.tags) == ["a", "b"]
+    assert "inject_nan_at_steps" not in cfg.trainer
+    assert cfg.model.lambda_init == 0.5
+    res = diffllm("info", "+model.lambda_init=0.5", "model.n_layers=2")
+    assert res.code == 0 and "diff-tiny" in res.out

@@ -1,0 +1,75 @@
+"""`data=<name>` (any group) finds configs/<group>/<name>.yaml in $DIFFLLM_CONFIG_PATH, --config-dir or ./configs
+before the packaged ones; `diffllm sweep --config-dir` hands the directory on to its jobs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffllm.config import CONFIG_DIR, compose, search_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def user_configs(root: Path, seq_len: int = 64, name: str = "mine") -> Path:
+    """<root>/data/<name>.yaml: the packaged Shakespeare config under another name and sequence length."""
+    text = (CONFIG_DIR / "data" / "shakespeare.yaml").read_text()
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    (root / "data" / f"{name}.yaml").write_text(text.replace("name: shakespeare", f"name: {name}")
+                                                .replace("seq_len: 256", f"seq_len: {seq_len}"))
+    return root
+
+
+def test_dot_configs_of_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("DIFFLLM_CONFIG_PATH", raising=False)
+    user_configs(tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    assert search_path() == [(tmp_path / "configs").resolve(), CONFIG_DIR.resolve()]
+    cfg = compose("tokenizer", ["data=mine"])
+    assert (cfg.data.name, cfg.data.seq_len) == ("mine", 64)
+    assert compose("train", ["data=mine", "model=diff-tiny"]).data.name == "mine"  # packaged groups still there
+
+
+def test_env_path_comes_first_and_shadows(tmp_path, monkeypatch):
+    user_configs(tmp_path / "a", seq_len=32)
+    user_configs(tmp_path / "b", seq_len=48)
+    user_configs(tmp_path / "b", seq_len=16, name="shakespeare")  # shadows the packaged one
+    monkeypatch.setenv("DIFFLLM_CONFIG_PATH", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    monkeypatch.chdir(tmp_path)
+    assert compose("tokenizer", ["data=mine"]).data.seq_len == 32
+    assert compose("tokenizer").data.seq_len == 16
+
+
+def test_config_dir_option_and_help(diffllm, tmp_path, monkeypatch):
+    user_configs(tmp_path / "mine_cfg")
+    monkeypatch.chdir(tmp_path)
+    res = diffllm("data", "prepare", "--config-dir", "mine_cfg", "data=mine", "--cfg", "job")
+    assert res.code == 0 and "name: mine" in res.out and "seq_len: 64" in res.out, res.err
+    assert os.environ["DIFFLLM_CONFIG_PATH"] == str((tmp_path / "mine_cfg").resolve())  # what child processes see
+    monkeypatch.delenv("DIFFLLM_CONFIG_PATH")
+    missing = diffllm("data", "prepare", "data=mine")
+    assert missing.code == 2 and missing.err.startswith("diffllm data prepare: error: unknown data=mine (")
+    help_text = diffllm("data", "prepare", "--help", "--config-dir", "mine_cfg").out
+    assert "data=shakespeare   (2 options)" in help_text and str((tmp_path / "mine_cfg").resolve()) in help_text
+
+
+@pytest.mark.slow
+def test_sweep_config_dir_reaches_the_jobs(tmp_path):
+    """The grid (sweep/mine.yaml) and the data config its runs name (data=mine) live in the user's directory. The
+    data config is deliberately invalid (seq_len 0): the job must find it and reject it by name, which it can only
+    do if the sweep passed the directory on (before: `Could not find 'data/mine'`)."""
+    cfg_dir = user_configs(tmp_path / "my_configs", seq_len=0)
+    (cfg_dir / "sweep").mkdir()
+    (cfg_dir / "sweep" / "mine.yaml").write_text(
+        "name: mine\nmodels: [diff-tiny]\ntokens: [4096]\noverrides: [data=mine, logging.wandb=disabled]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DIFFLLM_CONFIG_PATH", "HYDRA_FULL_ERROR")}
+    done = subprocess.run([sys.executable, "-m", "diffllm.cli", "sweep", "--config-dir", str(cfg_dir), "sweep=mine",
+                           f"sweep_dir={tmp_path / 'sweep'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**env, "PYTHONPATH": str(REPO)})
+    assert "Could not find" not in done.stderr
+    assert done.returncode == 2 and "diffllm train: error: data.seq_len: must be >= 1, got 0" in done.stderr, done.stderr
+    # the printed multirun command carries the directory too, so it can be rerun by hand
+    assert f"DIFFLLM_CONFIG_PATH={cfg_dir} " in done.stdout and "-m diffllm.sweep.job --multirun" in done.stdout
