@@ -94,7 +94,7 @@ class _UserConfigs(SearchPathPlugin):
             path.prepend(provider="diffllm", path=f"file://{d}", anchor="main")
 
 
-def _use_search_path() -> None:
+def use_search_path() -> None:
     Plugins.instance().register(_UserConfigs)  # Hydra's documented hook for a plugin outside hydra_plugins/
 
 
@@ -279,7 +279,7 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
             argv = take_config_dirs(argv)
             schema = register_schema(config_name)
             argv = _plus_to_force(argv, schema)
-            _use_search_path()
+            use_search_path()
             sys.argv = [sys.argv[0]] + argv
             user_full_error = os.environ.get("HYDRA_FULL_ERROR")
 
@@ -325,7 +325,7 @@ def compose(config_name: str, overrides: list[str] | None = None, return_hydra_c
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = _plus_to_force(list(overrides or []), register_schema(config_name))
-    _use_search_path()
+    use_search_path()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return hydra_compose(config_name=config_name, overrides=overrides,

@@ -8,13 +8,14 @@ import sys
 
 from omegaconf import OmegaConf
 
-from ..config import CONFIG_DIR, build
+from ..config import CONFIG_DIR, build, group_options, use_search_path
 from .config import ModelConfig
 
 
 def preset_names() -> list[str]:
-    """The selectable presets: configs/model/*.yaml (the arch/ and size/ bases below it are not presets)."""
-    return sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+    """The selectable presets: configs/model/*.yaml along the config search path (the user's directories first; the
+    arch/ and size/ bases below it are not presets)."""
+    return group_options("model")
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,6 +26,7 @@ def _composed(name: str) -> dict:
     if GlobalHydra.instance().is_initialized():  # inside a command's @hydra.main, which reads the same CONFIG_DIR
         node = compose(config_name=f"model/{name}").model
     else:
+        use_search_path()  # the user's config directories too
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             node = compose(config_name=f"model/{name}").model
     return OmegaConf.to_container(node, resolve=True)

@@ -166,7 +166,7 @@ def test_cli_table_and_unknown_preset():
     assert "| 3 | yes | no |" in ok.stdout and "time" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "model=nope"], capture_output=True, text=True,
                          timeout=120)
-    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "model=nope: unknown preset" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "unknown model=nope" in bad.stderr
     neg = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True,
                          timeout=120)
     assert neg.returncode == 1 and neg.stderr.strip() == "diffllm plan: tokens: must be positive, got '-5B'"
