@@ -17,11 +17,13 @@ def _arg(a: str) -> str:
 
 
 def sbatch_script(cfg: LaunchConfig, overrides: list[str]) -> str:
+    gpus = cfg.procs if cfg.gpus_per_node is None else cfg.gpus_per_node
     sb = [f"--job-name={cfg.job_name}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1",
-          f"--gpus-per-node={cfg.procs}", f"--time={cfg.time}", f"--output={cfg.log_dir}/%x-%j.out",
+          f"--time={cfg.time}", f"--output={cfg.log_dir}/%x-%j.out", "--open-mode=append",  # a requeue appends
           f"--signal=B:USR1@{cfg.signal_lead_s}"]
-    sb += [f"--{k}={v}" for k, v in (("partition", cfg.partition), ("account", cfg.account), ("qos", cfg.qos),
-                                     ("cpus-per-task", cfg.cpus_per_task), ("mem", cfg.mem)) if v is not None]
+    sb += [f"--{k}={v}" for k, v in (("gpus-per-node", gpus or None), ("partition", cfg.partition),
+                                     ("account", cfg.account), ("qos", cfg.qos), ("cpus-per-task", cfg.cpus_per_task),
+                                     ("mem", cfg.mem)) if v is not None]
     sb += ["--requeue"] if cfg.requeue else ["--no-requeue"]
     srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1"]
     if cfg.container_image:
@@ -36,6 +38,7 @@ def sbatch_script(cfg: LaunchConfig, overrides: list[str]) -> str:
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in cfg.env.items()]
     lines += [
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, rendezvous on $HEAD_NODE"',
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}",
         "",
         "# SIGUSR1 (time limit near) or SIGTERM (preemption): pass it on; the trainer checkpoints and exits 3.",
