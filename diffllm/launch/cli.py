@@ -19,6 +19,7 @@ from .help import usage
 from .hostfile import read_hostfile
 from .slurm import sbatch_script
 
+_USER_CPP_LOG_LEVEL = os.environ.get("TORCH_CPP_LOG_LEVEL")  # main() quiets c10d here; children get this back
 EXIT_STOPPED = 3  # Ctrl-C (or SIGTERM) under `diffllm launch`: the workers saved a checkpoint; relaunch to continue
 
 _LISTS = {"setup", "env"}  # repeatable: --setup "module load cuda" --env NCCL_DEBUG=WARN
@@ -118,7 +119,9 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
         from .rendezvous import roll_call
 
         roll_call(cfg)
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    if _USER_CPP_LOG_LEVEL is not None:
+        env["TORCH_CPP_LOG_LEVEL"] = _USER_CPP_LOG_LEVEL
     env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
     return supervise(argv, env)
 
@@ -163,6 +166,9 @@ def main() -> None:
     from ..scaling.planner import check_model_overrides
 
     argv = sys.argv[1:]
+    # c10d's C++ retry warnings (with stack frames) would bury our one-line rendezvous errors: quiet them in this
+    # process (before torch loads); run() gives the launcher's children the user's own setting back.
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     check_model_overrides(argv, "diffllm launch")
     try:
         cfg, overrides = parse_args(argv)

@@ -59,7 +59,8 @@ class LaunchConfig:
                 raise ValueError(f"--nodes {self.nodes}: torchrun needs --master-addr <host of node rank 0> (the "
                                  f"rendezvous host every node can reach) and --node-rank 0..{self.nodes - 1}")
             if self.node_rank is None or not 0 <= self.node_rank < self.nodes:
-                raise ValueError(f"--node-rank {self.node_rank}: with --nodes {self.nodes} give each node its rank, "
+                given = "missing" if self.node_rank is None else f"{self.node_rank} is out of range"
+                raise ValueError(f"--node-rank: {given}; with --nodes {self.nodes} give each node its rank, "
                                  f"0..{self.nodes - 1} (0 on --master-addr {self.master_addr})")
         if self.rdzv_timeout_s < 1:
             raise ValueError(f"--rdzv-timeout-s {self.rdzv_timeout_s}: must be >= 1")

@@ -1,6 +1,7 @@
 """The sbatch script: one `srun` task per node runs `torchrun` (c10d rendezvous on the first node). SLURM sends
 SIGUSR1 `signal_lead_s` before the time limit to the batch shell, which forwards it through srun and torchrun to the
-trainer; the trainer saves a checkpoint and exits 3, and the script requeues the job, which resumes (resume=auto)."""
+trainer; the trainer saves a checkpoint and exits 3, and the script requeues the job, which resumes (resume=auto).
+SIGTERM (scancel, preemption) is forwarded too, but does not requeue."""
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,11 @@ def sbatch_script(cfg: LaunchConfig, overrides: list[str]) -> str:
         'echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, rendezvous on $HEAD_NODE"',
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}",
         "",
-        "# SIGUSR1 (time limit near) or SIGTERM (preemption): pass it on; the trainer checkpoints and exits 3.",
-        "stop=0",
-        'forward() { stop=1; kill -"$1" "$pid" 2>/dev/null; }',
+        "# SIGUSR1 (the time limit is near): pass it on; the trainer checkpoints and exits 3; the job is requeued.",
+        "# SIGTERM (scancel, or a preemption, which SLURM requeues itself under PreemptMode=REQUEUE): pass it on; the",
+        "# trainer checkpoints; no requeue here, or a cancelled job would come back. The first signal decides.",
+        'signal=""',
+        'forward() { [ -n "$signal" ] || signal=$1; kill -"$1" "$pid" 2>/dev/null; }',
         "trap 'forward USR1' USR1",
         "trap 'forward TERM' TERM",
         "",
@@ -51,9 +54,11 @@ def sbatch_script(cfg: LaunchConfig, overrides: list[str]) -> str:
         "pid=$!",
         "# `wait` returns early when a trapped signal arrives: keep waiting until srun has really ended.",
         'while true; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done',
-        'if [ "$stop" = 1 ]; then',
-        '  echo "stopped by a signal (exit $rc): requeueing $SLURM_JOB_ID to resume from the checkpoint"',
+        'if [ "$signal" = USR1 ]; then',
+        '  echo "stopped by SIGUSR1 (exit $rc): requeueing $SLURM_JOB_ID to resume from the checkpoint"',
         '  scontrol requeue "$SLURM_JOB_ID"' if cfg.requeue else "  :  # requeue=false",
+        'elif [ -n "$signal" ]; then',
+        '  echo "stopped by SIG$signal (exit $rc): not requeued; resubmit this script to resume from the checkpoint"',
         "fi",
         'exit "$rc"',
     ]

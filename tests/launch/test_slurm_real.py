@@ -99,6 +99,9 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm, unint
 
 
 def test_scancel_mid_run_leaves_complete_checkpoints(slurm, tmp_path):
+    """scancel: SIGTERM reaches the trainer (through the script's trap and from slurmd); it saves, or at worst is
+    killed after KillWait; either way `latest` names a complete checkpoint, no tmp-step<N> remains, and the job is
+    not requeued (it was, before the script told SIGTERM from its own time-limit SIGUSR1)."""
     run_dir = tmp_path / "run"
     job, log = submit(slurm, tmp_path, "cancel", run_dir, "--time", "10", "--signal-lead-s", "60")
     deadline = time.monotonic() + 300
@@ -108,7 +111,8 @@ def test_scancel_mid_run_leaves_complete_checkpoints(slurm, tmp_path):
     slurm.cmd("scancel", str(job))
     info = slurm.wait(job, finished, timeout=120)
     out = log.read_text()
-    assert info["JobState"] == "CANCELLED", out[-3000:]
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), out[-3000:]  # a cancelled job stays so
+    assert "SIGTERM received" in out and "stopped by SIGTERM (exit" in out and "not requeued" in out, out[-3000:]
     ckpts = run_dir / "checkpoints"
     saved = find_resume(ckpts)  # `latest` names a complete checkpoint (meta.json written last, atomically)
     assert saved is not None and saved.step >= 40, out[-3000:]
