@@ -112,7 +112,8 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
         argv = deepspeed_argv(cfg, overrides, executable=tool("deepspeed"))
     print(shell(argv), flush=True)
     if cfg.launcher == "torchrun" and cfg.nodes > 1:
-        print(f"# run this same command on each of the {cfg.nodes} nodes", file=sys.stderr)
+        print(f"# run this on each of the {cfg.nodes} nodes, each with its own --node-rank (0..{cfg.nodes - 1})",
+              file=sys.stderr)
     if cfg.dry_run:
         return 0
     if cfg.launcher == "torchrun" and cfg.nodes > 1:

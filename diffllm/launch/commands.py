@@ -23,7 +23,7 @@ class LaunchConfig:
     procs: int = 1  # processes (GPUs) per node
     hostfile: Optional[str] = None  # deepspeed: `host slots=N` lines
     master_addr: Optional[str] = None  # rendezvous host; None: localhost (1 node) or, under SLURM, the first node
-    master_port: int = 29500
+    master_port: int = 29500  # slurm: 0 (configs/launcher/slurm.yaml) derives it from the job id
     node_rank: Optional[int] = None  # torchrun with nodes > 1: this node's rank (0 on the master_addr host)
     rdzv_id: str = "diffllm"
     rdzv_timeout_s: int = 600  # torchrun: how long the nodes wait for each other before giving up
@@ -76,10 +76,11 @@ def tool(name: str) -> str:
 
 
 def torchrun_argv(cfg: LaunchConfig, overrides: list[str], endpoint_host: Optional[str] = None,
-                  executable: str = "torchrun") -> list[str]:
+                  executable: str = "torchrun", endpoint_port: Optional[str] = None) -> list[str]:
     """The same command on every node: c10d rendezvous at host:port, no SSH needed."""
     host = endpoint_host or cfg.master_addr or "localhost"
     port = cfg.master_port if (cfg.nodes > 1 or cfg.master_addr or endpoint_host) else 0  # 0: a free local port
+    port = endpoint_port or port
     argv = [executable, "--nnodes", str(cfg.nodes), "--nproc_per_node", str(cfg.procs)]
     if cfg.node_rank is not None:
         argv += ["--node_rank", str(cfg.node_rank)]

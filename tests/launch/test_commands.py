@@ -91,7 +91,7 @@ def test_sbatch_gpus_per_node():
 
 
 def test_sbatch_script():
-    cfg = LaunchConfig(launcher="slurm", nodes=4, procs=8, partition="gpu", account="proj", time="12:00:00",
+    cfg = LaunchConfig(launcher="slurm", nodes=4, procs=8, master_port=0, partition="gpu", account="proj", time="12:00:00",
                        container_image="/images/diffllm.sqsh", setup=["source .venv/bin/activate"],
                        env={"NCCL_DEBUG": "WARN"})
     text = sbatch_script(cfg, ["model=diff-13.1b", "run_dir=runs/${model.name}"])
@@ -102,7 +102,8 @@ def test_sbatch_script():
         assert line in [x.strip() for x in text.splitlines()], line
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "--container-image=/images/diffllm.sqsh" in srun
-    assert '--rdzv_endpoint "${HEAD_NODE}:29500"' in srun and '--rdzv_id "${SLURM_JOB_ID}"' in srun
+    assert '--rdzv_endpoint "${HEAD_NODE}:${RDZV_PORT}"' in srun and '--rdzv_id "${SLURM_JOB_ID}"' in srun
+    assert any(ln.startswith("RDZV_PORT=$((15000 + SLURM_JOB_ID % 20000))") for ln in text.splitlines())
     assert "'run_dir=runs/${model.name}'" in srun  # a Hydra interpolation stays verbatim (single quotes)
     assert srun.endswith(" &") and "SIGUSR1" in srun
     bash = shutil.which("bash")
@@ -142,7 +143,7 @@ def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8), ["model=diff-tiny"]))
+    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8, master_port=0), ["model=diff-tiny"]))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "SLURM_JOB_ID": "42",
            "SLURM_JOB_NODELIST": "node-[a-b]"}
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path)
@@ -154,7 +155,7 @@ def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
     assert (marks / "signal").read_text().strip() == "usr1"
     assert (marks / "scontrol").read_text().split() == ["requeue", "42"]
     args = (marks / "args").read_text()
-    assert "--rdzv_endpoint node-a:29500" in args and "--rdzv_id 42" in args and "--nnodes 2" in args
+    assert "--rdzv_endpoint node-a:15042" in args and "--rdzv_id 42" in args and "--nnodes 2" in args
 
 
 def test_sbatch_signal_must_leave_time_to_save():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -24,8 +25,10 @@ STEPS = 400  # of 1024 tokens, 0.1-0.2 s each on CPU: still training when SLURM'
 def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str) -> tuple[int, Path]:
     """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file)."""
     train = tiny(run_dir, 1, f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=40", "trainer.log_every=1")
+    venv = Path(sys.executable).parent  # as a user's `--setup "source .venv/bin/activate"`: torchrun on the PATH
     job = slurm.launch(tmp, "--procs", "2", "--gpus-per-node", "0", "--job-name", name, "--log-dir", str(tmp / "logs"),
-                       "--shutdown-timeout-s", "20", *options, *train, env={**base_env(), **ENV})
+                       "--shutdown-timeout-s", "20", "--setup", f"export PATH={venv}:$PATH", *options, *train,
+                       env={**base_env(), **ENV})
     return job, tmp / "logs" / f"{name}-{job}.out"
 
 
