@@ -128,10 +128,10 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
 
 
 def supervise(argv: list[str], env: dict) -> int:
-    """Run the launcher; on Ctrl-C or SIGTERM pass the signal on (a terminal's Ctrl-C already reached the whole
-    process group) and wait for the workers to save, then exit 3. A second Ctrl-C is passed on too: the trainer
-    then stops without saving."""
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)  # Ctrl-C reaches us only: one signal each
+    """Run the launcher in its own session, so that a terminal's Ctrl-C reaches only us; pass Ctrl-C or SIGTERM on
+    once (torchrun forwards it to the workers, which finish the step and save) and wait, then exit 3. A second
+    Ctrl-C is passed on too: the trainer then stops without saving."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
     stopped: list[int] = []
 
     def on_signal(signum: int, frame) -> None:
