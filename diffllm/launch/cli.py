@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..config import CONFIG_DIR, build
+from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
 from .commands import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
+from .help import usage
+from .hostfile import read_hostfile
 from .slurm import sbatch_script
+
+_USER_CPP_LOG_LEVEL = os.environ.get("TORCH_CPP_LOG_LEVEL")  # main() quiets c10d here; children get this back
+EXIT_STOPPED = 3  # Ctrl-C (or SIGTERM) under `diffllm launch`: the workers saved a checkpoint; relaunch to continue
 
 _LISTS = {"setup", "env"}  # repeatable: --setup "module load cuda" --env NCCL_DEBUG=WARN
 
@@ -31,6 +38,8 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
         if arg == "--":
             overrides += argv[i:]
             break
+        if arg in ("-h", "--help"):
+            raise HelpRequested
         if not arg.startswith("--"):
             overrides.append(arg)
             continue
@@ -70,8 +79,20 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
     return cfg, overrides
 
 
+class HelpRequested(Exception):
+    pass
+
+
+def preflight(cfg: LaunchConfig, overrides: list[str]) -> None:
+    """Everything that can be checked before starting or submitting: train overrides, then reachable hosts."""
+    check_train_overrides(overrides, cfg.nodes * cfg.procs)
+    if needs_ssh(cfg) and not cfg.dry_run:
+        check_hosts_reachable(list(read_hostfile(cfg.hostfile))[:cfg.nodes], cfg.hostfile)
+
+
 def run(cfg: LaunchConfig, overrides: list[str]) -> int:
     """Print the exact command (or script), then run it unless dry_run. Returns the exit code."""
+    preflight(cfg, overrides)
     if cfg.launcher == "slurm":
         text = sbatch_script(cfg, overrides)
         path = Path(cfg.script or Path(cfg.log_dir) / f"{cfg.job_name}.sbatch")
@@ -91,12 +112,49 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
         argv = deepspeed_argv(cfg, overrides, executable=tool("deepspeed"))
     print(shell(argv), flush=True)
     if cfg.launcher == "torchrun" and cfg.nodes > 1:
-        print(f"# run this same command on each of the {cfg.nodes} nodes", file=sys.stderr)
+        print(f"# run this on each of the {cfg.nodes} nodes, each with its own --node-rank (0..{cfg.nodes - 1})",
+              file=sys.stderr)
     if cfg.dry_run:
         return 0
-    env = dict(os.environ)
+    if cfg.launcher == "torchrun" and cfg.nodes > 1:
+        from .rendezvous import roll_call
+
+        roll_call(cfg)
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    if _USER_CPP_LOG_LEVEL is not None:
+        env["TORCH_CPP_LOG_LEVEL"] = _USER_CPP_LOG_LEVEL
     env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
-    return subprocess.call(argv, env=env)
+    return supervise(argv, env)
+
+
+def supervise(argv: list[str], env: dict) -> int:
+    """Run the launcher in its own session, so that a terminal's Ctrl-C reaches only us; pass Ctrl-C or SIGTERM on
+    once (torchrun forwards it to the workers, which finish the step and save) and wait, then exit 3. A second
+    Ctrl-C is passed on too: the trainer then stops without saving."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    stopped: list[int] = []
+
+    def on_signal(signum: int, frame) -> None:
+        if not stopped:
+            print(f"\ndiffllm launch: {signal.Signals(signum).name}: waiting for the workers to save a checkpoint "
+                  f"(Ctrl-C again to stop without saving)", file=sys.stderr, flush=True)
+        stopped.append(signum)
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopped and code != 0:
+        print(f"diffllm launch: stopped by {signal.Signals(stopped[0]).name} (launcher exit code {code}); "
+              f"relaunch the same command to continue from the last checkpoint", file=sys.stderr)
+        return EXIT_STOPPED
+    return code
 
 
 def _has_cuda() -> bool:
@@ -109,10 +167,16 @@ def main() -> None:
     from ..scaling.planner import check_model_overrides
 
     argv = sys.argv[1:]
+    # c10d's C++ retry warnings (with stack frames) would bury our one-line rendezvous errors: quiet them in this
+    # process (before torch loads); run() gives the launcher's children the user's own setting back.
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     check_model_overrides(argv, "diffllm launch")
     try:
         cfg, overrides = parse_args(argv)
         code = run(cfg, overrides)
+    except HelpRequested:
+        print(usage(), end="")
+        code = 0
     except ValueError as e:
         sys.exit(f"diffllm launch: {e}")
     sys.exit(code)

@@ -23,8 +23,10 @@ class LaunchConfig:
     procs: int = 1  # processes (GPUs) per node
     hostfile: Optional[str] = None  # deepspeed: `host slots=N` lines
     master_addr: Optional[str] = None  # rendezvous host; None: localhost (1 node) or, under SLURM, the first node
-    master_port: int = 29500
+    master_port: int = 29500  # slurm: 0 (configs/launcher/slurm.yaml) derives it from the job id
+    node_rank: Optional[int] = None  # torchrun with nodes > 1: this node's rank (0 on the master_addr host)
     rdzv_id: str = "diffllm"
+    rdzv_timeout_s: int = 600  # torchrun: how long the nodes wait for each other before giving up
     ds_launcher: str = "pdsh"  # deepspeed's multi-node backend: pdsh | slurm | openmpi | mvapich
     shutdown_timeout_s: int = 240  # torchrun: how long workers may take to save after a signal before SIGKILL
     dry_run: bool = False
@@ -34,6 +36,7 @@ class LaunchConfig:
     account: Optional[str] = None
     qos: Optional[str] = None
     time: str = "24:00:00"
+    gpus_per_node: Optional[int] = None  # None: procs; 0: ask for no GPUs (CPU-only clusters)
     cpus_per_task: Optional[int] = None  # per node (one srun task per node runs torchrun)
     mem: Optional[str] = None  # per node, e.g. 0 (all) or 500G
     signal_lead_s: int = 300  # SIGUSR1 this long before the time limit: save, exit 3, requeue
@@ -51,6 +54,16 @@ class LaunchConfig:
             raise ValueError(f"launcher={self.launcher}: expected one of {', '.join(LAUNCHERS)}")
         if self.nodes < 1 or self.procs < 1:
             raise ValueError(f"nodes={self.nodes}, procs={self.procs}: both must be >= 1")
+        if self.launcher == "torchrun" and self.nodes > 1:
+            if not self.master_addr:
+                raise ValueError(f"--nodes {self.nodes}: torchrun needs --master-addr <host of node rank 0> (the "
+                                 f"rendezvous host every node can reach) and --node-rank 0..{self.nodes - 1}")
+            if self.node_rank is None or not 0 <= self.node_rank < self.nodes:
+                given = "missing" if self.node_rank is None else f"{self.node_rank} is out of range"
+                raise ValueError(f"--node-rank: {given}; with --nodes {self.nodes} give each node its rank, "
+                                 f"0..{self.nodes - 1} (0 on --master-addr {self.master_addr})")
+        if self.rdzv_timeout_s < 1:
+            raise ValueError(f"--rdzv-timeout-s {self.rdzv_timeout_s}: must be >= 1")
         if self.signal_lead_s <= self.shutdown_timeout_s and self.launcher == "slurm":
             raise ValueError(f"signal_lead_s={self.signal_lead_s}: must exceed shutdown_timeout_s="
                              f"{self.shutdown_timeout_s}, or SLURM kills the job while it saves")
@@ -63,14 +76,17 @@ def tool(name: str) -> str:
 
 
 def torchrun_argv(cfg: LaunchConfig, overrides: list[str], endpoint_host: Optional[str] = None,
-                  executable: str = "torchrun") -> list[str]:
+                  executable: str = "torchrun", endpoint_port: Optional[str] = None) -> list[str]:
     """The same command on every node: c10d rendezvous at host:port, no SSH needed."""
     host = endpoint_host or cfg.master_addr or "localhost"
     port = cfg.master_port if (cfg.nodes > 1 or cfg.master_addr or endpoint_host) else 0  # 0: a free local port
-    return [executable, "--nnodes", str(cfg.nodes), "--nproc_per_node", str(cfg.procs),
-            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", cfg.rdzv_id,
-            "--signals_to_handle", FORWARDED_SIGNALS, "--shutdown_timeout", str(cfg.shutdown_timeout_s),
-            "-m", TRAIN_MODULE, *overrides]
+    port = endpoint_port or port
+    argv = [executable, "--nnodes", str(cfg.nodes), "--nproc_per_node", str(cfg.procs)]
+    if cfg.node_rank is not None:
+        argv += ["--node_rank", str(cfg.node_rank)]
+    return argv + ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", cfg.rdzv_id,
+                   "--rdzv_conf", f"join_timeout={cfg.rdzv_timeout_s}", "--signals_to_handle", FORWARDED_SIGNALS,
+                   "--shutdown_timeout", str(cfg.shutdown_timeout_s), "-m", TRAIN_MODULE, *overrides]
 
 
 def deepspeed_argv(cfg: LaunchConfig, overrides: list[str], executable: str = "deepspeed") -> list[str]:

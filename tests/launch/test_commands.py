@@ -20,11 +20,13 @@ REPO = Path(__file__).resolve().parents[2]
 def test_torchrun_one_node_and_many():
     one = torchrun_argv(LaunchConfig(procs=2), ["model=diff-tiny"])
     assert one == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                   "--rdzv_endpoint", "localhost:0", "--rdzv_id", "diffllm", "--signals_to_handle",
+                   "--rdzv_endpoint", "localhost:0", "--rdzv_id", "diffllm", "--rdzv_conf", "join_timeout=600",
+                   "--signals_to_handle",
                    "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown_timeout", "240", "-m", "diffllm.train",
                    "model=diff-tiny"]
-    many = torchrun_argv(LaunchConfig(nodes=4, procs=8, master_addr="node-1", master_port=29400), [])
+    many = torchrun_argv(LaunchConfig(nodes=4, procs=8, master_addr="node-1", master_port=29400, node_rank=3), [])
     assert many[many.index("--rdzv_endpoint") + 1] == "node-1:29400" and many[many.index("--nnodes") + 1] == "4"
+    assert many[many.index("--node_rank") + 1] == "3"
 
 
 def test_deepspeed_with_hostfile(tmp_path):
@@ -79,8 +81,17 @@ def test_example_hostfile_parses():
     assert read_hostfile(REPO / "scripts" / "hostfile.example") == {"node-1": 8, "node-2": 8}
 
 
+def test_sbatch_gpus_per_node():
+    def gres(**kw):
+        return [ln for ln in sbatch_script(LaunchConfig(launcher="slurm", procs=4, **kw), []).splitlines()
+                if "gpus-per-node" in ln]
+
+    assert gres() == ["#SBATCH --gpus-per-node=4"] and gres(gpus_per_node=8) == ["#SBATCH --gpus-per-node=8"]
+    assert gres(gpus_per_node=0) == []  # a CPU cluster: asking for GPUs would never be scheduled
+
+
 def test_sbatch_script():
-    cfg = LaunchConfig(launcher="slurm", nodes=4, procs=8, partition="gpu", account="proj", time="12:00:00",
+    cfg = LaunchConfig(launcher="slurm", nodes=4, procs=8, master_port=0, partition="gpu", account="proj", time="12:00:00",
                        container_image="/images/diffllm.sqsh", setup=["source .venv/bin/activate"],
                        env={"NCCL_DEBUG": "WARN"})
     text = sbatch_script(cfg, ["model=diff-13.1b", "run_dir=runs/${model.name}"])
@@ -91,7 +102,8 @@ def test_sbatch_script():
         assert line in [x.strip() for x in text.splitlines()], line
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "--container-image=/images/diffllm.sqsh" in srun
-    assert '--rdzv_endpoint "${HEAD_NODE}:29500"' in srun and '--rdzv_id "${SLURM_JOB_ID}"' in srun
+    assert '--rdzv_endpoint "${HEAD_NODE}:${RDZV_PORT}"' in srun and '--rdzv_id "${SLURM_JOB_ID}"' in srun
+    assert any(ln.startswith("RDZV_PORT=$((15000 + SLURM_JOB_ID % 20000))") for ln in text.splitlines())
     assert "'run_dir=runs/${model.name}'" in srun  # a Hydra interpolation stays verbatim (single quotes)
     assert srun.endswith(" &") and "SIGUSR1" in srun
     bash = shutil.which("bash")
@@ -131,7 +143,7 @@ def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8), ["model=diff-tiny"]))
+    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8, master_port=0), ["model=diff-tiny"]))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "SLURM_JOB_ID": "42",
            "SLURM_JOB_NODELIST": "node-[a-b]"}
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path)
@@ -143,7 +155,7 @@ def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
     assert (marks / "signal").read_text().strip() == "usr1"
     assert (marks / "scontrol").read_text().split() == ["requeue", "42"]
     args = (marks / "args").read_text()
-    assert "--rdzv_endpoint node-a:29500" in args and "--rdzv_id 42" in args and "--nnodes 2" in args
+    assert "--rdzv_endpoint node-a:15042" in args and "--rdzv_id 42" in args and "--nnodes 2" in args
 
 
 def test_sbatch_signal_must_leave_time_to_save():
@@ -153,8 +165,9 @@ def test_sbatch_signal_must_leave_time_to_save():
 
 def test_parse_args_flags_and_overrides():
     cfg, overrides = parse_args(["--nodes", "2", "--procs=4", "--dry-run", "model=diff-tiny", "--master-addr", "h",
-                                 "--env", "A=1", "--", "--weird"])
-    assert (cfg.nodes, cfg.procs, cfg.dry_run, cfg.master_addr, cfg.env) == (2, 4, True, "h", {"A": "1"})
+                                 "--node-rank", "1", "--env", "A=1", "--", "--weird"])
+    assert (cfg.nodes, cfg.procs, cfg.dry_run, cfg.master_addr, cfg.node_rank, cfg.env) == (
+        2, 4, True, "h", 1, {"A": "1"})
     assert overrides == ["model=diff-tiny", "--weird"]
     slurm, _ = parse_args(["--launcher", "slurm"])
     assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launcher/slurm.yaml applied
@@ -162,6 +175,51 @@ def test_parse_args_flags_and_overrides():
         parse_args(["--nodez", "2"])
     with pytest.raises(ValueError, match=r"launch.nodes"):
         parse_args(["--nodes", "two"])
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--nodes", "2"], r"^--nodes 2: torchrun needs --master-addr <host of node rank 0>"),
+    (["--nodes", "2", "--master-addr", "h"], r"^--node-rank: missing; with --nodes 2 give each node its rank, 0..1"),
+    (["--nodes", "2", "--master-addr", "h", "--node-rank", "2"], r"^--node-rank: 2 is out of range"),
+])
+def test_several_torchrun_nodes_need_a_master_and_a_rank(args, match):
+    """Accepted before, and no node would ever have found the others."""
+    with pytest.raises(ValueError, match=match):
+        parse_args(args)
+    slurm, _ = parse_args(["--launcher", "slurm", "--nodes", "2"])  # SLURM finds the head node itself
+    assert "--nnodes 2" in sbatch_script(slurm, [])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.tokenz=5"], "trainer.tokenz=5: unknown key (did you mean trainer.tokens?)"),
+    (["seeed=1"], "seeed=1: unknown key (did you mean seed?)"),
+    (["trainer.zero_stage=7"], "trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
+    (["trainer.tokens=5x"], "trainer.tokens: expected a token count like 20M or 10B, got '5x'"),
+    (["model.d_model=sixty"], "model.d_model"),
+])
+def test_train_overrides_are_checked_before_anything_runs(overrides, message):
+    from diffllm.launch.checks import check_train_overrides
+
+    with pytest.raises(ValueError) as e:
+        check_train_overrides(overrides, world_size=2)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    check_train_overrides(["model=diff-tiny", "trainer.tokens=40960", "seed=3"], world_size=2)  # valid: no error
+
+
+def test_help_lists_every_option_with_a_default():
+    import dataclasses
+
+    from diffllm.launch.cli import HelpRequested
+    from diffllm.launch.help import usage
+
+    text = usage()
+    for f in dataclasses.fields(LaunchConfig):
+        line = next(ln for ln in text.splitlines() if ln.split()[:1] == ["--" + f.name.replace("_", "-")])
+        assert "[default: " in line, line
+    assert "--signal-lead-s" in text and "[default: 300]" in text and text.count("diffllm launch --") >= 3
+    for flag in ("-h", "--help"):
+        with pytest.raises(HelpRequested):
+            parse_args(["--procs", "2", flag])
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

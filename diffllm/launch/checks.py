@@ -1,0 +1,76 @@
+"""Checks `diffllm launch` makes before it starts or submits anything: the train overrides compose into valid typed
+configs for this world size, and every hostfile host answers over SSH. Each failure is one line naming the culprit."""
+from __future__ import annotations
+
+import subprocess
+
+from .commands import LaunchConfig
+
+
+def check_train_overrides(overrides: list[str], world_size: int) -> None:
+    """Compose configs/train.yaml with the overrides (as `diffllm train` would) and build every typed config, so a
+    bad key or value stops here, not hours later in a queue. Raises ValueError naming the key."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..config import build, compose
+    from ..data import DataConfig
+    from ..model.config import ModelConfig
+    from ..train.config import LoggingConfig, OptimConfig, TrainerConfig, plan_budget
+
+    try:
+        cfg = compose("train", overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ValueError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
+    trainer = build(TrainerConfig, cfg.trainer, "trainer")
+    typed = [trainer, build(OptimConfig, cfg.optim, "optim"), build(LoggingConfig, cfg.logging, "logging")]
+    build(ModelConfig, cfg.model, "model")  # validates itself
+    data = build(DataConfig, cfg.data, "data")
+    for c in typed:
+        c.validate()
+    data.validate()
+    plan_budget(trainer, data.seq_len, world_size)
+
+
+def _unknown_key(overrides: list[str]) -> str | None:
+    """`trainer.tokenz=5: unknown key (did you mean trainer.tokens?)` for the first override naming no config key."""
+    import difflib
+
+    from omegaconf import DictConfig
+
+    from ..config import compose
+
+    base = compose("train", [o for o in overrides if o.split("=", 1)[0].lstrip("~+") in ("model", "data", "trainer",
+                                                                                       "optim", "logging")])
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if key.startswith(("+", "~", "hydra")):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        node = base.get(parent) if parent and "." not in parent else (base if not parent else None)
+        if isinstance(node, DictConfig) and leaf not in node:
+            near = difflib.get_close_matches(leaf, [str(k) for k in node], n=1)
+            hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
+            return f"{override}: unknown key{hint}"
+    return None
+
+
+def check_hosts_reachable(hosts: list[str], path: str, timeout_s: int = 10) -> None:
+    """`ssh host true` for each host, as pdsh will need: one line naming the first host that does not answer."""
+    for host in hosts:
+        try:
+            out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout_s}",
+                                  "-o", "StrictHostKeyChecking=accept-new", host, "true"],
+                                 capture_output=True, text=True, timeout=timeout_s + 5)
+        except FileNotFoundError:
+            raise ValueError(f"hostfile {path}: no `ssh` on this machine to reach {host!r} "
+                             f"(install openssh-client, or use --launcher torchrun / slurm)") from None
+        except subprocess.TimeoutExpired:
+            raise ValueError(f"hostfile {path}: host {host!r} did not answer over ssh within {timeout_s} s") from None
+        if out.returncode != 0:
+            why = (out.stderr.strip().splitlines() or [f"ssh exit code {out.returncode}"])[-1]
+            raise ValueError(f"hostfile {path}: host {host!r} is not reachable over ssh ({why})")
+
+
+def needs_ssh(cfg: LaunchConfig) -> bool:
+    return cfg.launcher == "deepspeed" and bool(cfg.hostfile) and cfg.ds_launcher == "pdsh"
