@@ -151,5 +151,6 @@ def export_run(run_path: Union[str, Path], out: Union[str, Path], step: Union[in
     ckpt = run.checkpoint(step)  # a one-line error for a run without checkpoints or a missing step
     cfg, model, tok = run.model(ckpt.step if run.pinned is None else "latest")
     fmt, reason = choose_format(cfg, format)
-    write_hf(cfg, model.state_dict(), out, fmt, tok, model_card(run, cfg, ckpt.meta, fmt, reason, sum(p.numel() for p in model.parameters())))
+    card = model_card(run, cfg, ckpt.meta, fmt, reason, sum(p.numel() for p in model.parameters()))
+    write_hf(cfg, model.state_dict(), out, fmt, tok, card)
     return Exported(Path(out), fmt.NAME, fmt.HF_CLASS, reason)

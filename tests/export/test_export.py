@@ -89,3 +89,27 @@ def test_skipping_a_diffllama_step_breaks_the_logits(runs, skip):
     assert diff > 1e-3, diff
     hf.load_state_dict(diffllama.to_hf(cfg, ours.state_dict()), strict=False)  # and the full recipe restores them
     assert max_logit_diff(ours, hf, torch.tensor([tok.encode(TEXT)]))[0] <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_remote_code_batches_padded_prompts(exported, side):
+    """Padding as lm-eval and batched generation use it: every row equals our model on that row alone."""
+    done, ours, tok, hf = exported("diff-layernorm-partial", "auto")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(done.out, padding_side=side)
+    texts = ["ROMEO: But soft", "JULIET: O Romeo, Romeo! wherefore art thou"]
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    width = batch["input_ids"].shape[1]
+    if side == "right":  # scoring: the logits of the real tokens
+        with torch.no_grad():
+            logits = hf(**batch).logits
+        for row, text in enumerate(texts):
+            ids = tok.encode(text)
+            diff = (logits[row, : len(ids)] - ours(torch.tensor([ids]))[0]).abs().max().item()
+            assert diff <= 1e-5, (row, diff)
+    else:  # generation
+        out = hf.generate(**batch, max_new_tokens=8, do_sample=False)
+        for row, text in enumerate(texts):
+            ids = tok.encode(text)
+            want = greedy(ours, ids, 8, tok.eos_id)[len(ids):]
+            assert out[row, width: width + len(want)].tolist() == want
