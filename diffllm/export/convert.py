@@ -172,3 +172,12 @@ def add_zero_o_bias(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
         if name.endswith("self_attn.o_proj.weight"):
             out[name[: -len("weight")] + "bias"] = torch.zeros(t.shape[0], dtype=t.dtype)
     return out
+
+
+def unmet(cfg: ModelConfig, hf_name: str, needs: dict[str, tuple[object, str]]) -> str | None:
+    """The first requirement `cfg` misses, as "<HF> <has what>, this model has <key>=<value>"; None if all hold.
+    needs: ModelConfig key -> (the value the HF class needs, what the HF class has)."""
+    for key, (value, has) in needs.items():
+        if getattr(cfg, key) != value:
+            return f"{hf_name} {has}, this model has {key}={getattr(cfg, key)}"
+    return None

@@ -19,8 +19,8 @@ import torch
 
 from ..model import ModelConfig
 from .convert import (add_zero_o_bias, check_config, common_config_kwargs, common_model_kwargs, drop_zero_o_bias,
-                      from_hf_names, inverse, map_qk, pair_major_order, permute_rows, rotate_half_layout,
-                      to_hf_names)
+                      from_hf_names, inverse, map_qk, pair_major_order, permute_rows, rotate_half_layout, to_hf_names,
+                      unmet)
 
 NAME, HF_CLASS, MODEL_TYPE = "diffllama", "DiffLlamaForCausalLM", "diffllama"
 SUBLN_EPS = 1e-5  # diffllm's per-head norm eps (fixed); DiffLlama uses rms_norm_eps there
@@ -31,15 +31,10 @@ def hf_lambda_init(depth: int) -> float:
 
 
 def why_not(cfg: ModelConfig) -> Optional[str]:
-    if cfg.arch != "diff":
-        return f"DiffLlama has differential attention (V1), this model is arch={cfg.arch}"
-    if cfg.norm != "rmsnorm":
-        return f"DiffLlama has RMSNorm, this model has norm={cfg.norm}"
-    if cfg.rotary_pct != 1.0:
-        return f"DiffLlama rotates the whole head, this model has rotary_pct={cfg.rotary_pct}"
-    if cfg.norm_eps != SUBLN_EPS:
-        return f"DiffLlama's per-head norm uses rms_norm_eps, diffllm's is fixed at 1e-5 but norm_eps={cfg.norm_eps}"
-    return None
+    return unmet(cfg, "DiffLlama", {
+        "arch": ("diff", "has differential attention (V1)"), "norm": ("rmsnorm", "has RMSNorm"),
+        "rotary_pct": (1.0, "rotates the whole head"),
+        "norm_eps": (SUBLN_EPS, "uses rms_norm_eps in its per-head norm, whose eps diffllm fixes at 1e-5,")})
 
 
 def hf_config(cfg: ModelConfig):

@@ -45,7 +45,7 @@ def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]
             if why is None:
                 return m, f"{m.HF_CLASS} represents {cfg.arch}/{cfg.norm} exactly"
             reasons.append(why)
-        relevant = [r for r in reasons if f"arch={cfg.arch}" not in r] or reasons
+        relevant = [r for r in reasons if f"has arch={cfg.arch}" not in r] or reasons
         return remote, f"no native class fits ({'; '.join(relevant)}): trust_remote_code export"
     if fmt not in FORMATS:
         import difflib

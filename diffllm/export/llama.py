@@ -11,20 +11,15 @@ import torch
 
 from ..model import ModelConfig
 from .convert import (add_zero_o_bias, check_config, common_config_kwargs, common_model_kwargs, drop_zero_o_bias,
-                      from_hf_names, rotate_half_layout, to_hf_names)
+                      from_hf_names, rotate_half_layout, to_hf_names, unmet)
 
 NAME, HF_CLASS, MODEL_TYPE = "llama", "LlamaForCausalLM", "llama"
 
 
 def why_not(cfg: ModelConfig) -> Optional[str]:
     """None if Llama represents `cfg` exactly, else why not."""
-    if cfg.arch != "transformer":
-        return f"Llama has standard attention, this model is arch={cfg.arch}"
-    if cfg.norm != "rmsnorm":
-        return f"Llama has RMSNorm, this model has norm={cfg.norm}"
-    if cfg.rotary_pct != 1.0:
-        return f"Llama rotates the whole head, this model has rotary_pct={cfg.rotary_pct}"
-    return None
+    return unmet(cfg, "Llama", {"arch": ("transformer", "has standard attention"), "norm": ("rmsnorm", "has RMSNorm"),
+                                "rotary_pct": (1.0, "rotates the whole head")})
 
 
 def hf_config(cfg: ModelConfig):

@@ -10,17 +10,15 @@ from typing import Optional
 import torch
 
 from ..model import ModelConfig
-from .convert import check_config, common_config_kwargs, common_model_kwargs, from_hf_names, rotate_half_layout, to_hf_names
+from .convert import (check_config, common_config_kwargs, common_model_kwargs, from_hf_names, rotate_half_layout,
+                      to_hf_names, unmet)
 
 NAME, HF_CLASS, MODEL_TYPE = "stablelm", "StableLmForCausalLM", "stablelm"
 
 
 def why_not(cfg: ModelConfig) -> Optional[str]:
-    if cfg.arch != "transformer":
-        return f"StableLM has standard attention, this model is arch={cfg.arch}"
-    if cfg.norm != "layernorm":
-        return f"StableLM has LayerNorm with bias, this model has norm={cfg.norm}"
-    return None
+    return unmet(cfg, "StableLM", {"arch": ("transformer", "has standard attention"),
+                                   "norm": ("layernorm", "has LayerNorm with bias")})
 
 
 def stablelm_config_kwargs(cfg: ModelConfig) -> dict:

@@ -1,32 +1,14 @@
-"""Export-test fixtures: the session tokenizer and one tiny trained run per layout (trained concurrently, once)."""
+"""Export-test fixtures: one tiny trained run per layout (trained concurrently, once per session), on the trainer
+tests' offline session environment and tokenizer."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.distributed import launch_train
-from tests.export.helpers import ENV, LAYOUTS, SESSION, TRAIN
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _env():
-    """Offline, no W&B, and session caches (tokenizer, HF modules): never the user's."""
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in ENV.items():
-            mp.setenv(k, v)
-        yield
-    shutil.rmtree(SESSION, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(_env):
-    from diffllm.config import build, compose
-    from diffllm.data import DataConfig, ensure_tokenizer
-
-    cfg = compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"])
-    return ensure_tokenizer(build(DataConfig, cfg.data, "data"))
+from tests.export.helpers import LAYOUTS, SESSION, TRAIN
+from tests.train.conftest import _env, tokenizer  # noqa: F401 - the trainer tests' offline session and tokenizer
 
 
 def registered_archs() -> tuple[str, ...]:

@@ -1,14 +1,9 @@
 """Shared by the export tests: the tiny layouts they train, and the reference they compare HF against."""
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import torch
 
-SESSION = Path(tempfile.mkdtemp(prefix="diffllm-export-tests-"))
-ENV = {"HF_HOME": str(SESSION / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-       "TOKENIZERS_PARALLELISM": "false", "DIFFLLM_CACHE": str(SESSION / "cache")}
+from tests.train.helpers import ENV, SESSION  # noqa: F401 - the session folder and offline environment we share
 
 # 6 steps of 4 x 64 tokens, single process, ZeRO-0: weights (norms, subln, lambda) move off their init.
 TRAIN = ["model.d_model=64", "model.n_layers=2", "data.seq_len=64", "data.tokenizer.vocab_size=1024",

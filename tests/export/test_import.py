@@ -91,22 +91,33 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_commands_and_bad_input_are_one_line(runs, hf_dir, tmp_path):
+def test_commands_and_a_bad_input_line(runs, hf_dir, tmp_path):
     src, _ = hf_dir("llama")
     ok = cli("import", str(src), f"out={tmp_path / 'run'}")
     assert ok.returncode == 0 and "imported" in ok.stdout, ok.stderr
+    bad = cli("export", f"run={runs['diff-layernorm-partial']}", f"out={tmp_path / 'x'}", "format=diffllama")
+    assert bad.returncode == 2 and bad.stderr == (
+        "diffllm export: error: format=diffllama cannot represent this model exactly: DiffLlama has RMSNorm, this "
+        "model has norm=layernorm; use format=remote (or auto)\n"), bad.stderr
+
+
+def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
+    src, _ = hf_dir("llama")
+    import_hf(src, tmp_path / "run")
     (tmp_path / "empty").mkdir()
     gpt2 = tmp_path / "gpt2"
     transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(gpt2)
     cases = [
-        (cli("export", f"run={tmp_path / 'empty'}", f"out={tmp_path / 'x'}"), "no checkpoints"),
-        (cli("export", f"run={runs['diff-layernorm-partial']}", f"out={tmp_path / 'x'}", "format=diffllama"),
-         "format=diffllama cannot represent this model exactly: DiffLlama has RMSNorm, this model has "
-         "norm=layernorm; use format=remote"),
-        (cli("export", f"run={runs['stablelm']}", f"out={tmp_path / 'x'}", "format=lama"), "did you mean 'llama'"),
-        (cli("import", str(gpt2), f"out={tmp_path / 'y'}"), "model_type='gpt2' cannot be imported"),
-        (cli("import", str(src), f"out={tmp_path / 'run'}"), "already holds checkpoints"),
+        (lambda: export_run(tmp_path / "empty", tmp_path / "x"), "empty: no checkpoints"),
+        (lambda: export_run(runs["stablelm"], tmp_path / "x", format="lama"), "did you mean 'llama'"),
+        (lambda: export_run(runs["stablelm"], tmp_path / "x", step=3), "no checkpoint at that step (steps: 6)"),
+        (lambda: import_hf(gpt2, tmp_path / "y"), "model_type='gpt2' cannot be imported (supported: diffllama, "
+                                                  "diffllm, llama, stablelm)"),
+        (lambda: import_hf(src, tmp_path / "run"), "already holds checkpoints"),
+        (lambda: import_hf(tmp_path / "empty", tmp_path / "z"), "not a Hugging Face model directory (no config.json)"),
+        (lambda: load_pretrained(tmp_path / "nowhere"), "model.init_from="),
     ]
-    for proc, message in cases:
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for call, message in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
