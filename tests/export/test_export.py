@@ -113,3 +113,13 @@ def test_remote_code_batches_padded_prompts(exported, side):
             ids = tok.encode(text)
             want = greedy(ours, ids, 8, tok.eos_id)[len(ids):]
             assert out[row, width: width + len(want)].tolist() == want
+
+
+@pytest.mark.slow
+def test_model_card_states_the_run(exported, runs):
+    done, _, _, _ = exported("stablelm", "auto")
+    card = (done.out / "README.md").read_text()
+    summary = json.loads((runs["stablelm"] / "summary.json").read_text())
+    assert f"| final validation loss | {summary['final_val_loss']:.4f} |" in card
+    assert "| tokens trained | 1,536 (step 6) |" in card and "| preset | transformer-tiny |" in card
+    assert "StableLmForCausalLM" in card and "norm: layernorm" in card  # the run's config
