@@ -1,4 +1,4 @@
-"""`diffllm export run=<dir> out=<dir> [step=...] [format=auto|stablelm|llama|diffllama|remote]` and
+"""`diffllm export run=<dir> out=<dir> [step=...] [format=auto|stablelm|llama|diffllama|remote] [dtype=...]` and
 `diffllm import <hf-dir> out=<run dir>`: Hydra apps on configs/export.yaml and configs/import.yaml."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _export(cfg: DictConfig) -> None:
     example = "run=runs/diff-tiny out=hf/diff-tiny"
     run, out = _required(cfg, "run", "export", example), _required(cfg, "out", "export", example)
     try:
-        done = export_run(run, out, step=cfg.step, format=str(cfg.format))
+        done = export_run(run, out, step=cfg.step, format=str(cfg.format), dtype=str(cfg.dtype))
     except ValueError as e:
         _fail("export", e)
     print(f"format               {done.format} ({done.hf_class}): {done.reason}")

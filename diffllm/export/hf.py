@@ -25,6 +25,7 @@ from . import diffllama, llama, remote, stablelm
 
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, remote)}
 NATIVE = (stablelm, llama, diffllama)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -70,11 +71,13 @@ def hf_tokenizer(tok):
 
 
 def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[str, Path], fmt: ModuleType,
-             tokenizer=None, card: str = "") -> Path:
-    """Write the HF directory for (cfg, our state dict) in format module `fmt`."""
+             tokenizer=None, card: str = "", dtype: str = "float32") -> Path:
+    """Write the HF directory for (cfg, our state dict) in format module `fmt`, weights in `dtype`."""
     import transformers
     from transformers import GenerationConfig
 
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hf_cfg = fmt.hf_config(cfg)
@@ -84,7 +87,8 @@ def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[s
     cls = remote_class() if fmt is remote else getattr(transformers, fmt.HF_CLASS)
     with torch.device("meta"):
         model = cls(hf_cfg)
-    sd = {k: v.detach().float().contiguous() for k, v in fmt.to_hf(cfg, state_dict).items()}
+    sd = {k: v.detach().float().to(DTYPES[dtype]).contiguous() for k, v in fmt.to_hf(cfg, state_dict).items()}
+    hf_cfg.dtype = dtype
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:  # a mapping bug, not bad input
@@ -145,12 +149,13 @@ def model_card(run: Run, cfg: ModelConfig, meta: dict, fmt: ModuleType, reason: 
 
 
 def export_run(run_path: Union[str, Path], out: Union[str, Path], step: Union[int, str] = "latest",
-               format: str = "auto") -> Exported:
-    """Export one checkpoint of a run (its latest by default) to `out`."""
+               format: str = "auto", dtype: str = "float32") -> Exported:
+    """Export one checkpoint of a run (its latest by default) to `out` (the conversions run in fp32/fp64, then
+    the weights are cast to `dtype`)."""
     run = Run(run_path)
     ckpt = run.checkpoint(step)  # a one-line error for a run without checkpoints or a missing step
     cfg, model, tok = run.model(ckpt.step if run.pinned is None else "latest")
     fmt, reason = choose_format(cfg, format)
     card = model_card(run, cfg, ckpt.meta, fmt, reason, sum(p.numel() for p in model.parameters()))
-    write_hf(cfg, model.state_dict(), out, fmt, tok, card)
+    write_hf(cfg, model.state_dict(), out, fmt, tok, card, dtype)
     return Exported(Path(out), fmt.NAME, fmt.HF_CLASS, reason)

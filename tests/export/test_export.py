@@ -123,3 +123,19 @@ def test_model_card_states_the_run(exported, runs):
     assert f"| final validation loss | {summary['final_val_loss']:.4f} |" in card
     assert "| tokens trained | 1,536 (step 6) |" in card and "| preset | transformer-tiny |" in card
     assert "StableLmForCausalLM" in card and "norm: layernorm" in card  # the run's config
+
+
+@pytest.mark.slow
+def test_bfloat16_export_holds_our_weights_rounded(runs, tmp_path):
+    """dtype=bfloat16 rounds after the conversion: for Llama (a pure permutation) the HF model equals ours with
+    bf16-rounded weights."""
+    from safetensors.torch import load_file
+
+    done = export_run(runs["llama-interleaved-gqa"], tmp_path / "hf", dtype="bfloat16")
+    assert {t.dtype for t in load_file(str(done.out / "model.safetensors")).values()} == {torch.bfloat16}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(done.out, dtype=torch.float32).eval()
+    _, ours, tok = Run(runs["llama-interleaved-gqa"]).model()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    assert max_logit_diff(ours, hf, torch.tensor([tok.encode(TEXT)]))[0] <= 1e-5

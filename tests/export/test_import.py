@@ -111,6 +111,8 @@ def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
         (lambda: export_run(tmp_path / "empty", tmp_path / "x"), "empty: no checkpoints"),
         (lambda: export_run(runs["stablelm"], tmp_path / "x", format="lama"), "did you mean 'llama'"),
         (lambda: export_run(runs["stablelm"], tmp_path / "x", step=3), "no checkpoint at that step (steps: 6)"),
+        (lambda: export_run(runs["stablelm"], tmp_path / "x", dtype="fp8"), "dtype='fp8': expected one of float32, "
+                                                                          "bfloat16, float16"),
         (lambda: import_hf(gpt2, tmp_path / "y"), "model_type='gpt2' cannot be imported (supported: diffllama, "
                                                   "diffllm, llama, stablelm)"),
         (lambda: import_hf(src, tmp_path / "run"), "already holds checkpoints"),

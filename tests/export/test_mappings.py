@@ -81,7 +81,8 @@ def test_a_format_that_cannot_represent_the_model_says_why():
     with pytest.raises(ValueError, match=r"format=diffllama cannot represent this model exactly: DiffLlama rotates the "
                                          r"whole head, this model has rotary_pct=0.25; use format=remote"):
         choose_format(ModelConfig(arch="diff", rotary_pct=0.25), "diffllama")
-    with pytest.raises(ValueError, match=r"format=stablelm .* StableLM has standard attention, this model has arch=diff"):
+    with pytest.raises(ValueError, match=r"format=stablelm .* StableLM has standard attention, this model has "
+                                         r"arch=diff"):
         choose_format(ModelConfig(arch="diff"), "stablelm")
     with pytest.raises(ValueError, match="did you mean 'diffllama'"):
         choose_format(ModelConfig(arch="diff"), "difllama")

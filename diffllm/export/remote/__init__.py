@@ -42,7 +42,8 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 def from_hf(hf_cfg, sd: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     names = {f.name for f in dataclasses.fields(ModelConfig)}
-    kw = {k: getattr(hf_cfg, k) for k in names if k not in ("name", "vocab_multiple", "lambda_init") and hasattr(hf_cfg, k)}
+    skip = ("name", "vocab_multiple", "lambda_init")  # the preset name, the padded vocabulary, lambda_inits below
+    kw = {k: getattr(hf_cfg, k) for k in names if k not in skip and hasattr(hf_cfg, k)}
     inits = getattr(hf_cfg, "lambda_inits", None)
     cfg = ModelConfig(name=hf_cfg.preset, vocab_multiple=1, **kw)
     if inits and any(abs(a - cfg.lambda_init_at(i)) > 0 for i, a in enumerate(inits)):

@@ -21,7 +21,8 @@ class DiffLLMConfig(PretrainedConfig):
         self.ffn_dim = ffn_dim if ffn_dim is not None else int(8 * d_model / 3)
         self.vocab_size, self.norm, self.norm_eps = vocab_size, norm, norm_eps
         self.rotary_pct, self.rope_theta, self.rope_interleaved = rotary_pct, rope_theta, rope_interleaved
-        self.qkv_bias, self.tie_embeddings, self.init_std, self.max_seq_len = qkv_bias, tie_embeddings, init_std, max_seq_len
+        self.qkv_bias, self.tie_embeddings = qkv_bias, tie_embeddings
+        self.init_std, self.max_seq_len = init_std, max_seq_len
         self.lambda_inits = lambda_inits  # Diff: lambda_init of each layer (a schedule or a constant, as trained)
         kwargs["tie_word_embeddings"] = tie_embeddings
         super().__init__(**kwargs)

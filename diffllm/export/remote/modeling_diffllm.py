@@ -41,7 +41,8 @@ def build_norm(config, dim):
 
 def rotary_cos_sin(positions, rotary_dim, theta):
     """positions (B, T) -> cos, sin (B, T, r/2) in fp32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=positions.device, dtype=torch.float32) / rotary_dim)
+    dims = torch.arange(0, rotary_dim, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = 1.0 / theta ** (dims / rotary_dim)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, r/2)
     return angles.cos(), angles.sin()
 
