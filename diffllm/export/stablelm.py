@@ -1,75 +1,47 @@
-"""Our Transformer <-> Hugging Face `StableLmForCausalLM`: config and weight-name conversion (used by tests and export)."""
+"""Our Transformer in StableLM's layout (LayerNorm with bias, partial rotary) <-> Hugging Face `StableLmForCausalLM`.
+
+Exact: `transformer-stablelm-3b` is stabilityai/stablelm-3b-4e1t's shape. Interleaved-rotary runs have the rotated
+part of their q/k rows permuted into rotate-half order.
+"""
 from __future__ import annotations
 
-import re
+from typing import Optional
 
 import torch
 
 from ..model import ModelConfig
+from .convert import (check_config, common_config_kwargs, common_model_kwargs, from_hf_names, rotate_half_layout,
+                      to_hf_names, unmet)
 
-# (ours, HF) name patterns; {i} is the layer index.
-_LAYER_NAMES = [
-    ("attn_norm", "input_layernorm"),
-    ("attn.q_proj", "self_attn.q_proj"),
-    ("attn.k_proj", "self_attn.k_proj"),
-    ("attn.v_proj", "self_attn.v_proj"),
-    ("attn.out_proj", "self_attn.o_proj"),
-    ("mlp_norm", "post_attention_layernorm"),
-    ("mlp.gate_proj", "mlp.gate_proj"),
-    ("mlp.up_proj", "mlp.up_proj"),
-    ("mlp.down_proj", "mlp.down_proj"),
-]
-_TOP_NAMES = [("tok_embeddings", "model.embed_tokens"), ("norm", "model.norm"), ("lm_head", "lm_head")]
+NAME, HF_CLASS, MODEL_TYPE = "stablelm", "StableLmForCausalLM", "stablelm"
 
 
-def _check_exportable(cfg: ModelConfig) -> None:
-    problems = {
-        "arch": cfg.arch != "transformer",
-        "norm": cfg.norm != "layernorm",
-        "rope_interleaved": cfg.rope_interleaved,
-    }
-    bad = [k for k, v in problems.items() if v]
-    if bad:
-        raise ValueError(f"model.{bad[0]}: StableLM format needs arch=transformer, norm=layernorm, rope_interleaved=false")
+def why_not(cfg: ModelConfig) -> Optional[str]:
+    return unmet(cfg, "StableLM", {"arch": ("transformer", "has standard attention"),
+                                   "norm": ("layernorm", "has LayerNorm with bias")})
 
 
 def stablelm_config_kwargs(cfg: ModelConfig) -> dict:
     """Keyword arguments for `transformers.StableLmConfig` describing the same network."""
-    _check_exportable(cfg)
-    return dict(
-        vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
-        hidden_act="silu", max_position_embeddings=cfg.max_seq_len, initializer_range=cfg.init_std,
-        layer_norm_eps=cfg.norm_eps, use_qkv_bias=cfg.qkv_bias, qk_layernorm=False, use_parallel_residual=False,
-        partial_rotary_factor=cfg.rotary_pct, rope_theta=cfg.rope_theta, hidden_dropout=0.0,
-        attention_dropout=0.0, tie_word_embeddings=cfg.tie_embeddings,
-    )
+    return dict(common_config_kwargs(cfg), layer_norm_eps=cfg.norm_eps, use_qkv_bias=cfg.qkv_bias,
+                qk_layernorm=False, use_parallel_residual=False, partial_rotary_factor=cfg.rotary_pct,
+                hidden_dropout=0.0)
 
 
-def _rename(name: str, pairs: list[tuple[str, str]], layer_from: str, layer_to: str) -> str:
-    m = re.fullmatch(layer_from + r"\.(\d+)\.(.+)", name)
-    if m:
-        i, rest = m.groups()
-        for src, dst in pairs:
-            if rest.startswith(src + "."):
-                return f"{layer_to}.{i}.{dst}{rest[len(src):]}"
-        raise KeyError(f"no StableLM name for layer parameter {name!r}")
-    for src, dst in _TOP_NAMES if layer_from == "layers" else [(b, a) for a, b in _TOP_NAMES]:
-        if name.startswith(src + "."):
-            return dst + name[len(src):]
-    raise KeyError(f"no StableLM name for parameter {name!r}")
+def hf_config(cfg: ModelConfig):
+    import transformers
+
+    return transformers.StableLmConfig(**stablelm_config_kwargs(cfg))
 
 
-def to_stablelm(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> HF StableLM names (tensors are shared, not copied)."""
-    return {_rename(k, _LAYER_NAMES, "layers", "model.layers"): v for k, v in state_dict.items()}
+def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return to_hf_names(rotate_half_layout(sd, cfg))
 
 
-def from_stablelm(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF StableLM state dict -> our names (rotary caches and other buffers are dropped)."""
-    swapped = [(b, a) for a, b in _LAYER_NAMES]
-    return {
-        _rename(k, swapped, r"model\.layers", "layers"): v
-        for k, v in state_dict.items()
-        if not k.endswith("rotary_emb.inv_freq")
-    }
+def from_hf(hf_cfg, sd: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    check_config(hf_cfg, {"qk_layernorm": False, "use_parallel_residual": False}, NAME)
+    rotary_pct = float((getattr(hf_cfg, "rope_parameters", None) or {}).get(
+        "partial_rotary_factor", getattr(hf_cfg, "partial_rotary_factor", 1.0)))
+    cfg = ModelConfig(arch="transformer", norm="layernorm", norm_eps=hf_cfg.layer_norm_eps, rotary_pct=rotary_pct,
+                      qkv_bias=bool(hf_cfg.use_qkv_bias), **common_model_kwargs(hf_cfg, NAME))
+    return cfg, from_hf_names(sd)

@@ -1,0 +1,161 @@
+"""`diffllm export`: a trained run -> a Hugging Face directory that transformers loads offline.
+
+    out/
+      config.json, model.safetensors, generation_config.json    the model (a native class, or DiffLLMForCausalLM)
+      tokenizer.json, tokenizer_config.json                      the run's tokenizer as a PreTrainedTokenizerFast
+      configuration_diffllm.py, modeling_diffllm.py              format=remote only (trust_remote_code)
+      README.md                                                  model card: layout, preset, tokens, final val loss
+
+format=auto takes the native class that represents the model exactly (StableLM, Llama, DiffLlama) and falls back to
+remote code for the rest (LayerNorm or partial-rotary Diff, Diff V2), saying which and why.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Optional, Union
+
+import torch
+
+from ..model import ModelConfig
+from ..runs import METRICS_FILE, Run
+from . import diffllama, llama, remote, stablelm
+
+FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, remote)}
+NATIVE = (stablelm, llama, diffllama)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Exported:
+    out: Path
+    format: str
+    hf_class: str
+    reason: str  # why this format (for format=auto: why no native class when remote)
+
+
+def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]:
+    """(format module, why): auto -> the exact native class for cfg, else remote; an explicit format that cannot
+    represent cfg is a one-line ValueError suggesting remote."""
+    if fmt == "auto":
+        reasons = []
+        for m in NATIVE:
+            why = m.why_not(cfg)
+            if why is None:
+                return m, f"{m.HF_CLASS} represents {cfg.arch}/{cfg.norm} exactly"
+            reasons.append(why)
+        relevant = [r for r in reasons if f"has arch={cfg.arch}" not in r] or reasons
+        return remote, f"no native class fits ({'; '.join(relevant)}): trust_remote_code export"
+    if fmt not in FORMATS:
+        import difflib
+
+        near = difflib.get_close_matches(fmt, list(FORMATS) + ["auto"], n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"format={fmt!r}: expected one of auto, {', '.join(FORMATS)}{hint}")
+    why = FORMATS[fmt].why_not(cfg)
+    if why is not None:
+        raise ValueError(f"format={fmt} cannot represent this model exactly: {why}; use format=remote (or auto)")
+    return FORMATS[fmt], f"format={fmt} requested"
+
+
+def hf_tokenizer(tok):
+    """Our Tokenizer as a PreTrainedTokenizerFast: no BOS is added (training appended EOS after each document, so
+    EOS also serves as BOS and pad), and a literal special-token string in text is text, as in training."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok.tk, bos_token=tok.eos_token, eos_token=tok.eos_token,
+                                   pad_token=tok.eos_token, split_special_tokens=True, add_bos_token=False,
+                                   clean_up_tokenization_spaces=False)
+
+
+def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[str, Path], fmt: ModuleType,
+             tokenizer=None, card: str = "", dtype: str = "float32") -> Path:
+    """Write the HF directory for (cfg, our state dict) in format module `fmt`, weights in `dtype`."""
+    import transformers
+    from transformers import GenerationConfig
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_cfg = fmt.hf_config(cfg)
+    if tokenizer is not None:
+        hf_cfg.bos_token_id = hf_cfg.eos_token_id = hf_cfg.pad_token_id = tokenizer.eos_id
+    hf_cfg.architectures = [fmt.HF_CLASS]
+    cls = remote_class() if fmt is remote else getattr(transformers, fmt.HF_CLASS)
+    with torch.device("meta"):
+        model = cls(hf_cfg)
+    sd = {k: v.detach().float().to(DTYPES[dtype]).contiguous() for k, v in fmt.to_hf(cfg, state_dict).items()}
+    hf_cfg.dtype = dtype
+    missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    missing = [k for k in missing if not k.endswith("inv_freq")]
+    if missing or unexpected:  # a mapping bug, not bad input
+        raise RuntimeError(f"{fmt.HF_CLASS}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if cfg.tie_embeddings:
+        model.tie_weights()
+    model.save_pretrained(out)
+    gen = dict(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id) \
+        if tokenizer is not None else {}
+    GenerationConfig(**gen).save_pretrained(out)
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer).save_pretrained(out)
+    if card:
+        (out / "README.md").write_text(card)
+    return out
+
+
+def remote_class():
+    from .remote.modeling_diffllm import DiffLLMForCausalLM
+
+    return DiffLLMForCausalLM
+
+
+def final_val_loss(run: Run) -> Optional[float]:
+    summary = run.summary() or {}
+    if summary.get("final_val_loss") is not None:
+        return float(summary["final_val_loss"])
+    metrics = run.dir / METRICS_FILE
+    vals = [r["val_loss"] for r in map(json.loads, metrics.read_text().splitlines() if metrics.is_file() else [])
+            if r.get("val_loss") is not None]
+    return float(vals[-1]) if vals else None
+
+
+def model_card(run: Run, cfg: ModelConfig, meta: dict, fmt: ModuleType, reason: str, n_params: int) -> str:
+    import yaml
+
+    loss = final_val_loss(run)
+    config = run.config()
+    load = "AutoModelForCausalLM.from_pretrained(path" + (", trust_remote_code=True)" if fmt is remote else ")")
+    lines = [
+        "---", "library_name: transformers", "tags: [diffllm" + (", custom_code]" if fmt is remote else "]"), "---",
+        f"# {cfg.name}", "",
+        f"A {'Differential Transformer' if cfg.arch.startswith('diff') else 'Transformer'} (`arch: {cfg.arch}`) "
+        f"trained with diffllm, exported as `{fmt.HF_CLASS}` ({reason}).", "",
+        "| | |", "|---|---|",
+        f"| architecture | {cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads "
+        f"({cfg.kv_heads} kv), {cfg.norm}, rotary {cfg.rotary_pct:g}{' interleaved' if cfg.rope_interleaved else ''} |",
+        f"| preset | {cfg.name} |",
+        f"| parameters | {n_params:,} (vocabulary {cfg.padded_vocab_size}) |",
+        f"| tokens trained | {int(meta.get('tokens', 0)):,} (step {meta.get('step')}) |",
+        f"| final validation loss | {'-' if loss is None else f'{loss:.4f}'} |", "",
+        "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"model = {load}", "tokenizer = AutoTokenizer.from_pretrained(path)", "```", "",
+        "## The run's config", "", "```yaml",
+        yaml.safe_dump(config if config is not None else {"model": asdict(cfg)}, sort_keys=False).rstrip(), "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def export_run(run_path: Union[str, Path], out: Union[str, Path], step: Union[int, str] = "latest",
+               format: str = "auto", dtype: str = "float32") -> Exported:
+    """Export one checkpoint of a run (its latest by default) to `out` (the conversions run in fp32/fp64, then
+    the weights are cast to `dtype`)."""
+    run = Run(run_path)
+    ckpt = run.checkpoint(step)  # a one-line error for a run without checkpoints or a missing step
+    cfg, model, tok = run.model(ckpt.step if run.pinned is None else "latest")
+    fmt, reason = choose_format(cfg, format)
+    card = model_card(run, cfg, ckpt.meta, fmt, reason, sum(p.numel() for p in model.parameters()))
+    write_hf(cfg, model.state_dict(), out, fmt, tok, card, dtype)
+    return Exported(Path(out), fmt.NAME, fmt.HF_CLASS, reason)

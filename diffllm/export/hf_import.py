@@ -1,0 +1,110 @@
+"""`diffllm import`: a Hugging Face model directory (Llama, StableLM, DiffLlama, or a diffllm remote-code export) ->
+our (ModelConfig, state dict), and a diffllm run directory at step 0 that `diffllm train` can start from.
+
+    cfg, state_dict = load_pretrained("hf/stablelm-3b-4e1t")   # or a diffllm run directory (its latest checkpoint)
+    import_hf("hf/stablelm-3b-4e1t", "runs/stablelm-cont")      # checkpoints/step0 (ZeRO-0 layout), tokenizer.json
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Union
+
+import torch
+
+from ..model import DecoderLM, ModelConfig
+from ..runs import CONFIG_FILE, MODEL_STATES, TOKENIZER_FILE, Run, consolidated_state_dict, read_json, write_atomic
+from .hf import FORMATS, remote
+
+BY_MODEL_TYPE = {m.MODEL_TYPE: m for m in FORMATS.values()}
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return {k: v for f in files for k, v in load_file(str(f)).items()}
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if bins:
+        return {k: v for f in bins for k, v in torch.load(f, map_location="cpu", weights_only=True).items()}
+    raise ValueError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
+
+
+def read_hf(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(ModelConfig, our state dict) of an HF model directory; one-line ValueError for what we cannot represent."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}: not a Hugging Face model directory (no config.json)")
+    model_type = read_json(path / "config.json").get("model_type")
+    fmt = BY_MODEL_TYPE.get(model_type)
+    if fmt is None:
+        raise ValueError(f"{path}: model_type={model_type!r} cannot be imported (supported: "
+                         f"{', '.join(sorted(BY_MODEL_TYPE))})")
+    if fmt is remote:
+        from .remote.configuration_diffllm import DiffLLMConfig
+
+        hf_cfg = DiffLLMConfig.from_pretrained(str(path))
+    else:
+        from transformers import AutoConfig
+
+        hf_cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    sd = _weights(path)
+    embed = "tok_embeddings.weight" if fmt is remote else "model.embed_tokens.weight"
+    if "lm_head.weight" not in sd and getattr(hf_cfg, "tie_word_embeddings", False):
+        sd["lm_head.weight"] = sd[embed]
+    cfg, ours = fmt.from_hf(hf_cfg, sd)
+    with torch.device("meta"):
+        expected = DecoderLM(cfg).state_dict()
+    missing, unexpected = sorted(set(expected) - set(ours)), sorted(set(ours) - set(expected))
+    bad_shape = [k for k in expected if k in ours and ours[k].shape != expected[k].shape]
+    if missing or unexpected or bad_shape:
+        raise ValueError(f"{path}: weights do not fit the {model_type} config (missing {missing[:2]}, unexpected "
+                         f"{unexpected[:2]}, wrong shape {bad_shape[:2]})")
+    return cfg, ours
+
+
+def is_run(path: Path) -> bool:
+    return (path / "meta.json").is_file() or (path / "checkpoints").is_dir() or path.name == "checkpoints"
+
+
+def load_pretrained(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """`model.init_from`: (ModelConfig, fp32 state dict in our names) from an HF directory or a diffllm run (its
+    latest checkpoint, or the step<N> folder given)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"model.init_from={path}: no such directory")
+    if is_run(path):
+        ckpt = Run(path).checkpoint("latest")
+        return ModelConfig(**ckpt.meta["model"]), consolidated_state_dict(ckpt)
+    cfg, sd = read_hf(path)
+    return cfg, {k: v.float() for k, v in sd.items()}
+
+
+def import_hf(src: Union[str, Path], out: Union[str, Path]) -> tuple[ModelConfig, Path]:
+    """Write run directory `out` holding `src`'s weights as checkpoint step 0 (DeepSpeed's ZeRO-0 layout)."""
+    from omegaconf import OmegaConf
+
+    from ..data import load_tokenizer
+
+    src, out = Path(src), Path(out)
+    if (out / "checkpoints").exists():
+        raise ValueError(f"out={out}: already holds checkpoints; choose a new run directory")
+    cfg, sd = read_hf(src)
+    tok = None
+    if (src / "tokenizer.json").is_file() or (src / "tokenizer_config.json").is_file():
+        tok = load_tokenizer(str(src), "<|endoftext|>")  # the folder's own eos_token wins
+    tag = out / "checkpoints" / "step0"
+    tag.mkdir(parents=True)
+    torch.save({"module": {k: v.contiguous() for k, v in sd.items()}}, tag / MODEL_STATES)
+    meta = {"step": 0, "tokens": 0, "world_size": 1, "zero_stage": 0, "model": asdict(cfg),
+            "imported_from": str(src.resolve())}
+    write_atomic(tag / "meta.json", json.dumps(meta, indent=1) + "\n")
+    config: dict = {"model": asdict(cfg), "imported_from": str(src.resolve())}
+    if tok is not None:
+        tok.save(out / TOKENIZER_FILE)
+        config["data"] = {"tokenizer": {"path": str((out / TOKENIZER_FILE).resolve()), "eos_token": tok.eos_token}}
+    write_atomic(out / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(config)))
+    write_atomic(out / "checkpoints" / "latest", "step0")
+    return cfg, out
