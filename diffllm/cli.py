@@ -68,6 +68,14 @@ _REGISTRY: dict[str, Command] = {
         "diffllm.scaling.report:main", "fit scaling laws to a collected sweep: ratios at equal loss, plots",
         "scaling", {"": "diffllm.scaling.report:ScalingConfig"},
         ("diffllm scaling fit sweep_dir=runs/sweep/micro", "diffllm scaling fit params=total joint=none reps=100")),
+    "export": Command(
+        "diffllm.export.commands:export_main", "write a run's checkpoint as a Hugging Face model directory", "export",
+        examples=("diffllm export run=runs/diff-tiny out=hf/diff-tiny",
+                  "diffllm export run=runs/diff-tiny step=64 out=hf/diff-tiny-64 format=remote dtype=bfloat16")),
+    "import": Command(
+        "diffllm.export.commands:import_main", "turn a Hugging Face model directory into a run at step 0", "import",
+        examples=("diffllm import hf/stablelm-3b-4e1t out=runs/stablelm-cont",
+                  "diffllm train model.init_from=runs/stablelm-cont run_dir=runs/stablelm-cont-1   # then train on")),
 }
 COMMANDS: dict[str, Command] = {name: Command(**{**c.__dict__, "name": name}) for name, c in _REGISTRY.items()}
 

@@ -131,7 +131,7 @@ def model_card(run: Run, cfg: ModelConfig, meta: dict, fmt: ModuleType, reason: 
     lines = [
         "---", "library_name: transformers", "tags: [diffllm" + (", custom_code]" if fmt is remote else "]"), "---",
         f"# {cfg.name}", "",
-        f"A {'Differential Transformer' if cfg.arch.startswith('diff') else 'Transformer'} (`arch: {cfg.arch}`) "
+        f"A {cfg.variant.label} (`arch: {cfg.arch}`) "
         f"trained with diffllm, exported as `{fmt.HF_CLASS}` ({reason}).", "",
         "| | |", "|---|---|",
         f"| architecture | {cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads "

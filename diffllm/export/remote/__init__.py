@@ -26,7 +26,7 @@ def hf_config(cfg: ModelConfig):
 
     DiffLLMConfig.register_for_auto_class()
     DiffLLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    lambda_inits = [cfg.lambda_init_at(i) for i in range(cfg.n_layers)] if cfg.arch == "diff" else None
+    lambda_inits = [cfg.lambda_init_at(i) for i in range(cfg.n_layers)]  # read by Diff (V1) layers only
     return DiffLLMConfig(
         arch=cfg.arch, preset=cfg.name, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
         n_kv_heads=cfg.kv_heads, ffn_dim=cfg.ffn_hidden, vocab_size=cfg.padded_vocab_size, norm=cfg.norm,
