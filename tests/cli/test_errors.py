@@ -74,7 +74,7 @@ def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a multirun writes multirun.yaml here
 
     res = diffllm("info", "-m", "model=diff-tiny,transformer-tiny", "model.n_layers=2")
-    assert res.code == 0 and "preset               diff-tiny (diff)" in res.out
+    assert res.code == 0 and "preset               diff-tiny (diff: Diff Transformer)" in res.out
     assert "preset               transformer-tiny (transformer)" in res.out
     cfg = compose("train", ["+trainer.deepspeed.steps_per_print=7", "logging.tags=[a,b]",
                             "~trainer.inject_nan_at_steps",

@@ -19,6 +19,8 @@ MAIN_KEYS = {
     "sweep": ["sweep=micro", "sweep_dir=runs/sweep/${sweep.name}", "launcher=basic", "dry_run=false", "sweep.seeds=[1234]"],
     "sweep collect": ["sweep=micro", "out=null", "sweep_dir=runs/sweep/${sweep.name}"],
     "scaling fit": ["sweep_dir=runs/sweep/micro", "params=block", "reps=400", "joint=auto"],
+    "export": ["run=null", "out=null", "step=latest", "format=auto", "dtype=float32"],
+    "import": ["src=null", "out=null"],
 }
 
 
@@ -47,7 +49,7 @@ def test_help_meanings_come_from_yaml_and_dataclass_comments(diffllm):
     # configs/trainer/cpu.yaml's own comment wins over the dataclass's for the same key
     assert line["trainer.micro_batch_size=8"].endswith("sequences per rank per forward")
     # only the dataclass has these keys (diffllm/model/config.py, diffllm/data/config.py comments)
-    assert line["model.attn_backend=sdpa"].endswith("eager (materialised maps, the reference) | sdpa | flash")
+    assert line["model.attn_backend=sdpa"].endswith("eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)")
     assert line["data.tokenizer.train_chars=200000000"].endswith("training sources")
     # the config groups and their options
     assert "  model=diff-tiny   (" in out and "transformer-830m" in out and "  trainer=cpu   (3 options)" in out
