@@ -75,7 +75,7 @@ def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
 
     res = diffllm("info", "-m", "model=diff-tiny,transformer-tiny", "model.n_layers=2")
     assert res.code == 0 and "preset               diff-tiny (diff: Diff Transformer)" in res.out
-    assert "preset               transformer-tiny (transformer)" in res.out
+    assert "preset               transformer-tiny (transformer: Transformer)" in res.out
     cfg = compose("train", ["+trainer.deepspeed.steps_per_print=7", "logging.tags=[a,b]",
                             "~trainer.inject_nan_at_steps",
                             "+model.lambda_init=0.5"])  # `+` on a field that now always exists still works
