@@ -91,7 +91,7 @@ class Trainer:
         client = self.load(resume, universal) if resume else None
         if client is None:
             self.state.wandb_id = all_gather_object(new_run_id())[0]
-        if self.rank == 0:  # the run directory is self-contained: its config and tokenizer beside its checkpoints
+        if self.rank == 0 and not self.already_finished:  # a self-contained run directory: config and tokenizer
             self.run_obj.write_tokenizer(tok.tk.to_str())
             self.run_obj.write_config(self.config)
         self.validation = Validation({MAIN_VAL: val}, self.trainer.val_every)
