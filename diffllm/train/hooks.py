@@ -141,7 +141,8 @@ class MetricsLogger(Hook):
         self.log = MetricsLog(trainer.run_dir)
         dropped = self.log.truncate_after(trainer.state.step)
         if dropped:
-            trainer.say(f"metrics.jsonl: dropped {dropped} records after step {trainer.state.step} (they are redone now)")
+            trainer.say(f"metrics.jsonl: dropped {dropped} records after step {trainer.state.step} "
+                        f"(they are redone now)")
         self.log.wandb = open_wandb(trainer.logging, trainer.run_dir, trainer.state.wandb_id, trainer.config)
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:

@@ -12,7 +12,8 @@ from ..runs import Checkpoint, Run, find_checkpoint
 # Keys that change how a run is executed or logged, not what it computes: a finished run may be relaunched with
 # other values. (trainer.tokens is compared: a larger budget continues the run, see Trainer.load.)
 OPERATIONAL = ("run_dir", "trainer.resume", "trainer.log_every", "trainer.save_every_steps",
-               "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes", "trainer.round_tokens",
+               "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes",
+               "trainer.round_tokens",
                "trainer.val_batch_size", "trainer.compile", "trainer.activation_checkpointing", "model.attn_backend",
                "data.num_workers", "data.tokenizer.path", "logging")
 

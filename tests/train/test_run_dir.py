@@ -93,12 +93,14 @@ def test_another_runs_checkpoint_is_refused_in_a_used_run_dir_and_continues_in_a
         mp.setenv("DIFFLLM_CACHE", str(tmp_path / "empty-cache"))
         cont = diffllm_train(tmp_path, *args)
     assert cont.returncode == 0, cont.stdout + cont.stderr
-    assert "training a byte-level BPE" not in cont.stdout + cont.stderr and f"resumed from checkpoint {ckpt}" in cont.stdout
+    assert "training a byte-level BPE" not in cont.stdout + cont.stderr
+    assert f"resumed from checkpoint {ckpt}" in cont.stdout
     assert (new / "tokenizer.json").read_bytes() == (finished[0] / "tokenizer.json").read_bytes()
     assert [json.loads(x)["step"] for x in (new / "metrics.jsonl").read_text().splitlines()] == [6, 8, 8]
     again = diffllm_train(tmp_path, *args)  # the same command again continues its own run, not the other one
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"resumed from checkpoint {new}/checkpoints/step8" in again.stdout and "already at its budget" in again.stdout
+    assert f"resumed from checkpoint {new}/checkpoints/step8" in again.stdout
+    assert "already at its budget" in again.stdout
 
 
 def test_damaged_run_dirs_are_one_line_errors(finished, tmp_path):
