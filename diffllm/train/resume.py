@@ -41,8 +41,8 @@ def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
         return own  # this run was started from `mode` by the same command: continue it
     have = ", ".join(p.name for p in run.files())
     raise ValueError(f"trainer.resume={mode}: run_dir={run.dir} already holds another run ({have}); continuing a "
-                     f"checkpoint of another run there would mix the two: use a new run_dir, or trainer.resume=none "
-                     f"there first")
+                     f"checkpoint of another run there would mix the two: use a new run_dir (or move run_dir's files "
+                     f"away first)")
 
 
 def check_model(ckpt: Checkpoint, model_cfg) -> None:
