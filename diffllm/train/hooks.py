@@ -136,7 +136,7 @@ class MetricsLogger(Hook):
         self.window_t, self.window_losses = 0.0, []
 
     def on_start(self, trainer: "Trainer") -> None:
-        if trainer.rank != 0:
+        if trainer.rank != 0 or trainer.already_finished:  # a finished run's files stay as they are
             return
         self.log = MetricsLog(trainer.run_dir)
         dropped = self.log.truncate_after(trainer.state.step)

@@ -261,9 +261,9 @@ class Trainer:
             f"ZeRO-{self.trainer.zero_stage}, {self.precision}, {device_name()}, run_dir {self.run_dir}")
         if b.note:
             say(f"note: {b.note}")
-        if b.steps < self.optim.warmup_steps and self.optim.schedule != "constant":
-            say(f"warning: the run has {b.steps} steps, fewer than optim.warmup_steps={self.optim.warmup_steps}: the "
-                f"learning rate only warms up (to optim.lr at the last step) and never decays", error=True)
+        if b.steps <= self.optim.warmup_steps and self.optim.schedule != "constant":
+            say(f"warning: the run has {b.steps} steps and optim.warmup_steps={self.optim.warmup_steps}: the learning "
+                f"rate only warms up (to optim.lr at the last step) and never decays", error=True)
         self.stop.install()
         try:
             return self.loop()

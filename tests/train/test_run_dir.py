@@ -49,7 +49,7 @@ def test_a_new_run_is_self_contained_and_says_what_differs_from_the_request(fini
     run_dir, done = finished
     assert ("note: trainer.tokens=4000 rounded up to 4096 = 4 whole steps of 1024 tokens (trainer.round_tokens=true)"
             in done.stdout)
-    assert "warning: the run has 4 steps, fewer than optim.warmup_steps=8" in done.stderr
+    assert "warning: the run has 4 steps and optim.warmup_steps=8" in done.stderr
     assert json.loads((run_dir / "summary.json").read_text())["tokens"] == 4096
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["data"]["tokenizer"]["path"] == str(run_dir / "tokenizer.json") and config["data"]["seq_len"] == 64
