@@ -71,7 +71,8 @@ def test_metrics_window_mean_loss_time_and_elapsed(tmp_path):
     trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=3), peak=None,
                               budget=SimpleNamespace(steps=10, tokens=10240, global_batch_tokens=1024),
                               stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
-                              logging=LoggingConfig(wandb="disabled"), say=print, elapsed=lambda: 12.5)
+                              logging=LoggingConfig(wandb="disabled"), say=print, elapsed=lambda: 12.5,
+                              already_finished=False)
     hook = MetricsLogger()
     hook.on_start(trainer)
     for step, loss in ((1, 3.0), (2, 2.5), (3, 1.0), (4, None)):
