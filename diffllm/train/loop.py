@@ -53,6 +53,9 @@ class Trainer:
         self.seed = cfg.seed
         self.run_dir = Path(cfg.run_dir)
         self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
+        if self.run_obj.dir != self.run_dir:
+            raise ValueError(f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
+                             f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?")
         self.state = TrainState()
         self.stop = StopFlag()
         self.saved_step = -1
