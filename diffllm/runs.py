@@ -241,8 +241,8 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
     file; ZeRO 1-3 are gathered from their fp32 optimizer shards by DeepSpeed's zero_to_fp32."""
     import torch
 
-    states = ckpt.path / MODEL_STATES
-    if not states.is_file():
+    states = ckpt.path / MODEL_STATES  # ZeRO-3 names it zero_pp_rank_<r>_mp_rank_00_model_states.pt, one per rank
+    if not (states.is_file() or any(ckpt.path.glob(f"*_{MODEL_STATES}"))):
         raise ValueError(f"{ckpt.path}: no {MODEL_STATES} (an incomplete or foreign checkpoint)")
     try:
         if ckpt.zero_stage == 0:
