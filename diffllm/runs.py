@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -115,8 +117,11 @@ class Run:
         return f"Run({str(self.dir)!r})"
 
     # ----- files ---------------------------------------------------------------------------------------------------
+    def summary_path(self) -> Path:
+        return self.dir / SUMMARY_FILE
+
     def summary(self) -> Optional[dict]:
-        path = self.dir / SUMMARY_FILE
+        path = self.summary_path()
         return read_json(path) if path.is_file() else None
 
     def is_finished(self) -> bool:
@@ -124,6 +129,37 @@ class Run:
 
     def write_summary(self, summary: dict) -> None:
         write_atomic(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1) + "\n")
+
+    def write_config(self, config: dict) -> None:
+        """config.yaml: the resolved config, its tokenizer path pointing at the run's own tokenizer.json."""
+        import yaml
+
+        config = json.loads(json.dumps(config))  # a deep copy of plain containers
+        config.setdefault("data", {}).setdefault("tokenizer", {})["path"] = str(self.dir / TOKENIZER_FILE)
+        write_atomic(self.dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
+
+    def write_tokenizer(self, text: str) -> None:
+        """tokenizer.json (its JSON text), atomically: the run decodes without the cache it came from."""
+        path = self.dir / TOKENIZER_FILE
+        if not path.is_file() or path.read_text() != text:
+            write_atomic(path, text)
+
+    def files(self) -> list[Path]:
+        """The files of a run present in the directory (RUN_FILES): empty for a new or emptied run_dir."""
+        return [self.dir / n for n in RUN_FILES if (self.dir / n).exists()]
+
+    def move_aside(self, why: str) -> Optional[Path]:
+        """A fresh start in a used run_dir moves the old run's files into run_dir/replaced-<time>/ (never deletes)."""
+        present = self.files()
+        if not present:
+            return None
+        dest = self.dir / time.strftime("replaced-%Y%m%d-%H%M%S")
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in present:
+            shutil.move(str(p), str(dest / p.name))
+        print(f"[diffllm.train] {why}: moved the previous run's {', '.join(p.name for p in present)} to {dest}",
+              flush=True)
+        return dest
 
     def config(self) -> Optional[dict]:
         """The run's resolved config (config.yaml), or None for a run written before runs kept one."""
@@ -205,8 +241,8 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
     file; ZeRO 1-3 are gathered from their fp32 optimizer shards by DeepSpeed's zero_to_fp32."""
     import torch
 
-    states = ckpt.path / MODEL_STATES
-    if not states.is_file():
+    states = ckpt.path / MODEL_STATES  # ZeRO-3 names it zero_pp_rank_<r>_mp_rank_00_model_states.pt, one per rank
+    if not (states.is_file() or any(ckpt.path.glob(f"*_{MODEL_STATES}"))):
         raise ValueError(f"{ckpt.path}: no {MODEL_STATES} (an incomplete or foreign checkpoint)")
     try:
         if ckpt.zero_stage == 0:

@@ -80,13 +80,14 @@ class Ours:
 
     def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path):
         from diffllm.config import compose
+        from diffllm.train.config import TrainConfig
         from diffllm.train.loop import Trainer
 
         cfg = compose("train", [f"model={preset}", f"data.seq_len={seq_len}", f"trainer.micro_batch_size={micro}",
                                 f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
                                 f"trainer.zero_stage={stage}", "trainer.val_batches=1", "logging.wandb=disabled",
                                 "optim.lr=1e-3", "optim.warmup_steps=0", "optim.schedule=constant", f"run_dir={run_dir}"])
-        self.trainer = Trainer(cfg)
+        self.trainer = Trainer(TrainConfig.from_hydra(cfg))
         self.trainer.setup()
         self.trainer.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
         self.params = self.trainer.stats.total_params

@@ -126,9 +126,12 @@ class Interval:
     high: float
     n_valid: int  # bootstrap replicates that gave a finite value
     n_total: int = 0  # bootstrap replicates in all
+    exact: bool = False  # the fit had no more points than parameters: it passes through them, no interval exists
 
     def __str__(self) -> str:
         value = "never (inf)" if self.value == float("inf") else f"{self.value:.4g}"
+        if self.exact:
+            return f"{value} (exactly determined: no interval)"
         if not self.n_valid:
             return f"{value} [no finite replicate]"
         spread = f"[{self.low:.4g}, {self.high:.4g}]"
@@ -144,6 +147,19 @@ def interval(value: float, samples, level: float = 0.9) -> Interval:
     q = (1 - level) / 2
     low, high = (float(np.quantile(s, p, method="nearest")) for p in (q, 1 - q))
     return Interval(value, low, high, finite, len(s))
+
+
+POWER_LAW_PARAMS, JOINT_PARAMS = 3, 5  # E, A, alpha; E, A, alpha, B, beta
+
+
+def exactly_determined(n_points: int, n_params: int) -> bool:
+    """No more points than parameters: the fit passes through every point, its residuals are zero, and a residual
+    bootstrap returns the same fit every time (zero-width intervals that need not even contain the estimate)."""
+    return n_points <= n_params
+
+
+def no_interval(value: float) -> Interval:
+    return Interval(value, float("nan"), float("nan"), 0, 0, exact=True)
 
 
 def bootstrap_power_law(x, loss, reps: int = 500, seed: int = 0) -> tuple[PowerLaw, list[PowerLaw]]:

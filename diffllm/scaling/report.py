@@ -15,8 +15,8 @@ import numpy as np
 
 from ..model.variant import baseline, variants
 from ..sweep.collect import RunRecord, collect
-from .fit import (Interval, JointLaw, PowerLaw, bootstrap_joint, bootstrap_power_law, interval, ratio_at_equal_loss,
-                  ratio_interval)
+from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, JointLaw, PowerLaw, bootstrap_joint, bootstrap_power_law,
+                  exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
 from .plots import loss_vs_params, loss_vs_tokens
 
 @dataclass
@@ -76,7 +76,16 @@ def _by_arch(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
     return {a: rs for a, rs in groups.items() if rs}
 
 
-def _power_fits(cfg: ScalingConfig, runs: list[RunRecord]):
+def _exact_note(what: str, n_points: int, n_params: int) -> str:
+    return (f"{what}: {n_points} points for {n_params} parameters: the fit is exactly determined (it passes through "
+            f"every point); no intervals are given for it or for ratios from it: add sizes, budgets or seeds")
+
+
+def _interval(value: float, samples, level: float, exact: bool) -> Interval:
+    return no_interval(value) if exact else interval(value, samples, level)
+
+
+def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], notes: list[str]):
     points, fits, boots, table = {}, {}, {}, []
     for arch, rs in _by_arch(runs).items():
         n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
@@ -84,6 +93,10 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord]):
         points[arch] = (n, y)
         best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
         fits[arch], boots[arch] = best, boot
+        if exactly_determined(len(rs), POWER_LAW_PARAMS):
+            notes.append(_exact_note(f"L(N) for {arch}", len(rs), POWER_LAW_PARAMS))
+            table.append(ArchFit(arch, len(rs), best, *(no_interval(getattr(best, k)) for k in ("E", "A", "alpha"))))
+            continue
         table.append(ArchFit(arch, len(rs), best, *(interval(getattr(best, k), [getattr(b, k) for b in boot],
                                                               cfg.level) for k in ("E", "A", "alpha"))))
     return points, fits, boots, table
@@ -112,31 +125,38 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
     at_budget = [r for r in done if r.tokens == budget]
     if not at_budget:
         raise ValueError(f"tokens={budget}: no finished run has this budget")
-    points, fits, boots, table = _power_fits(cfg, at_budget)
+    notes: list[str] = []
+    points, fits, boots, table = _power_fits(cfg, at_budget, notes)
     result: dict = {"config": asdict(cfg), "runs": len(done), "power_law_tokens": budget, "power_law": table,
-                    "ratios": {}}
+                    "ratios": {}, "notes": notes}
     base = baseline().arch
     others = [a for a in fits if a != base] if base in fits else []
     key = {a: ("" if len(others) == 1 else f"{a}:") for a in others}
+    exact = {f.arch for f in table if f.alpha.exact}  # archs whose L(N) is exactly determined
     for a in others:  # the variant's parameters needed for the baseline's loss, at each baseline size of the sweep
         for n_ref in sorted(set(points[base][0])):
-            result["ratios"][f"{key[a]}params_at_N={int(n_ref)},D={budget}"] = ratio_interval(
-                fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level)
+            result["ratios"][f"{key[a]}params_at_N={int(n_ref)},D={budget}"] = (
+                no_interval(ratio_at_equal_loss(fits[base], fits[a], n_ref)) if {base, a} & exact
+                else ratio_interval(fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level))
     mode = cfg.joint
     budgets = {r.tokens for r in done}
     if mode == "auto":
         mode = "final" if len(budgets) > 1 else "curves"
-    joint, joint_boot = {}, {}
+    joint, joint_boot, joint_exact = {}, {}, set()
     if mode != "none":
         for arch, rs in _by_arch(done).items():
             n, d, y = _joint_points(cfg, rs, mode)
             try:
                 joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
             except ValueError as e:
-                result.setdefault("notes", []).append(f"L(N, D) for {arch} from {mode}: skipped ({e})")
+                notes.append(f"L(N, D) for {arch} from {mode}: skipped ({e})")
+                continue
+            if exactly_determined(len(y), JOINT_PARAMS):
+                notes.append(_exact_note(f"L(N, D) for {arch}", len(y), JOINT_PARAMS))
+                joint_exact.add(arch)
     result["joint_mode"] = mode
-    result["joint"] = {a: {"law": asdict(j), **{k: interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]],
-                                                           cfg.level) for k in ("alpha", "beta")}}
+    result["joint"] = {a: {"law": asdict(j), **{k: _interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]],
+                                                             cfg.level, a in joint_exact) for k in ("alpha", "beta")}}
                        for a, j in joint.items()}
     for a in (o for o in others if base in joint and o in joint):
         ref = max(_by_arch(done)[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
@@ -144,12 +164,13 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
         t, dd = joint[base], joint[a]
         samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
                    for bt, bd in zip(joint_boot[base], joint_boot[a])]
-        result["ratios"][f"{key[a]}tokens_at_N={int(n_ref)},D={d_ref}"] = interval(
-            ratio_at_equal_loss(t.at_params(n_ref), dd.at_params(n_ref), d_ref), samples, cfg.level)
+        pair_exact = bool({base, a} & joint_exact)
+        result["ratios"][f"{key[a]}tokens_at_N={int(n_ref)},D={d_ref}"] = _interval(
+            ratio_at_equal_loss(t.at_params(n_ref), dd.at_params(n_ref), d_ref), samples, cfg.level, pair_exact)
         samples = [ratio_at_equal_loss(bt.at_tokens(d_ref), bd.at_tokens(d_ref), n_ref)
                    for bt, bd in zip(joint_boot[base], joint_boot[a])]
-        result["ratios"][f"{key[a]}params_from_joint_at_N={int(n_ref)},D={d_ref}"] = interval(
-            ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level)
+        result["ratios"][f"{key[a]}params_from_joint_at_N={int(n_ref)},D={d_ref}"] = _interval(
+            ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact)
     result["ratio_archs"] = [base] + others
     result["_plot"] = (points, fits, joint, done, mode)
     return result
@@ -176,6 +197,8 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
 
 def _jsonable(o):
     if isinstance(o, Interval):
+        if o.exact:
+            return {"value": o.value, "exact": True}
         return {"value": o.value, "low": o.low, "high": o.high, "n_valid": o.n_valid, "n_total": o.n_total}
     if hasattr(o, "__dataclass_fields__"):
         return asdict(o)
@@ -222,6 +245,9 @@ def main() -> None:
             files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
         except ValueError as e:
             sys.exit(f"diffllm scaling fit: {e}")
+        for note in result.get("notes", []):
+            if "exactly determined" in note:
+                print(f"diffllm scaling fit: warning: {note}", file=sys.stderr)
         print(files[-1].read_text(), end="")
         print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
 

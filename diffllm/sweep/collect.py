@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
 import yaml
+
+from ..runs import METRICS_FILE, SUMMARY_FILE, Run
 
 
 @dataclass
@@ -35,14 +36,15 @@ class RunRecord:
 COLUMNS = [f.name for f in fields(RunRecord)]
 
 
-def _seed(summary: dict, run_dir: Path) -> Optional[int]:
+def _seed(summary: dict, run: Run) -> Optional[int]:
     if summary.get("seed") is not None:
         return int(summary["seed"])
-    for cfg in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
-        if cfg.exists():
-            seed = (yaml.safe_load(cfg.read_text()) or {}).get("seed")
-            if seed is not None:
-                return int(seed)
+    config = run.config() or {}
+    if config.get("seed") is None and (run.dir / ".hydra" / "config.yaml").exists():  # a run of older diffllm
+        config = yaml.safe_load((run.dir / ".hydra" / "config.yaml").read_text()) or {}
+    if config.get("seed") is not None:
+        return int(config["seed"])
+    run_dir = run.dir
     m = re.search(r"seed(\d+)", run_dir.name)
     return int(m.group(1)) if m else None
 
@@ -69,15 +71,12 @@ def _preset_in_path(run_dir: Path) -> str:
 
 
 def read_run(run_dir: Path) -> RunRecord:
-    path = run_dir / "summary.json"
-    try:
-        s = json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    run = Run(run_dir)
+    s = run.summary() or {}  # a damaged summary.json: a one-line ValueError naming it
     model = s.get("model") or _preset_in_path(run_dir)
     return RunRecord(
         run_dir=str(run_dir), model=model, arch=s.get("arch") or _preset_arch(model),
-        seed=_seed(s, run_dir), total_params=s.get("total_params"), nonembedding_params=s.get("nonembedding_params"),
+        seed=_seed(s, run), total_params=s.get("total_params"), nonembedding_params=s.get("nonembedding_params"),
         block_params=block_params(model, s.get("total_params"), s.get("nonembedding_params")),
         tokens=s.get("tokens"), flops=s.get("flops"), final_train_loss=s.get("final_train_loss"),
         final_val_loss=s.get("final_val_loss"), wall_time_s=s.get("wall_time_s"), world_size=s.get("world_size"),
@@ -87,7 +86,7 @@ def read_run(run_dir: Path) -> RunRecord:
 
 def run_dirs(root: Path) -> list[Path]:
     """Directories holding a run: a summary.json, a metrics.jsonl or a checkpoints/ folder."""
-    marks = ("summary.json", "metrics.jsonl", "checkpoints")
+    marks = (SUMMARY_FILE, METRICS_FILE, "checkpoints")
     found = {p.parent for m in marks for p in root.rglob(m) if "checkpoints" not in p.parent.parts}
     return sorted(found)
 

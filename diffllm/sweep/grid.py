@@ -3,7 +3,6 @@ directory each, and the Hydra multirun commands that run the pending ones (finis
 resume from their checkpoints because the run directory is the same)."""
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any
 
 from ..info import load_preset
 from ..model.accounting import model_stats
+from ..runs import Run as RunDir
 from ..scaling.planner import parse_count
 
 JOB_MODULE = "diffllm.sweep.job"
@@ -56,12 +56,11 @@ class Run:
     @property
     def status(self) -> str:
         """finished | unfinished (has started: resumes) | new."""
-        summary = self.run_dir / "summary.json"
-        if summary.exists():
-            try:
-                return "finished" if json.loads(summary.read_text()).get("status") == "finished" else "unfinished"
-            except json.JSONDecodeError:
-                return "unfinished"
+        try:
+            if RunDir(self.run_dir).is_finished():
+                return "finished"
+        except ValueError:  # a damaged summary.json: the trainer will say so when it resumes the run
+            return "unfinished"
         return "unfinished" if self.run_dir.exists() else "new"
 
 

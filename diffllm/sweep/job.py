@@ -4,7 +4,6 @@ each); the job skips a finished run and otherwise trains it in a child process (
 `torchrun` across the job's nodes/GPUs under SLURM), so a failing run cannot end the sweep and memory is returned."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from omegaconf import DictConfig
 
 from ..config import hydra_app
 from ..launch.commands import LaunchConfig, tool, torchrun_argv
+from ..runs import Run
 
 
 def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
@@ -32,8 +32,12 @@ def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
 @hydra_app("train")
 def _job(cfg: DictConfig) -> int:
     run_dir = Path(cfg.run_dir)
-    summary = run_dir / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("status") == "finished":
+    try:
+        finished = Run(run_dir).is_finished()
+    except ValueError as e:  # a damaged summary.json (or run_dir is a file): the trainer refuses it in one line too
+        print(f"[diffllm.sweep] {e}", file=sys.stderr, flush=True)
+        finished = False
+    if finished:
         print(f"[diffllm.sweep] {run_dir}: finished, skipped", flush=True)
         return 0
     overrides = list(HydraConfig.get().overrides.task)

@@ -1,6 +1,7 @@
 """Training: DeepSpeed ZeRO pretraining from Hydra configs, with exact and elastic resume and honest metrics.
 
-Entry points: `diffllm train` / `python -m diffllm.train` (app.py); the loop is diffllm.train.loop.Trainer."""
+Entry points: `diffllm train` / `python -m diffllm.train` (app.py); the loop is diffllm.train.loop.Trainer,
+its hooks diffllm.train.hooks."""
 import os
 
 # Before torch loads OpenMP: on a CPU shared with other jobs, OpenMP's default spin-waiting made a 2-thread training
@@ -8,6 +9,7 @@ import os
 # nothing measurable on an idle machine. An explicit OMP_WAIT_POLICY is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .config import Budget, LoggingConfig, OptimConfig, TrainerConfig, parse_tokens, plan_budget  # noqa: E402
+from .config import (Budget, LoggingConfig, OptimConfig, TrainConfig, TrainerConfig, parse_tokens,  # noqa: E402
+                     plan_budget)
 
-__all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainerConfig", "parse_tokens", "plan_budget"]
+__all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainConfig", "TrainerConfig", "parse_tokens", "plan_budget"]

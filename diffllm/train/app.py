@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from ..config import hydra_app
 from .dist import strip_local_rank
+from .config import TrainConfig
 from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, Trainer  # noqa: F401 - documented below
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
@@ -18,7 +19,7 @@ EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data stat
 @hydra_app("train")
 def _app(cfg: DictConfig) -> None:
     try:
-        code = Trainer(cfg).run()
+        code = Trainer(TrainConfig.from_hydra(cfg)).run()
     except ValueError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
         print(f"diffllm train: error: {e}", file=sys.stderr, flush=True)
         code = EXIT_BAD_INPUT

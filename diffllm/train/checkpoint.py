@@ -1,4 +1,5 @@
-"""Checkpoints in run_dir/checkpoints: DeepSpeed save/load, atomic publishing, keep-last-K, universal conversion.
+"""Saving checkpoints in run_dir/checkpoints: DeepSpeed save, atomic publishing, keep-last-K, universal conversion,
+RNG states.
 
 Layout: `step<N>/` (a DeepSpeed tag folder plus our `meta.json`), `latest` (the tag to resume from), and
 `step<N>_universal/` when a resume on a different world size converted one. A save goes to `tmp-step<N>/` first;
@@ -10,80 +11,26 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 
+from ..runs import Checkpoint, Run, write_atomic
 from .dist import barrier, rank
-
-TAG = re.compile(r"^step(\d+)$")
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Where a run continues from: `dir` holds the tag folder `tag`; `meta` is its meta.json."""
-
-    dir: Path
-    tag: str
-    meta: dict
-
-    @property
-    def step(self) -> int:
-        return int(self.meta["step"])
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_meta(tag_dir: Path) -> dict:
-    path = tag_dir / "meta.json"
-    if not path.is_file():
-        raise ValueError(f"{tag_dir}: not a diffllm checkpoint (no meta.json); pass a step<N> folder or a checkpoints folder")
-    return json.loads(path.read_text())
-
-
-def find_resume(path: Path) -> Optional[Resume]:
-    """`path` is a checkpoints folder (its `latest` is used) or one tag folder. None if the folder holds none."""
-    path = Path(path)
-    if (path / "meta.json").is_file():
-        return Resume(path.parent, path.name, read_meta(path))
-    latest = path / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text().strip()
-    if not (path / tag).is_dir():
-        raise ValueError(f"{latest}: points at {tag!r}, which does not exist in {path}")
-    return Resume(path, tag, read_meta(path / tag))
 
 
 class CheckpointManager:
+    """Saving side of run_dir/checkpoints; finding and reading checkpoints is diffllm.runs' (Run, Checkpoint)."""
+
     def __init__(self, run_dir: Path, keep_last: int):
-        self.dir = Path(run_dir) / "checkpoints"
+        self.run = Run(run_dir)
+        self.dir = self.run.checkpoints_dir
         self.keep_last = keep_last
-
-    def tags(self) -> list[tuple[int, str]]:
-        """Published checkpoints, oldest first."""
-        if not self.dir.is_dir():
-            return []
-        found = [(int(m.group(1)), p.name) for p in self.dir.iterdir() if p.is_dir() and (m := TAG.match(p.name))]
-        return sorted(found)
-
-    def latest(self) -> Optional[Resume]:
-        return find_resume(self.dir) if self.dir.is_dir() else None
 
     def remove_partial(self) -> None:
         """Rank 0, at start-up: folders of saves that were interrupted (never published) are deleted."""
@@ -108,14 +55,14 @@ class CheckpointManager:
 
     def prune(self, keep: str) -> None:
         """Delete all but the newest `keep_last` checkpoints (and their universal conversions); never `keep`."""
-        tags = [t for _, t in self.tags()]
+        tags = [f"step{s}" for s in self.run.steps()]
         for t in tags[: max(0, len(tags) - self.keep_last)]:
             if t != keep:
                 shutil.rmtree(self.dir / t, ignore_errors=True)
                 shutil.rmtree(self.dir / f"{t}_universal", ignore_errors=True)
 
     @staticmethod
-    def to_universal(res: Resume) -> str:
+    def to_universal(res: Checkpoint) -> str:
         """Collective. DeepSpeed's ds_to_universal on rank 0 (once; reused if present) -> the universal tag."""
         out = f"{res.tag}_universal"
         if rank() == 0 and not (res.dir / out).is_dir():
@@ -132,20 +79,6 @@ class CheckpointManager:
             write_atomic(res.dir / "latest_universal", out)  # DeepSpeed's convention; it wrote the tmp name
         barrier()
         return out
-
-
-def consolidated_model(tag_dir: Path):
-    """DecoderLM with the fp32 weights of a checkpoint, gathered from its ZeRO shards by DeepSpeed's zero_to_fp32
-    (any stage, any world size) and the model config recorded in its meta.json."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from ..model import DecoderLM, ModelConfig
-
-    tag_dir = Path(tag_dir)
-    model = DecoderLM(ModelConfig(**read_meta(tag_dir)["model"]))
-    state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
-    model.load_state_dict(state, strict=True)
-    return model
 
 
 def rng_state() -> dict:

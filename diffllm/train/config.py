@@ -4,7 +4,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..data import DataConfig
+    from ..model import ModelConfig
 
 Tokens = Union[int, str]  # 1000000, "20M", "10B", "1.5T"
 
@@ -16,6 +22,7 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 @dataclass
 class TrainerConfig:
     tokens: Tokens = 524288  # training budget; the run stops exactly here
+    round_tokens: bool = False  # round a budget that is not a whole number of steps up to one (with a note)
     global_batch_tokens: Tokens = 4096  # tokens per optimizer step, all ranks and micro-batches together
     micro_batch_size: int = 8  # sequences per rank per forward/backward
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
@@ -99,6 +106,7 @@ class LoggingConfig:
     name: Optional[str] = None  # None -> the run_dir's name
     tags: list = field(default_factory=list)
     peak_tflops: Optional[float] = None  # override the per-device dense bf16 peak used for MFU
+    online_timeout_s: float = 20.0  # W&B online start: give up and log offline after this long
 
     def validate(self) -> None:
         if self.wandb not in WANDB_MODES:
@@ -138,6 +146,15 @@ class Budget:
     world_size: int
     grad_accum: int
     steps: int
+    requested_tokens: Optional[int] = None  # trainer.tokens as asked, when trainer.round_tokens rounded it
+
+    @property
+    def note(self) -> Optional[str]:
+        """What rounding did to the budget, for the log (None when nothing was rounded)."""
+        if self.requested_tokens is None or self.requested_tokens == self.tokens:
+            return None
+        return (f"trainer.tokens={self.requested_tokens} rounded up to {self.tokens} = {self.steps} whole steps of "
+                f"{self.global_batch_tokens} tokens (trainer.round_tokens=true)")
 
     @property
     def sequences_per_step(self) -> int:
@@ -157,10 +174,45 @@ def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget
             f"world size = {trainer.micro_batch_size} x {seq_len} x {world_size} = {per_micro}; "
             f"use {lo} or {hi}, or change trainer.micro_batch_size"
         )
+    if tokens % batch and trainer.round_tokens:
+        rounded = -(-tokens // batch) * batch
+        return Budget(rounded, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro,
+                      rounded // batch, requested_tokens=tokens)
     if tokens % batch:
         lo, hi = max(1, tokens // batch) * batch, (tokens // batch + 1) * batch
         raise ValueError(
             f"trainer.tokens={tokens} is not a whole number of steps of trainer.global_batch_tokens={batch}; "
-            f"use {lo} or {hi} (the run stops exactly at the budget)"
+            f"use {lo} or {hi} (the run stops exactly at the budget), or trainer.round_tokens=true"
         )
     return Budget(tokens, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro, tokens // batch)
+
+
+@dataclass
+class TrainConfig:
+    """Everything `diffllm train` is given, typed: what the Trainer takes (build it from Hydra with from_hydra)."""
+
+    trainer: TrainerConfig
+    optim: OptimConfig
+    logging: LoggingConfig
+    model: "ModelConfig"
+    data: "DataConfig"
+    seed: int = 1234
+    run_dir: str = "runs/run"
+    resolved: dict = field(default_factory=dict)  # the whole resolved config, as saved in checkpoints and config.yaml
+
+    @classmethod
+    def from_hydra(cls, cfg: "DictConfig") -> "TrainConfig":
+        """Each group built and validated into its dataclass (a bad key or value is a one-line ValueError)."""
+        from omegaconf import OmegaConf
+
+        from ..config import build
+        from ..data import DataConfig
+        from ..model import ModelConfig
+
+        out = cls(trainer=build(TrainerConfig, cfg.trainer, "trainer"), optim=build(OptimConfig, cfg.optim, "optim"),
+                  logging=build(LoggingConfig, cfg.logging, "logging"), model=build(ModelConfig, cfg.model, "model"),
+                  data=build(DataConfig, cfg.data, "data"), seed=int(cfg.seed), run_dir=str(cfg.run_dir),
+                  resolved=OmegaConf.to_container(cfg, resolve=True))
+        for c in (out.trainer, out.optim, out.logging):
+            c.validate()
+        return out

@@ -1,4 +1,5 @@
-"""The training loop: steps to the token budget, validation, checkpoints, preemption and non-finite steps."""
+"""The training loop: steps to the token budget, one agreement per step, preemption and non-finite steps. Validation,
+checkpoint saving and metrics are hooks around it (hooks.py); where a run continues from is resume.py's."""
 from __future__ import annotations
 
 import math
@@ -10,21 +11,21 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 
-from ..config import build
-from ..model import ModelConfig
 from ..model.accounting import model_stats
-from .checkpoint import CheckpointManager, Resume, find_resume, rng_state, set_rng_state
-from .config import LoggingConfig, OptimConfig, TrainerConfig, plan_budget
+from ..runs import Checkpoint, Run
+from .checkpoint import CheckpointManager, rng_state, set_rng_state
+from .config import TrainConfig, plan_budget
 from .dist import all_gather_object, all_reduce_sum, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
-from .metrics import MetricsLog, device_name, finite_or_none, mfu, peak_tflops, progress_line
+from .hooks import MAIN_VAL, Checkpointing, Hook, MetricsLogger, Validation, lm_loss
+from .metrics import device_name, finite_or_none, peak_tflops
+from .resume import (check_finished_unchanged, check_model, check_same_tokenizer, changed_keys, needs_universal,
+                     resume_point, run_tokenizer_file)
 from .schedule import lr_at
 from .signals import StopFlag
-from .state import TrainState, move_aside, write_summary
-from .tracking import new_run_id, open_wandb
+from .state import TrainState
+from .tracking import new_run_id
 
 EXIT_FINISHED = 0
 EXIT_PREEMPTED = 3  # a stop signal arrived; the step finished and a checkpoint was saved: relaunch to continue
@@ -37,116 +38,130 @@ def say(msg: str, error: bool = False) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig):
-        from ..data import DataConfig
+    """`Trainer(TrainConfig.from_hydra(cfg), hooks=[...]).run()`. Built-in hooks: MetricsLogger, Validation,
+    Checkpointing (in that order); `hooks` are called after them."""
 
-        self.config = OmegaConf.to_container(cfg, resolve=True)
-        self.trainer = build(TrainerConfig, cfg.trainer, "trainer")
-        self.optim = build(OptimConfig, cfg.optim, "optim")
-        self.logging = build(LoggingConfig, cfg.logging, "logging")
-        self.model_cfg = build(ModelConfig, cfg.model, "model")
-        self.data_cfg = build(DataConfig, cfg.data, "data")
-        for c in (self.trainer, self.optim, self.logging):
-            c.validate()
+    say = staticmethod(say)
+
+    def __init__(self, cfg: TrainConfig, hooks: Optional[list[Hook]] = None):
+        self.cfg = cfg
+        self.config = cfg.resolved
+        self.trainer, self.optim, self.logging = cfg.trainer, cfg.optim, cfg.logging
+        self.model_cfg, self.data_cfg = cfg.model, cfg.data
         set_env_defaults()  # a plain single process is a world of one; checked here, before any heavy setup
         self.budget = plan_budget(self.trainer, self.data_cfg.seq_len, int(os.environ["WORLD_SIZE"]))
-        self.seed = int(cfg.seed)
+        self.seed = cfg.seed
         self.run_dir = Path(cfg.run_dir)
+        self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
+        if self.run_obj.dir != self.run_dir:
+            raise ValueError(f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
+                             f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?")
         self.state = TrainState()
         self.stop = StopFlag()
         self.saved_step = -1
+        self.save_due = False
+        self.already_finished = False
+        self.extra_hooks = list(hooks or [])
+        self.hooks: list[Hook] = []
+
+    @property
+    def failing(self) -> bool:
+        """Too many non-finite steps in a row: the loop stops after this step's hooks (no validation or save)."""
+        return self.state.nonfinite_in_a_row >= self.trainer.max_nonfinite_in_a_row
 
     # ----- setup -------------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        from ..data import build_train_loader, build_val_batches, ensure_tokenizer
+        from ..data import build_train_loader, build_val_batches
 
         self.t_launch = time.monotonic()
         self.device = init_distributed(self.trainer.dist_timeout_minutes)
         self.rank, self.ws = rank(), world_size()
-        if self.rank == 0:  # a tokenizer trained once, by one process
-            tok = ensure_tokenizer(self.data_cfg)
-        barrier()
-        if self.rank != 0:
-            tok = ensure_tokenizer(self.data_cfg)
+        resume = self.prepare_run_dir()
+        tok = self.tokenizer(resume)
         self.model_cfg.vocab_size = tok.vocab_size
         self.stats = model_stats(self.model_cfg, self.data_cfg.seq_len)
         self.precision = resolve_precision(self.trainer)
         self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last)
-        resume = self.prepare_run_dir()
         if resume is not None:
-            self.check_model(resume)
+            check_model(resume, self.model_cfg)
 
-        universal = resume is not None and self.needs_universal(resume)
+        universal = resume is not None and needs_universal(resume, self.ws, self.trainer.zero_stage)
         self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, universal)
         self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed)
         self.loader = build_train_loader(self.data_cfg, tok, self.rank, self.ws, self.budget.micro_batch_size)
-        self.val = build_val_batches(self.data_cfg, tok, self.trainer.val_batch_size or self.budget.micro_batch_size,
-                                     self.trainer.val_batches)
+        val = build_val_batches(self.data_cfg, tok, self.trainer.val_batch_size or self.budget.micro_batch_size,
+                                self.trainer.val_batches)
         client = self.load(resume, universal) if resume else None
         if client is None:
             self.state.wandb_id = all_gather_object(new_run_id())[0]
-        self.metrics = MetricsLog(self.run_dir)
-        if self.rank == 0:
-            dropped = self.metrics.truncate_after(self.state.step)
-            if dropped:
-                say(f"metrics.jsonl: dropped {dropped} records after step {self.state.step} (they are redone now)")
-            self.metrics.wandb = open_wandb(self.logging, self.run_dir, self.state.wandb_id, self.config)
+        if self.rank == 0 and not self.already_finished:  # a self-contained run directory: config and tokenizer
+            self.run_obj.write_tokenizer(tok.tk.to_str())
+            self.run_obj.write_config(self.config)
+        self.validation = Validation({MAIN_VAL: val}, self.trainer.val_every)
+        self.hooks = [MetricsLogger(), self.validation, Checkpointing(), *self.extra_hooks]
         self.peak = self.logging.peak_tflops or peak_tflops(device_name())
         self.last_save_t = time.monotonic()
 
-    def prepare_run_dir(self) -> Optional[Resume]:
-        """Rank 0 tidies run_dir (fresh start: old files moved aside; interrupted saves removed); then every rank
-        finds the checkpoint to resume from: trainer.resume = auto | none | <path>."""
-        mode = self.trainer.resume
+    def prepare_run_dir(self) -> Optional[Checkpoint]:
+        """Every rank finds the checkpoint to resume from (refusing what cannot be resumed); then rank 0 tidies
+        run_dir: interrupted saves removed, a fresh start's old files moved aside."""
+        mode, run = self.trainer.resume, self.run_obj
+        resume = resume_point(run, mode)
         if self.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.ckpt.remove_partial()
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"run_dir={self.run_dir}: cannot create it ({e.strerror})") from None
+            CheckpointManager(self.run_dir, self.trainer.keep_last).remove_partial()
             if mode == "none":
-                move_aside(self.run_dir, "trainer.resume=none")
-            elif mode == "auto" and self.ckpt.latest() is None:
-                move_aside(self.run_dir, "no checkpoint to resume from")
+                run.move_aside("trainer.resume=none")
+            elif mode == "auto" and resume is None:
+                run.move_aside("no checkpoint to resume from")
         barrier()
-        if mode == "none":
-            return None
-        if mode == "auto":
-            return self.ckpt.latest()
-        if not Path(mode).exists():
-            raise ValueError(f"trainer.resume={mode}: no such checkpoint (use auto, none or a checkpoint path)")
-        found = find_resume(Path(mode))
-        if found is None:
-            raise ValueError(f"trainer.resume={mode}: no `latest` file or meta.json there")
-        return found
+        return resume
 
-    def check_model(self, res: Resume) -> None:
-        """A checkpoint of another architecture is refused up front, naming the first differing key."""
-        saved, ours = res.meta.get("model", {}), asdict(self.model_cfg)
-        for key in sorted(set(saved) | set(ours)):
-            if key not in ("name", "attn_backend", "max_seq_len") and saved.get(key) != ours.get(key):
-                raise ValueError(f"model.{key}: the checkpoint {res.dir / res.tag} has {saved.get(key)!r}, this run "
-                                 f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
+    def tokenizer(self, resume: Optional[Checkpoint]):
+        """A resumed run keeps the tokenizer.json of its run directory (refusing another); a new run takes the
+        configured one (the default BPE: trained once, by rank 0, and cached)."""
+        from ..data import ensure_tokenizer, load_tokenizer
 
-    def needs_universal(self, res: Resume) -> bool:
-        """A different world size or ZeRO stage loads through DeepSpeed's universal checkpoint (a ZeRO-0 checkpoint
-        has no ZeRO shards to convert: it resumes only as it was saved)."""
-        saved = (res.meta["world_size"], res.meta["zero_stage"])
-        if saved == (self.ws, self.trainer.zero_stage):
-            return False
-        if saved[1] == 0:
-            raise ValueError(f"trainer.zero_stage: {res.dir / res.tag} was saved with ZeRO-0 on {saved[0]} rank(s), "
-                             f"which cannot be resharded; resume it with trainer.zero_stage=0 on {saved[0]} rank(s)")
-        return True
+        kept = run_tokenizer_file(self.run_obj, resume)
+        if kept is not None:
+            tok_cfg = self.data_cfg.tokenizer
+            saved = ((self.run_obj.config() or {}).get("data") or {}).get("tokenizer")
+            now = (self.config.get("data") or {}).get("tokenizer") or {}
+            changed = changed_keys(saved, now, ignore=("path",)) if saved else []
+            if changed:
+                raise ValueError(f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
+                                 f"a resumed run keeps its own {kept}: use another run_dir for a new tokenizer")
+            tok = load_tokenizer(str(kept), tok_cfg.eos_token)
+            check_same_tokenizer(tok, tok_cfg.path, load_tokenizer(tok_cfg.path, tok_cfg.eos_token)
+                                 if tok_cfg.path and Path(tok_cfg.path).resolve() != kept.resolve() else None)
+            return tok
+        if self.rank == 0:
+            tok = ensure_tokenizer(self.data_cfg)
+        barrier()
+        return tok if self.rank == 0 else ensure_tokenizer(self.data_cfg)
 
-    def load(self, res: Resume, universal: bool) -> dict:
+    def load(self, res: Checkpoint, universal: bool) -> dict:
         tag = CheckpointManager.to_universal(res) if universal else res.tag
-        path, client = self.engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
+        try:
+            path, client = self.engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
+        except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
+            raise ValueError(f"{res.dir / tag}: cannot load this checkpoint ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160] if str(e) else ''}); the checkpoint is damaged: resume an "
+                             f"earlier one with trainer.resume=<its step folder>") from None
         if path is None:
-            raise RuntimeError(f"DeepSpeed could not load {res.dir / tag}")
+            raise ValueError(f"{res.dir / tag}: DeepSpeed found no checkpoint files there; the checkpoint is damaged")
         saved = client["diffllm"]
         self.state = TrainState.from_dict(saved["train_state"])
+        if self.run_obj.is_finished() and self.state.step >= self.budget.steps:
+            check_finished_unchanged(self.run_obj, saved["config"], self.config)
+            self.already_finished = True
         self.warn_changes(saved["config"])
         self.loader.load_state_dict(saved["data"])  # raises, naming the problem, if it cannot resume exactly
         set_rng_state(saved["rng"], self.rank)
-        how = (f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.meta['zero_stage']} -> "
+        how = (f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.zero_stage} -> "
                f"{self.trainer.zero_stage})" if universal else "checkpoint")
         say(f"resumed from {how} {res.dir / tag}: step {self.state.step}, {self.state.tokens:,} tokens")
         return client
@@ -168,15 +183,13 @@ class Trainer:
             group["lr"] = lr
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
-            batch = next(self.loader).to(self.device)  # (B, T+1)
-            logits = self.engine(batch[:, :-1])  # (B, T, V)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            loss = lm_loss(self.engine, next(self.loader).to(self.device))  # batch (B, T+1)
             if step + 1 in self.trainer.inject_nan_at_steps and self.rank == 0:
                 loss = loss * float("nan")  # fault injection (trainer.inject_nan_at_steps): a real NaN, rank 0 only
             self.engine.backward(loss)  # DeepSpeed divides by grad_accum
             loss_sum += loss.detach()
             if micro == accum - 1:  # the update happens in the engine.step() below: agree first
-                mean_loss, stop, save_due = self.agree(loss_sum.item())
+                mean_loss, stop, self.save_due = self.agree(loss_sum.item())
                 plain_norm = self.plain_grad_norm()
                 self.optimizer.force_skip = not math.isfinite(mean_loss)
                 self.optimizer.skipped, ds_skipped = False, self.engine.skipped_steps
@@ -192,7 +205,7 @@ class Trainer:
         norm = plain_norm if norm is None else norm
         rec = {"step": s.step, "tokens": s.tokens, "loss": finite_or_none(mean_loss), "lr": lr,
                "grad_norm": None if norm is None or skipped else finite_or_none(float(norm)),
-               "step_time_s": time.perf_counter() - t0, "skipped": skipped, "save_due": save_due}
+               "step_time_s": time.perf_counter() - t0, "skipped": skipped}
         return rec, stop
 
     def plain_grad_norm(self) -> Optional[float]:
@@ -210,31 +223,6 @@ class Trainer:
         due = bool(minutes) and time.monotonic() - self.last_save_t >= 60 * minutes
         total, stop, save_due = all_reduce_sum([local_loss_sum, float(self.stop.received is not None), float(due)])
         return total / (self.budget.grad_accum * self.ws), stop > 0, save_due > 0
-
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean token loss over the held-out batches, split over ranks. Every rank runs the same number of forwards
-        (ZeRO-3 gathers parameters collectively), padding with a zero-weight batch where its share is short."""
-        self.engine.eval()
-        mine = self.val[self.rank::self.ws]
-        total, count = 0.0, 0
-        for i in range(math.ceil(len(self.val) / self.ws)):
-            batch = (mine[i] if i < len(mine) else self.val[0]).to(self.device)
-            logits = self.engine(batch[:, :-1])
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
-            if i < len(mine):
-                total, count = total + loss.item(), count + batch[:, 1:].numel()
-        self.engine.train()
-        total, count = all_reduce_sum([total, float(count)])
-        return total / count
-
-    def validate(self, write: bool = True) -> float:
-        val = self.evaluate()
-        self.state.last_val_loss = val
-        say(f"step {self.state.step}: val_loss {val:.4f}")
-        if write and self.rank == 0:
-            self.metrics.write({"step": self.state.step, "tokens": self.state.tokens, "val_loss": finite_or_none(val)})
-        return val
 
     # ----- checkpoints -------------------------------------------------------------------------------------------
     def client_state(self) -> dict:
@@ -257,6 +245,8 @@ class Trainer:
         tag = self.ckpt.save(self.engine, self.state.step, self.client_state(), meta)
         self.saved_step, self.last_save_t = self.state.step, time.monotonic()
         say(f"checkpoint: saved {self.ckpt.dir / tag} ({time.monotonic() - t0:.1f} s)")
+        for hook in self.hooks:
+            hook.on_save(self, tag)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.t_launch
@@ -266,68 +256,59 @@ class Trainer:
         self.setup()
         self.elapsed_before = self.state.elapsed_s
         self.saved_step = self.state.step if self.state.step else -1
-        b, s = self.budget, self.state
+        b = self.budget
         say(f"{self.model_cfg.name} ({self.model_cfg.arch}): {self.stats.total_params:,} params "
             f"({self.stats.nonembedding_params:,} non-embedding), {self.stats.flops_per_token:.3g} FLOPs/token")
         say(f"budget {b.tokens:,} tokens = {b.steps} steps x {b.global_batch_tokens:,} tokens "
             f"(micro-batch {b.micro_batch_size} x seq {b.seq_len} x grad-accum {b.grad_accum} x {self.ws} ranks); "
             f"ZeRO-{self.trainer.zero_stage}, {self.precision}, {device_name()}, run_dir {self.run_dir}")
+        if b.note:
+            say(f"note: {b.note}")
+        if b.steps <= self.optim.warmup_steps and self.optim.schedule != "constant":
+            say(f"warning: the run has {b.steps} steps and optim.warmup_steps={self.optim.warmup_steps}: the learning "
+                f"rate only warms up (to optim.lr at the last step) and never decays", error=True)
         self.stop.install()
         try:
             return self.loop()
         finally:
             self.stop.restore()
             self.loader.close()  # stops its DataLoader worker processes
-            if self.metrics.wandb is not None:
-                self.metrics.wandb.finish()
+            for hook in self.hooks:
+                hook.close(self)
 
     def loop(self) -> int:
         b, s, t = self.budget, self.state, self.trainer
         if s.step < b.steps and self.rank == 0:
-            (self.run_dir / "summary.json").unlink(missing_ok=True)  # stale until this run finishes
-        self.validate(write=s.step == 0)
-        window_t, window_steps = 0.0, 0
+            self.run_obj.summary_path().unlink(missing_ok=True)  # stale until this run finishes
+        for hook in self.hooks:
+            hook.on_start(self)
+        trained = False
         while s.step < b.steps:
             rec, stop = self.train_step()
-            window_t, window_steps = window_t + rec.pop("step_time_s"), window_steps + 1
-            save_due = rec.pop("save_due") or (t.save_every_steps and s.step % t.save_every_steps == 0)
-            if s.step % t.log_every == 0 or s.step == b.steps or rec["skipped"]:
-                self.log(rec, window_t, window_steps)
-                window_t, window_steps = 0.0, 0
-            if s.nonfinite_in_a_row >= t.max_nonfinite_in_a_row:
-                last = self.ckpt.latest()
+            trained = True
+            for hook in self.hooks:
+                hook.on_step_end(self, rec)
+            if self.failing:
+                last = self.run_obj.latest()
                 say(f"error: {s.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (step {s.step}); "
                     f"stopping (trainer.max_nonfinite_in_a_row={t.max_nonfinite_in_a_row}); the last checkpoint: "
-                    f"{last.dir / last.tag if last else 'none'} (exit code {EXIT_NONFINITE})", error=True)
+                    f"{last.path if last else 'none'} (exit code {EXIT_NONFINITE})", error=True)
                 return EXIT_NONFINITE
-            if t.val_every and s.step % t.val_every == 0 and s.step < b.steps:
-                self.validate()
             if stop and s.step < b.steps:
                 self.save()
                 say(f"stopped by {self.stop.received or 'a signal on another rank'} at step {s.step}; "
                     f"relaunch the same command to continue (exit code {EXIT_PREEMPTED})")
                 return EXIT_PREEMPTED
-            if save_due and s.step < b.steps:
-                self.save()
-        if window_steps == 0 and s.step == b.steps and self.saved_step == s.step:
+        if not trained and self.saved_step == s.step and (self.already_finished or s.step == b.steps):
             say(f"the run is already at its budget ({b.tokens:,} tokens): raise trainer.tokens to train on, or "
                 f"trainer.resume=none to start afresh")
+            if self.already_finished:
+                return EXIT_FINISHED  # its summary.json stays as it was written
         else:
-            self.validate()
+            self.validation.validate(self)
         self.save()
         self.finish()
         return EXIT_FINISHED
-
-    def log(self, rec: dict, window_t: float, window_steps: int) -> None:
-        tokens_per_s = window_steps * self.budget.global_batch_tokens / max(window_t, 1e-9)
-        rec.update(tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s / self.ws, self.stats.flops_per_token, self.peak),
-                   skipped_steps=self.state.skipped_steps)
-        if rec["loss"] is None:
-            rec["nonfinite"] = True
-        if self.rank == 0:
-            self.metrics.write(rec)
-            eta = (self.budget.steps - self.state.step) * window_t / max(window_steps, 1)
-            print(progress_line(rec, self.budget.steps, self.budget.tokens, eta), flush=True)
 
     def finish(self) -> None:
         """summary.json. wall_time_s adds up each launch's time until its last checkpoint: steps that a kill threw away
@@ -340,10 +321,12 @@ class Trainer:
             "global_batch_tokens": self.budget.global_batch_tokens, "final_train_loss": finite_or_none(s.last_loss),
             "final_val_loss": finite_or_none(s.last_val_loss), "wall_time_s": round(s.elapsed_s, 3),
             "world_size": self.ws, "zero_stage": self.trainer.zero_stage, "precision": self.precision,
-            "device": device_name(), "skipped_steps": s.skipped_steps, "status": "finished",
+            "device": device_name(), "skipped_steps": s.skipped_steps, "status": "finished", "seed": self.seed,
             "checkpoint": str(self.ckpt.dir / f"step{s.step}"), "run_dir": str(self.run_dir),
         }
         if self.rank == 0:
-            write_summary(self.run_dir, summary)
+            self.run_obj.write_summary(summary)
             say(f"finished: {s.tokens:,} tokens, final train loss {summary['final_train_loss']}, "
                 f"val loss {summary['final_val_loss']}, {summary['wall_time_s']:.0f} s -> {self.run_dir / 'summary.json'}")
+        for hook in self.hooks:
+            hook.on_finish(self, summary)

@@ -1,16 +1,8 @@
-"""The one dict a resume needs besides DeepSpeed's own files, and the run directory's bookkeeping around it."""
+"""The one dict a resume needs besides DeepSpeed's own files (the run directory itself is diffllm.runs')."""
 from __future__ import annotations
 
-import json
-import shutil
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Optional
-
-from .checkpoint import write_atomic
-
-RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "wandb")
 
 
 @dataclass
@@ -33,20 +25,3 @@ class TrainState:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":
         return cls(**d)
-
-
-def move_aside(run_dir: Path, why: str) -> Optional[Path]:
-    """Rank 0: a fresh start in a used run_dir moves the old run's files into run_dir/replaced-<time>/ (never deletes)."""
-    present = [run_dir / n for n in RUN_FILES if (run_dir / n).exists()]
-    if not present:
-        return None
-    dest = run_dir / time.strftime("replaced-%Y%m%d-%H%M%S")
-    dest.mkdir(parents=True, exist_ok=True)
-    for p in present:
-        shutil.move(str(p), str(dest / p.name))
-    print(f"[diffllm.train] {why}: moved the previous run's {', '.join(p.name for p in present)} to {dest}", flush=True)
-    return dest
-
-
-def write_summary(run_dir: Path, summary: dict) -> None:
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")

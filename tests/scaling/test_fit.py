@@ -3,6 +3,7 @@ the truth, the equal-loss ratios match their closed forms, and `scaling fit` run
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from diffllm.info import load_preset
 from diffllm.model.accounting import model_stats
 from diffllm.scaling.fit import (JointLaw, PowerLaw, bootstrap_power_law, fit_joint, fit_power_law, interval,
                                  ratio_at_equal_loss)
-from diffllm.scaling.report import ScalingConfig, fit_sweep, write_report
+from diffllm.scaling.report import ScalingConfig, fit_sweep, render, write_report
 from diffllm.sweep.collect import collect
 
 N = np.geomspace(1e5, 2e6, 6)
@@ -118,3 +119,29 @@ def test_interval_counts_never_as_infinite():
     iv = interval(0.5, [0.4, 0.5, 0.6] + [inf] * 7, 0.9)
     assert (iv.low, iv.high, iv.n_valid, iv.n_total) == (0.4, inf, 3, 10)
     assert str(iv) == "0.5 [0.4, inf] (finite in 3/10)"
+
+
+def test_exactly_determined_fit_says_so_and_gives_no_interval(tmp_path):
+    """Three sizes, one seed, for the three parameters of L(N): the fit passes through every point and its bootstrap
+    replicates all equal it (zero-width intervals that need not contain the estimate). `scaling fit` says the fit is
+    exactly determined and prints no interval for it or for the ratios drawn from it."""
+    t = JointLaw(1.5, 60.0, 0.35, 900.0, 0.4)
+    _synthetic_sweep(tmp_path / "sweep", {"transformer": t, "diff": t}, noise=0.0)
+    for arch in ("transformer", "diff"):  # keep sizes 1-3 with one seed: 3 points
+        shutil.rmtree(tmp_path / "sweep" / f"{arch}-micro-4")
+        shutil.rmtree(tmp_path / "sweep" / f"{arch}-micro-1" / "524288" / "seed1235")
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=40, joint="none")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    fits = {f.arch: f for f in result["power_law"]}
+    assert fits["transformer"].points == 3 and all(fits[a].alpha.exact for a in fits)
+    assert all(iv.exact for iv in result["ratios"].values())
+    md = render(result)
+    assert "| transformer | 3 | " in md and "(exactly determined: no interval)" in md
+    assert "L(N) for transformer: 3 points for 3 parameters: the fit is exactly determined" in md
+    table = [line for line in md.splitlines() if line.startswith("| transformer | 3 |")][0]
+    assert "[" not in table  # no interval printed
+    done = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/sweep",
+                           "reps=20", "joint=none", f"out={tmp_path}/out"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "warning: L(N) for diff: 3 points for 3 parameters: the fit is exactly determined" in done.stderr
+    assert json.loads((tmp_path / "out" / "fits.json").read_text())["power_law"][0]["alpha"]["exact"] is True

@@ -31,7 +31,8 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert os.listdir(tmp_path) == ["runs"]  # Hydra wrote nothing (no outputs/, no .hydra/)
     run = tmp_path / "runs" / "tiny"
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json",
+                                                     "tokenizer.json"]
     out = first.stdout
     assert "step 0: val_loss" in out and "step 4: val_loss" in out and "MFU n/a" in out and "ETA" in out
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

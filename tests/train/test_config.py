@@ -35,7 +35,7 @@ def test_budget_errors_name_the_keys_and_the_fix():
     assert msg.startswith("trainer.global_batch_tokens=3000") and "trainer.micro_batch_size" in msg
     assert "data.seq_len" in msg and "use 2560 or 3072" in msg
     t = TrainerConfig(tokens=10**6, global_batch_tokens=1024, micro_batch_size=4)
-    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000 is not a whole number.*use 999424 or 1000448"):
+    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000 is not a whole number.*1000448.*round_tokens"):
         plan_budget(t, 64, 2)
 
 
@@ -88,3 +88,13 @@ def test_shipped_configs_compose_and_their_budgets_divide():
         for ws in sizes:
             plan_budget(t, seq, ws)
     assert plan_budget(build(TrainerConfig, compose("train", ["trainer=paper-scaling"]).trainer, "t"), 2048, 8).steps == 40000
+
+
+def test_round_tokens_rounds_up_to_whole_steps_with_a_note():
+    t = TrainerConfig(tokens=10**6, global_batch_tokens=1024, micro_batch_size=4, round_tokens=True)
+    b = plan_budget(t, 64, 2)
+    assert (b.tokens, b.steps, b.requested_tokens) == (977 * 1024, 977, 10**6)
+    assert b.note == ("trainer.tokens=1000000 rounded up to 1000448 = 977 whole steps of 1024 tokens "
+                      "(trainer.round_tokens=true)")
+    assert plan_budget(TrainerConfig(tokens=2048, global_batch_tokens=1024, micro_batch_size=4, round_tokens=True),
+                       64, 2).note is None

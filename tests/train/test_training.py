@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffllm.train.checkpoint import consolidated_model, find_resume
+from diffllm.runs import Run, find_checkpoint
 from diffllm.train.metrics import read_metrics
 from tests.distributed import launch_train, run_train
 from tests.train.helpers import STEPS, comparable, tiny
@@ -40,7 +40,7 @@ def test_loss_falls_on_two_ranks(reference, stage):
     assert summary["status"] == "finished" and summary["world_size"] == 2 and summary["tokens"] == STEPS * 1024
     assert summary["final_val_loss"] == val[-1] and summary["final_train_loss"] == train[-1]
     assert summary["flops"] == summary["flops_per_token"] * summary["tokens"]
-    assert find_resume(run_dir / "checkpoints").step == STEPS
+    assert find_checkpoint(run_dir / "checkpoints").step == STEPS
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert kept == ["latest", "step12", "step16", "step8", "zero_to_fp32.py", "zero_to_torch.py"]  # keep_last=3
 
@@ -81,7 +81,7 @@ def test_sigterm_saves_exits_3_and_relaunch_continues(reference, tmp_path):
     assert run.wait(120) == [3, 3], run.output(0)
     out = run.output(0)
     assert "SIGTERM received" in out and "relaunch the same command to continue (exit code 3)" in out
-    stopped = find_resume(run_dir / "checkpoints").step
+    stopped = find_checkpoint(run_dir / "checkpoints").step
     assert 3 <= stopped < STEPS and max(m["step"] for m in read_metrics(run_dir)) == stopped
     run_train(args, 2, tmp_path / "logs2", env=env)
     assert comparable(read_metrics(run_dir)) == comparable(read_metrics(reference(1)))
@@ -115,7 +115,7 @@ def test_zero_to_fp32_round_trip_reproduces_the_trained_model(reference, tokeniz
     from diffllm.data import DataConfig, build_val_batches
 
     run_dir = reference(3)
-    model = consolidated_model(run_dir / "checkpoints" / f"step{STEPS}").eval()
+    _, model, _ = Run(run_dir / "checkpoints" / f"step{STEPS}").model(tokenizer=False)
     data = build(DataConfig, compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"]).data, "data")
     batches = build_val_batches(data, tokenizer, 4, 4)
     with torch.no_grad():
@@ -141,6 +141,6 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops(reference, tmp_path):
     assert recs[3]["loss"] is None and recs[3]["nonfinite"] and recs[3]["skipped"] and recs[3]["skipped_steps"] == 1
     assert all(math.isfinite(recs[s]["loss"]) and not recs[s]["skipped"] for s in (4, 5))
     assert recs[7]["skipped_steps"] == 3 and 8 not in recs
-    weights = {s: consolidated_model(run_dir / "checkpoints" / f"step{s}").state_dict() for s in (2, 3, 4)}
+    weights = {s: Run(run_dir).model(step=s, tokenizer=False)[1].state_dict() for s in (2, 3, 4)}
     assert all(torch.equal(weights[2][k], weights[3][k]) for k in weights[2])  # step 3 was skipped
     assert not all(torch.equal(weights[3][k], weights[4][k]) for k in weights[3])  # step 4 was not

@@ -1,0 +1,175 @@
+"""Hooks around the training loop (as OLMo-core's callbacks): validation, checkpoint saving and metrics live here,
+not inside the loop. A new concern (in-loop evaluation, a watchdog, a profiler) is one small class:
+
+    class Generations(Hook):
+        def on_validate(self, trainer, losses):
+            if trainer.rank == 0:
+                print(trainer.state.step, sample(trainer.engine.module))
+
+    Trainer(cfg, hooks=[Generations()]).run()   # runs after the built-in hooks, in list order
+
+Every rank calls every hook at the same points, so a hook may run collectives (forward passes under ZeRO-3, an
+all-reduce); work that only rank 0 must do checks `trainer.rank == 0`. A hook must not draw from the global RNGs
+(python, numpy, torch) during training: the checkpointed RNG states would then differ from an uninterrupted run's.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .dist import all_reduce_sum
+from .metrics import MetricsLog, finite_or_none, mfu, progress_line
+from .tracking import open_wandb
+
+if TYPE_CHECKING:
+    from .loop import Trainer
+
+MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
+
+
+def lm_loss(model, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of `model` on windows `batch` (B, T+1), in fp32: the one loss of training and
+    validation."""
+    logits = model(batch[:, :-1])  # (B, T, V)
+    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction=reduction)
+
+
+class Hook:
+    """Override what you need; every method is called on every rank."""
+
+    def on_start(self, trainer: "Trainer") -> None:
+        """After setup (and a resume), before the first step of this launch."""
+
+    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
+        """After each optimizer step. `record`: step, tokens, loss (mean over ranks and micro-batches; None if
+        non-finite), lr, grad_norm, skipped, step_time_s. Hooks may add keys before MetricsLogger writes it."""
+
+    def on_validate(self, trainer: "Trainer", losses: dict[str, float]) -> None:
+        """After a validation that is recorded: mean token loss per named held-out set."""
+
+    def on_save(self, trainer: "Trainer", tag: str) -> None:
+        """After a checkpoint `run_dir/checkpoints/<tag>` is published (every rank has written its part)."""
+
+    def on_finish(self, trainer: "Trainer", summary: dict) -> None:
+        """When the run reached its budget, after summary.json was written."""
+
+    def close(self, trainer: "Trainer") -> None:
+        """Always, at the end of the launch (finished, stopped or failed): release files, processes, connections."""
+
+
+def val_losses_record(step: int, tokens: int, losses: dict[str, float]) -> dict:
+    """The metrics.jsonl record of one validation: val_loss for the main set, val_loss/<name> for the others."""
+    rec = {"step": step, "tokens": tokens}
+    for name, loss in losses.items():
+        rec["val_loss" if name == MAIN_VAL else f"val_loss/{name}"] = finite_or_none(loss)
+    return rec
+
+
+class Validation(Hook):
+    """Held-out loss at the start (step 0 is recorded), every `every` steps, and at the end (Trainer.run calls
+    `validate`). `sets`: named lists of (B, T+1) batches; the main one is "val"."""
+
+    def __init__(self, sets: dict[str, list[torch.Tensor]], every: int):
+        self.sets, self.every = sets, every
+
+    def on_start(self, trainer: "Trainer") -> None:
+        if not trainer.already_finished:
+            self.validate(trainer, record=trainer.state.step == 0)
+
+    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
+        step = trainer.state.step
+        if self.every and step % self.every == 0 and step < trainer.budget.steps and not trainer.failing:
+            self.validate(trainer)
+
+    def validate(self, trainer: "Trainer", record: bool = True) -> dict[str, float]:
+        losses = {name: self.evaluate(trainer, batches) for name, batches in self.sets.items()}
+        main = losses.get(MAIN_VAL, next(iter(losses.values())))
+        trainer.state.last_val_loss = main
+        trainer.say(f"step {trainer.state.step}: val_loss {main:.4f}" + "".join(
+            f", {name} {v:.4f}" for name, v in losses.items() if name != MAIN_VAL))
+        if record:
+            for hook in trainer.hooks:
+                hook.on_validate(trainer, losses)
+        return losses
+
+    @torch.no_grad()
+    def evaluate(self, trainer: "Trainer", batches: list[torch.Tensor]) -> float:
+        """Mean token loss over `batches`, split over ranks. Every rank runs the same number of forwards (ZeRO-3
+        gathers parameters collectively), padding with a zero-weight batch where its share is short."""
+        engine, r, ws = trainer.engine, trainer.rank, trainer.ws
+        engine.eval()
+        mine = batches[r::ws]
+        total, count = 0.0, 0
+        for i in range(math.ceil(len(batches) / ws)):
+            batch = (mine[i] if i < len(mine) else batches[0]).to(trainer.device)
+            loss = lm_loss(engine, batch, reduction="sum")
+            if i < len(mine):
+                total, count = total + loss.item(), count + batch[:, 1:].numel()
+        engine.train()
+        total, count = all_reduce_sum([total, float(count)])
+        return total / count
+
+
+class Checkpointing(Hook):
+    """Saves every trainer.save_every_steps steps, and when save_every_minutes have passed on any rank (the loop
+    agrees on that in its one collective per step: trainer.save_due). The final and the preemption saves are the
+    loop's own."""
+
+    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
+        t, step = trainer.trainer, trainer.state.step
+        due = trainer.save_due or (t.save_every_steps and step % t.save_every_steps == 0)
+        if due and step < trainer.budget.steps and not trainer.failing:
+            trainer.save()
+
+
+class MetricsLogger(Hook):
+    """metrics.jsonl (and W&B) on rank 0, and the progress line: one record every log_every steps, at the last step
+    and at every skipped step, with throughput, MFU, wall-clock time, elapsed seconds and the mean loss over the
+    steps since the previous record (`loss` is the last step's)."""
+
+    def __init__(self) -> None:
+        self.log: Optional[MetricsLog] = None
+        self.window_t, self.window_losses = 0.0, []
+
+    def on_start(self, trainer: "Trainer") -> None:
+        if trainer.rank != 0 or trainer.already_finished:  # a finished run's files stay as they are
+            return
+        self.log = MetricsLog(trainer.run_dir)
+        dropped = self.log.truncate_after(trainer.state.step)
+        if dropped:
+            trainer.say(f"metrics.jsonl: dropped {dropped} records after step {trainer.state.step} "
+                        f"(they are redone now)")
+        self.log.wandb = open_wandb(trainer.logging, trainer.run_dir, trainer.state.wandb_id, trainer.config)
+
+    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
+        self.window_t += record.pop("step_time_s")
+        self.window_losses.append(record["loss"])
+        s, b = trainer.state, trainer.budget
+        if not (s.step % trainer.trainer.log_every == 0 or s.step == b.steps or record["skipped"]):
+            return
+        steps = len(self.window_losses)
+        finite = [x for x in self.window_losses if x is not None]
+        tokens_per_s = steps * b.global_batch_tokens / max(self.window_t, 1e-9)
+        record.update(loss_mean=sum(finite) / len(finite) if finite else None, tokens_per_s=tokens_per_s,
+                      mfu=mfu(tokens_per_s / trainer.ws, trainer.stats.flops_per_token, trainer.peak),
+                      skipped_steps=s.skipped_steps, time=round(time.time(), 3),
+                      elapsed_s=round(trainer.elapsed(), 3))
+        if record["loss"] is None:
+            record["nonfinite"] = True
+        if trainer.rank == 0:
+            self.log.write(record)
+            eta = (b.steps - s.step) * self.window_t / steps
+            print(progress_line(record, b.steps, b.tokens, eta), flush=True)
+        self.window_t, self.window_losses = 0.0, []
+
+    def on_validate(self, trainer: "Trainer", losses: dict[str, float]) -> None:
+        if trainer.rank == 0:
+            self.log.write(val_losses_record(trainer.state.step, trainer.state.tokens, losses))
+
+    def close(self, trainer: "Trainer") -> None:
+        if self.log is not None and self.log.wandb is not None:
+            self.log.wandb.finish()
