@@ -291,6 +291,10 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                     fail(prog, str(e))
                 try:
                     return task(cfg)
+                except ValueError as e:  # the command's own bad-input errors: one line naming the culprit, exit 2
+                    if user_full_error == "1":
+                        raise
+                    fail(prog, str(e))
                 finally:
                     os.environ["HYDRA_FULL_ERROR"] = "1"
 

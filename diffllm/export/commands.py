@@ -9,15 +9,11 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 
 
-def _fail(command: str, e: Exception) -> None:
-    print(f"diffllm {command}: error: {e}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
 def _required(cfg: DictConfig, key: str, command: str, example: str) -> str:
+    """hydra_app turns the ValueError into one line on stderr, exit code 2."""
     value = cfg.get(key)
     if value in (None, "", "???"):
-        _fail(command, ValueError(f"{key}= is required (e.g. diffllm {command} {example})"))
+        raise ValueError(f"{key}= is required (e.g. diffllm {command} {example})")
     return str(value)
 
 
@@ -27,10 +23,7 @@ def _export(cfg: DictConfig) -> None:
 
     example = "run=runs/diff-tiny out=hf/diff-tiny"
     run, out = _required(cfg, "run", "export", example), _required(cfg, "out", "export", example)
-    try:
-        done = export_run(run, out, step=cfg.step, format=str(cfg.format), dtype=str(cfg.dtype))
-    except ValueError as e:
-        _fail("export", e)
+    done = export_run(run, out, step=cfg.step, format=str(cfg.format), dtype=str(cfg.dtype))
     print(f"format               {done.format} ({done.hf_class}): {done.reason}")
     print(f"wrote                {done.out}")
     remote = ", trust_remote_code=True" if done.format == "remote" else ""
@@ -43,10 +36,7 @@ def _import(cfg: DictConfig) -> None:
 
     example = "hf/stablelm-3b-4e1t out=runs/stablelm-cont"
     src, out = _required(cfg, "src", "import", example), _required(cfg, "out", "import", example)
-    try:
-        mc, run_dir = import_hf(src, out)
-    except ValueError as e:
-        _fail("import", e)
+    mc, run_dir = import_hf(src, out)
     print(f"imported             {src} as {mc.arch} ({mc.norm}, {mc.n_layers} layers, d_model {mc.d_model})")
     print(f"wrote                {run_dir}/checkpoints/step0")
     print(f"continue with        diffllm train model.init_from={run_dir} ...")

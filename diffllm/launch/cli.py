@@ -164,7 +164,8 @@ def _has_cuda() -> bool:
 
 
 def main() -> None:
-    from ..scaling.planner import check_model_overrides
+    from ..config import fail
+    from ..model.presets import check_model_overrides
 
     argv = sys.argv[1:]
     # c10d's C++ retry warnings (with stack frames) would bury our one-line rendezvous errors: quiet them in this
@@ -178,5 +179,5 @@ def main() -> None:
         print(usage(), end="")
         code = 0
     except ValueError as e:
-        sys.exit(f"diffllm launch: {e}")
+        fail("diffllm launch", str(e))
     sys.exit(code)

@@ -69,5 +69,5 @@ def usage() -> str:
     return ("usage: diffllm launch [--option VALUE ...] [train overrides ...]\n\n"
             "Builds the command for torchrun, DeepSpeed's runner or SLURM and runs (or submits) it; every argument that\n"
             "is not an option is a `diffllm train` override, checked before anything starts. Exit codes: 0 finished,\n"
-            "1 bad input (one line), 3 stopped by a signal after the workers saved (relaunch to continue), else the\n"
+            "2 bad input (one line), 3 stopped by a signal after the workers saved (relaunch to continue), else the\n"
             "launcher's own.\n\noptions:\n" + "\n".join(rows) + "\n  -h, --help             this text\n\n" + EXAMPLES)

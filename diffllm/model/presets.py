@@ -8,7 +8,7 @@ import sys
 
 from omegaconf import OmegaConf
 
-from ..config import CONFIG_DIR, build, group_options, use_search_path
+from ..config import CONFIG_DIR, build, fail, group_options, use_search_path
 from .config import ModelConfig
 
 
@@ -49,4 +49,4 @@ def check_model_overrides(argv: list[str], command: str) -> None:
             try:
                 load_preset(arg.split("=", 1)[1])
             except ValueError as e:
-                sys.exit(f"{command}: {e}")
+                fail(command, str(e))

@@ -244,14 +244,11 @@ def main() -> None:
 
     @hydra_app("plan")
     def app(cfg) -> None:
-        try:
-            if cfg.get("gpus"):
-                print(gpu_table())
-                return
-            model = build(ModelConfig, cfg.model, "model")
-            keys = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("model", "gpus")}
-            print(render(make_plan(model, build(PlanConfig, keys, "plan"))))
-        except ValueError as e:
-            sys.exit(f"diffllm plan: {e}")
+        if cfg.get("gpus"):
+            print(gpu_table())
+            return
+        model = build(ModelConfig, cfg.model, "model")
+        keys = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("model", "gpus")}
+        print(render(make_plan(model, build(PlanConfig, keys, "plan"))))
 
     app()

@@ -239,12 +239,9 @@ def main() -> None:
 
     @hydra_app("scaling")
     def app(node) -> None:
-        try:
-            cfg = build(ScalingConfig, node, "scaling")
-            result = fit_sweep(cfg, collect(cfg.sweep_dir))
-            files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
-        except ValueError as e:
-            sys.exit(f"diffllm scaling fit: {e}")
+        cfg = build(ScalingConfig, node, "scaling")
+        result = fit_sweep(cfg, collect(cfg.sweep_dir))
+        files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
         for note in result.get("notes", []):
             if "exactly determined" in note:
                 print(f"diffllm scaling fit: warning: {note}", file=sys.stderr)

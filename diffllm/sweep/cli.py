@@ -47,11 +47,7 @@ def run_sweep(cfg: DictConfig) -> int:
 def main() -> None:
     @hydra_app("sweep")
     def app(cfg: DictConfig) -> None:
-        try:
-            code = run_sweep(cfg)
-        except ValueError as e:
-            sys.exit(f"diffllm sweep: {e}")
-        sys.exit(code)
+        sys.exit(run_sweep(cfg))
 
     app()
 
@@ -59,12 +55,8 @@ def main() -> None:
 def collect_main() -> None:
     @hydra_app("sweep")
     def app(cfg: DictConfig) -> None:
-        try:
-            records = collect(cfg.sweep_dir)
-            out = cfg.get("out") or cfg.sweep_dir
-            csv_path, md_path = write_tables(records, cfg.sweep_dir, out)
-        except ValueError as e:
-            sys.exit(f"diffllm sweep collect: {e}")
+        records = collect(cfg.sweep_dir)
+        csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir)
         print(Path(md_path).read_text(), end="")
         print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
 

@@ -237,4 +237,4 @@ def test_cli_dry_run_and_one_line_errors(tmp_path):
                       (["--dry-run", "model=nope"], "model=nope: unknown preset"),
                       (["--launcher", "mpi"], "no configs/launcher/mpi.yaml")]:
         bad = _cli(*args)
-        assert bad.returncode == 1 and msg in bad.stderr and bad.stderr.strip().count("\n") == 0, bad.stderr
+        assert bad.returncode == 2 and msg in bad.stderr and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -35,8 +35,8 @@ def launch(*args: str, log: Path) -> subprocess.Popen:
 def one_line_error(*args: str, timeout: float = 300) -> str:
     out = subprocess.run([sys.executable, "-m", "diffllm.cli", "launch", *args], capture_output=True, text=True,
                          cwd=REPO, env={**base_env(), **ENV}, timeout=timeout)
-    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("diffllm launch:")]
-    assert out.returncode == 1 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("diffllm launch: error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     return errors[0]
 
 
@@ -124,7 +124,7 @@ def test_rendezvous_port_in_use(tmp_path):
         port = busy.getsockname()[1]
         err = one_line_error("--nodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
                              "--node-rank", "0", "--rdzv-timeout-s", "5")
-    assert err == (f"diffllm launch: rendezvous port {port} on 127.0.0.1 is already in use (another run, or a "
+    assert err == (f"diffllm launch: error: rendezvous port {port} on 127.0.0.1 is already in use (another run, or a "
                    f"leftover process?): pick a free one with --master-port")
 
 
@@ -133,4 +133,4 @@ def test_unreachable_hostfile_host(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("no-such-host.invalid slots=1\n")
     err = one_line_error("--launcher", "deepspeed", "--hostfile", str(hosts), "--procs", "1", "model=diff-tiny")
-    assert err.startswith(f"diffllm launch: hostfile {hosts}: host 'no-such-host.invalid' is not reachable over ssh (")
+    assert err.startswith(f"diffllm launch: error: hostfile {hosts}: host 'no-such-host.invalid' is not reachable over ssh (")

@@ -123,10 +123,10 @@ def test_cli_dry_run_and_errors(tmp_path):
     assert "14 runs: 0 finished (skipped), 14 to run" in out.stdout and out.stdout.count("--multirun") == 3
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     missing = _cli("sweep", "collect", f"sweep_dir={tmp_path}/nope")
-    assert missing.returncode == 1 and missing.stderr.strip() == (
-        f"diffllm sweep collect: sweep_dir={tmp_path}/nope: no such directory")
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        f"diffllm sweep collect: error: sweep_dir={tmp_path}/nope: no such directory")
     bad = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true", "sweep.models=[diff-micro-9]")
-    assert bad.returncode == 1 and "model=diff-micro-9: unknown preset" in bad.stderr
+    assert bad.returncode == 2 and "model=diff-micro-9: unknown preset" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
 
 

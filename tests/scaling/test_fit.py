@@ -110,8 +110,8 @@ def test_scaling_fit_end_to_end(tmp_path):
 def test_scaling_fit_cli_missing_dir(tmp_path):
     out = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/nope"],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert out.stderr.strip() == f"diffllm scaling fit: sweep_dir={tmp_path}/nope: no such directory"
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"diffllm scaling fit: error: sweep_dir={tmp_path}/nope: no such directory"
 
 
 def test_interval_counts_never_as_infinite():

@@ -169,4 +169,4 @@ def test_cli_table_and_unknown_preset():
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "unknown model=nope" in bad.stderr
     neg = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True,
                          timeout=120)
-    assert neg.returncode == 1 and neg.stderr.strip() == "diffllm plan: tokens: must be positive, got '-5B'"
+    assert neg.returncode == 2 and neg.stderr.strip() == "diffllm plan: error: tokens: must be positive, got '-5B'"
