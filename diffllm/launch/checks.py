@@ -13,23 +13,15 @@ def check_train_overrides(overrides: list[str], world_size: int) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..config import build, compose
-    from ..data import DataConfig
-    from ..model.config import ModelConfig
-    from ..train.config import LoggingConfig, OptimConfig, TrainerConfig, plan_budget
+    from ..config import compose
+    from ..train.config import TrainConfig, plan_budget
 
     try:
         cfg = compose("train", overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
-    trainer = build(TrainerConfig, cfg.trainer, "trainer")
-    typed = [trainer, build(OptimConfig, cfg.optim, "optim"), build(LoggingConfig, cfg.logging, "logging")]
-    build(ModelConfig, cfg.model, "model")  # validates itself
-    data = build(DataConfig, cfg.data, "data")
-    for c in typed:
-        c.validate()
-    data.validate()
-    plan_budget(trainer, data.seq_len, world_size)
+    typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
+    plan_budget(typed.trainer, typed.data.seq_len, world_size)
 
 
 def _unknown_key(overrides: list[str]) -> str | None:

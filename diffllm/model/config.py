@@ -37,6 +37,7 @@ class ModelConfig:
     attn_backend: str = "sdpa"  # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
     lambda_init: Optional[float] = None  # Diff only: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # Diff only: init std of lambda_{q,k}{1,2}
+    init_from: Optional[str] = None  # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at step 0
 
     def __post_init__(self) -> None:
         self.validate()

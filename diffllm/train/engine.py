@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Optional
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -59,9 +60,10 @@ def apply_activation_checkpointing(model: DecoderLM) -> None:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
-def build_model(cfg: ModelConfig, ds_config: dict, seed: int) -> DecoderLM:
-    """DecoderLM initialised from `seed`. Under ZeRO-3 the parameters are created already partitioned
-    (deepspeed.zero.Init); the model's own init is then applied with the parameters gathered, from rank 0."""
+def build_model(cfg: ModelConfig, ds_config: dict, seed: int, weights: Optional[dict] = None) -> DecoderLM:
+    """DecoderLM initialised from `seed`, or holding `weights` (model.init_from). Under ZeRO-3 the parameters are
+    created already partitioned (deepspeed.zero.Init); the init (or the load) is then applied with the parameters
+    gathered, from rank 0."""
     import deepspeed
 
     torch.manual_seed(seed)
@@ -71,15 +73,18 @@ def build_model(cfg: ModelConfig, ds_config: dict, seed: int) -> DecoderLM:
     if stage3:  # zero.Init partitioned each submodule before DecoderLM.reset_parameters ran: redo it, gathered
         with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
             if rank() == 0:
-                model.reset_parameters()
+                model.reset_parameters() if weights is None else model.load_state_dict(weights, strict=True)
+    elif weights is not None:
+        model.load_state_dict(weights, strict=True)
     return model
 
 
-def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_config: dict, seed: int):
+def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_config: dict, seed: int,
+                 weights: Optional[dict] = None):
     """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it."""
     import deepspeed
 
-    model = build_model(cfg, ds_config, seed)
+    model = build_model(cfg, ds_config, seed, weights)
     if trainer.activation_checkpointing:
         apply_activation_checkpointing(model)
     if trainer.compile:

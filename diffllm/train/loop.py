@@ -6,14 +6,15 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from ..model import ModelConfig
 from ..model.accounting import model_stats
-from ..runs import Checkpoint, Run
+from ..runs import TOKENIZER_FILE, Checkpoint, Run
 from .checkpoint import CheckpointManager, rng_state, set_rng_state
 from .config import TrainConfig, plan_budget
 from .dist import all_gather_object, all_reduce_sum, barrier, init_distributed, rank, set_env_defaults, world_size
@@ -77,8 +78,14 @@ class Trainer:
         self.device = init_distributed(self.trainer.dist_timeout_minutes)
         self.rank, self.ws = rank(), world_size()
         resume = self.prepare_run_dir()
+        weights = self.init_from(resume)
         tok = self.tokenizer(resume)
-        self.model_cfg.vocab_size = tok.vocab_size
+        if self.model_cfg.init_from is None:
+            self.model_cfg.vocab_size = tok.vocab_size
+        elif tok.vocab_size > self.model_cfg.padded_vocab_size:
+            raise ValueError(f"model.init_from={self.model_cfg.init_from}: its embedding has "
+                             f"{self.model_cfg.padded_vocab_size} rows, the tokenizer {tok.vocab_size} tokens; use "
+                             f"its own tokenizer (data.tokenizer.path)")
         self.stats = model_stats(self.model_cfg, self.data_cfg.seq_len)
         self.precision = resolve_precision(self.trainer)
         self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last)
@@ -87,7 +94,8 @@ class Trainer:
 
         universal = resume is not None and needs_universal(resume, self.ws, self.trainer.zero_stage)
         self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, universal)
-        self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed)
+        self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed,
+                                                   weights)
         self.loader = build_train_loader(self.data_cfg, tok, self.rank, self.ws, self.budget.micro_batch_size)
         val = build_val_batches(self.data_cfg, tok, self.trainer.val_batch_size or self.budget.micro_batch_size,
                                 self.trainer.val_batches)
@@ -119,6 +127,31 @@ class Trainer:
                 run.move_aside("no checkpoint to resume from")
         barrier()
         return resume
+
+    def init_from(self, resume: Optional[Checkpoint]) -> Optional[dict]:
+        """model.init_from: the architecture (all but the runtime keys) is the pretrained model's; a new run also
+        takes its weights (returned) and, unless data.tokenizer.path is set, its tokenizer. A relaunch resumes its
+        own checkpoints as any run does."""
+        src = self.model_cfg.init_from
+        if not src:
+            return None
+        from ..export import load_pretrained
+        from .resume import RUNTIME_KEYS
+
+        runtime = {k: getattr(self.model_cfg, k) for k in RUNTIME_KEYS}
+        if resume is not None:
+            self.model_cfg = ModelConfig(**{**resume.meta["model"], **runtime})
+            return None
+        cfg, weights = load_pretrained(src)
+        self.model_cfg = replace(cfg, **runtime)
+        self.config["model"] = asdict(self.model_cfg)  # config.yaml and the checkpoints record what is trained
+        tok_file = Run(src).dir / TOKENIZER_FILE
+        if self.data_cfg.tokenizer.path is None and tok_file.is_file():
+            self.data_cfg.tokenizer.path = str(tok_file)
+            self.config["data"]["tokenizer"]["path"] = str(tok_file)
+        say(f"model.init_from={src}: {cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, vocab "
+            f"{cfg.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {self.data_cfg.tokenizer.path}")
+        return weights
 
     def tokenizer(self, resume: Optional[Checkpoint]):
         """A resumed run keeps the tokenizer.json of its run directory (refusing another); a new run takes the
@@ -253,6 +286,17 @@ class Trainer:
 
     # ----- the run -----------------------------------------------------------------------------------------------
     def run(self) -> int:
+        self.stop.install()  # from the start: a signal during setup (imports, engine, checkpoint load) is not lost;
+        try:  # the first step then finishes, saves and exits 3 like any other
+            return self._run()
+        finally:
+            self.stop.restore()
+            if getattr(self, "loader", None) is not None:
+                self.loader.close()  # stops its DataLoader worker processes
+            for hook in self.hooks:
+                hook.close(self)
+
+    def _run(self) -> int:
         self.setup()
         self.elapsed_before = self.state.elapsed_s
         self.saved_step = self.state.step if self.state.step else -1
@@ -267,14 +311,7 @@ class Trainer:
         if b.steps <= self.optim.warmup_steps and self.optim.schedule != "constant":
             say(f"warning: the run has {b.steps} steps and optim.warmup_steps={self.optim.warmup_steps}: the learning "
                 f"rate only warms up (to optim.lr at the last step) and never decays", error=True)
-        self.stop.install()
-        try:
-            return self.loop()
-        finally:
-            self.stop.restore()
-            self.loader.close()  # stops its DataLoader worker processes
-            for hook in self.hooks:
-                hook.close(self)
+        return self.loop()
 
     def loop(self) -> int:
         b, s, t = self.budget, self.state, self.trainer

@@ -45,11 +45,14 @@ def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
                      f"away first)")
 
 
+RUNTIME_KEYS = ("name", "attn_backend", "max_seq_len", "init_from")  # model keys that are not the architecture
+
+
 def check_model(ckpt: Checkpoint, model_cfg) -> None:
     """A checkpoint of another architecture is refused up front, naming the first differing key."""
     saved, ours = ckpt.meta.get("model", {}), asdict(model_cfg)
     for key in sorted(set(saved) | set(ours)):
-        if key not in ("name", "attn_backend", "max_seq_len") and saved.get(key) != ours.get(key):
+        if key not in RUNTIME_KEYS and saved.get(key) != ours.get(key):
             raise ValueError(f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
                              f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
 

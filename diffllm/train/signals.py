@@ -28,7 +28,11 @@ class StopFlag:
         name = signal.Signals(signum).name
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the save
-        self.received = self.received or name
+        if self.received is not None:
+            return  # said once: SLURM and torchrun may deliver the same stop more than once
+        self.received = name
+        if os.environ.get("RANK", "0") != "0":
+            return  # rank 0 speaks for the job
         # os.write, not print: a handler may interrupt a print, and print is not reentrant
         try:
             os.write(2, f"\n[diffllm.train] {name} received: finishing this step, saving a checkpoint, then exiting\n".encode())
