@@ -73,6 +73,7 @@ class DataConfig:
     val: List[Any] = field(default_factory=list)  # held-out SourceConfig nodes, read once in order
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     num_workers: int = 1  # DataLoader worker processes per rank (0 = tokenize in the training process)
+    worker_timeout_s: float = 600.0  # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
     num_streams: Optional[int] = None  # independent packed streams; null -> world_size * max(1, num_workers)
     shuffle_files: bool = True  # reshuffle each stream's file order every epoch (seeded)
     epochs: Optional[int] = None  # null = loop forever (training); N = stop after N passes
@@ -111,6 +112,8 @@ class DataConfig:
             raise DataError(f"data.seq_len: must be >= 1, got {self.seq_len}")
         if self.num_workers < 0:
             raise DataError(f"data.num_workers: must be >= 0, got {self.num_workers}")
+        if self.worker_timeout_s < 0:
+            raise DataError(f"data.worker_timeout_s: must be >= 0 (0 = wait forever), got {self.worker_timeout_s}")
         if self.num_streams is not None and self.num_streams < 1:
             raise DataError(f"data.num_streams: must be >= 1 or null, got {self.num_streams}")
         names = [s.name for s in self.sources + self.val]

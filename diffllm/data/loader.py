@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import signal
 import weakref
 from typing import Iterator, Optional
 
@@ -17,7 +16,8 @@ import numpy as np
 import torch
 
 from .config import DataConfig, DataError
-from .sources import Source, preload, resolve
+from . import workers
+from .sources import Source, resolve
 from .stream import Stream, data_fingerprint
 from .tokenizer import Tokenizer, say
 
@@ -38,13 +38,6 @@ _LIVE: "weakref.WeakSet[TrainLoader]" = weakref.WeakSet()
 def _close_live_loaders() -> None:
     for loader in list(_LIVE):
         loader.close()
-
-
-def _ignore_stop_signals(_: int) -> None:
-    """Workers leave SIGTERM/SIGINT to the training process (which saves, then exits and takes them along), so a
-    signal sent to the whole process group cannot kill them under a trainer that is still finishing its step."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _Slots(torch.utils.data.IterableDataset):
@@ -115,7 +108,15 @@ class TrainLoader:
     def __next__(self) -> torch.Tensor:
         if self._it is None:
             self._it = self._start()
-        g, batch, update = next(self._it)
+        try:
+            g, batch, update = next(self._it)
+        except RuntimeError as e:
+            if "timed out" not in str(e):
+                raise
+            self.close()
+            raise DataError(f"data: no batch from this rank's DataLoader workers (rank {self.rank}) within "
+                            f"{self.cfg.worker_timeout_s:g} s (data.worker_timeout_s): a worker is stuck (a hung file "
+                            "system read?) or far too slow") from None
         if g == "error":
             self.close()
             raise DataError(batch)
@@ -131,16 +132,17 @@ class TrainLoader:
         ds = _Slots(self, order)
         if self.cfg.num_workers == 0:
             return iter(ds)
-        preload()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
-        return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4,
-                                                worker_init_fn=_ignore_stop_signals))
+        return iter(torch.utils.data.DataLoader(
+            ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.ignore_stop_signals,
+            multiprocessing_context=workers.context(), timeout=self.cfg.worker_timeout_s))
 
     def close(self) -> None:
         """Stop the worker processes (also done at garbage collection and at interpreter exit)."""
         it, self._it = self._it, None
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
+            workers.stop(it._workers)
 
     # state
     def state_dict(self) -> dict:

@@ -156,11 +156,6 @@ def _load_hub(cfg: SourceConfig):
     return load_dataset(cfg.paths[0], cfg.hub_config, split=cfg.split, revision=cfg.revision, streaming=True)
 
 
-def preload() -> None:
-    """Import HF datasets (about 2 s) in the parent, so that forked worker processes start with it loaded."""
-    import datasets  # noqa: F401
-
-
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
