@@ -41,7 +41,8 @@ def _close_live_loaders() -> None:
 
 
 class _Slots(torch.utils.data.IterableDataset):
-    """What worker w runs: slot `slots[w]`, its streams round-robin, yielding (slot, batch, update) tuples.
+    """What worker w runs: slot `slots[w]`, its streams round-robin, yielding (slot, batch, update) tuples, the batch
+    a numpy array (micro_batch_size, seq_len + 1) int32, sent by value (see workers.as_is).
     Errors travel as ("error", message) so the training process re-raises them as one-line DataErrors."""
 
     def __init__(self, loader: "TrainLoader", slots: list[int]):
@@ -65,7 +66,7 @@ class _Slots(torch.utils.data.IterableDataset):
                 except StopIteration:  # finite epochs only: the last partial micro-batch is dropped
                     return
                 turn = (turn + 1) % len(streams)
-                yield g, torch.from_numpy(batch).long(), {"stream": stream.index, "state": stream.state(), "turn": turn}
+                yield g, batch, {"stream": stream.index, "state": stream.state(), "turn": turn}
         except DataError as e:
             yield "error", str(e), None
 
@@ -124,7 +125,7 @@ class TrainLoader:
         self.turns[g] = update["turn"]
         self.next_worker = (g - self.rank * self.workers + 1) % self.workers
         self.batches += 1
-        return batch
+        return torch.from_numpy(batch).long()
 
     def _start(self) -> Iterator:
         mine = self.slots()
@@ -135,7 +136,7 @@ class TrainLoader:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
         return iter(torch.utils.data.DataLoader(
             ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.ignore_stop_signals,
-            multiprocessing_context=workers.context(), timeout=self.cfg.worker_timeout_s))
+            collate_fn=workers.as_is, multiprocessing_context=workers.context(), timeout=self.cfg.worker_timeout_s))
 
     def close(self) -> None:
         """Stop the worker processes (also done at garbage collection and at interpreter exit)."""

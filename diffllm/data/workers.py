@@ -39,6 +39,14 @@ def context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+def as_is(item: object) -> object:
+    """DataLoader collate_fn: pass what a worker yields unchanged (numpy batches stay numpy). Torch tensors from a
+    worker travel as shared-memory file descriptors that the receiver must fetch from the worker itself, so a stuck
+    worker would hang the training process inside that fetch, where no timeout reaches; numpy arrays are pickled by
+    value through the queue (a few KB per micro-batch) and the DataLoader timeout holds."""
+    return item
+
+
 def stop(workers: list) -> None:
     """SIGKILL the workers that are still alive after DataLoader's own shutdown (which sends SIGTERM, ignored here):
     a worker blocked in a read that never returns must not outlive its loader."""
