@@ -168,10 +168,16 @@ def _shard_path(folder: Path, i: int, ext: str) -> Path:
     return Path(folder) / f"shard-{i:05d}.{ext}"
 
 
+def hub_args(cfg: SourceConfig) -> tuple[tuple, dict]:
+    """What datasets.load_dataset receives for a hub source: (args, kwargs); always streamed, never downloaded whole."""
+    return (cfg.paths[0], cfg.hub_config), {"split": cfg.split, "revision": cfg.revision, "streaming": True}
+
+
 def _load_hub(cfg: SourceConfig):
     from datasets import load_dataset
 
-    return load_dataset(cfg.paths[0], cfg.hub_config, split=cfg.split, revision=cfg.revision, streaming=True)
+    args, kwargs = hub_args(cfg)
+    return load_dataset(*args, **kwargs)
 
 
 def _one_line(e: BaseException) -> str:
