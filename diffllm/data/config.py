@@ -71,8 +71,10 @@ class DataConfig:
     seed: int = 1234  # file order per epoch and mixture draws
     sources: List[Any] = field(default_factory=list)  # SourceConfig nodes
     val: List[Any] = field(default_factory=list)  # held-out SourceConfig nodes, read once in order
+    val_fraction: float = 0.0  # with val empty: hold out this share of the training documents (by a hash of each) for validation
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     num_workers: int = 1  # DataLoader worker processes per rank (0 = tokenize in the training process)
+    worker_timeout_s: float = 600.0  # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
     num_streams: Optional[int] = None  # independent packed streams; null -> world_size * max(1, num_workers)
     shuffle_files: bool = True  # reshuffle each stream's file order every epoch (seeded)
     epochs: Optional[int] = None  # null = loop forever (training); N = stop after N passes
@@ -106,11 +108,23 @@ class DataConfig:
             src.name = first if src.format == "hub" else Path(first.replace("*", "all")).stem
         return src
 
+    @property
+    def holds_out(self) -> bool:
+        """Validation is a hashed share of the training documents (data.val_fraction), which training then skips."""
+        return self.val_fraction > 0 and not self.val
+
     def validate(self) -> None:
         if self.seq_len < 1:
             raise DataError(f"data.seq_len: must be >= 1, got {self.seq_len}")
         if self.num_workers < 0:
             raise DataError(f"data.num_workers: must be >= 0, got {self.num_workers}")
+        if not 0 <= self.val_fraction < 1:
+            raise DataError(f"data.val_fraction: must be in [0, 1), got {self.val_fraction}")
+        if self.val_fraction and self.val:
+            raise DataError(f"data.val_fraction={self.val_fraction} holds out training documents only when data.val is "
+                            "empty; set data.val=[] to use it, or data.val_fraction=0 to keep the configured data.val")
+        if self.worker_timeout_s < 0:
+            raise DataError(f"data.worker_timeout_s: must be >= 0 (0 = wait forever), got {self.worker_timeout_s}")
         if self.num_streams is not None and self.num_streams < 1:
             raise DataError(f"data.num_streams: must be >= 1 or null, got {self.num_streams}")
         names = [s.name for s in self.sources + self.val]

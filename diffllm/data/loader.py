@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import signal
 import weakref
 from typing import Iterator, Optional
 
@@ -17,7 +16,8 @@ import numpy as np
 import torch
 
 from .config import DataConfig, DataError
-from .sources import Source, preload, resolve
+from . import workers
+from .sources import Source, resolve
 from .stream import Stream, data_fingerprint
 from .tokenizer import Tokenizer, say
 
@@ -25,9 +25,12 @@ STATE_VERSION = 1
 
 
 def resolve_sources(cfg: DataConfig, val: bool = False) -> list[Source]:
-    nodes, key = (cfg.val, "data.val") if val else (cfg.sources, "data.sources")
+    """The training sources, or the held-out ones (val=True): data.val, or with data.val_fraction the training
+    sources themselves (whose streams then read only their held-out documents)."""
+    nodes, key = (cfg.val, "data.val") if val and not cfg.holds_out else (cfg.sources, "data.sources")
     if not nodes:
-        raise DataError(f"{key}: empty; configure at least one {'held-out' if val else 'training'} source")
+        hint = "held-out source, or set data.val_fraction (e.g. 0.01)" if val else "training source"
+        raise DataError(f"{key}: empty; configure at least one {hint}")
     return [resolve(s, f"{key}[{i}]", cfg.prepared_dir) for i, s in enumerate(nodes)]
 
 
@@ -40,15 +43,9 @@ def _close_live_loaders() -> None:
         loader.close()
 
 
-def _ignore_stop_signals(_: int) -> None:
-    """Workers leave SIGTERM/SIGINT to the training process (which saves, then exits and takes them along), so a
-    signal sent to the whole process group cannot kill them under a trainer that is still finishing its step."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 class _Slots(torch.utils.data.IterableDataset):
-    """What worker w runs: slot `slots[w]`, its streams round-robin, yielding (slot, batch, update) tuples.
+    """What worker w runs: slot `slots[w]`, its streams round-robin, yielding (slot, batch, update) tuples, the batch
+    a numpy array (micro_batch_size, seq_len + 1) int32, sent by value (see workers.as_is).
     Errors travel as ("error", message) so the training process re-raises them as one-line DataErrors."""
 
     def __init__(self, loader: "TrainLoader", slots: list[int]):
@@ -72,7 +69,7 @@ class _Slots(torch.utils.data.IterableDataset):
                 except StopIteration:  # finite epochs only: the last partial micro-batch is dropped
                     return
                 turn = (turn + 1) % len(streams)
-                yield g, torch.from_numpy(batch).long(), {"stream": stream.index, "state": stream.state(), "turn": turn}
+                yield g, batch, {"stream": stream.index, "state": stream.state(), "turn": turn}
         except DataError as e:
             yield "error", str(e), None
 
@@ -87,7 +84,7 @@ class TrainLoader:
             raise DataError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.cfg, self.tok, self.rank, self.world_size, self.micro_batch_size = cfg, tok, rank, world_size, micro_batch_size
         self.sources = resolve_sources(cfg)
-        self.fingerprint = data_fingerprint(self.sources, tok)
+        self.fingerprint = data_fingerprint(self.sources, tok, f"val_fraction={cfg.val_fraction}" if cfg.holds_out else "")
         self.workers = max(1, cfg.num_workers)
         self.n_slots = world_size * self.workers
         self.n_streams = cfg.num_streams or self.n_slots
@@ -115,7 +112,15 @@ class TrainLoader:
     def __next__(self) -> torch.Tensor:
         if self._it is None:
             self._it = self._start()
-        g, batch, update = next(self._it)
+        try:
+            g, batch, update = next(self._it)
+        except RuntimeError as e:
+            if "timed out" not in str(e):
+                raise
+            self.close()
+            raise DataError(f"data: no batch from this rank's DataLoader workers (rank {self.rank}) within "
+                            f"{self.cfg.worker_timeout_s:g} s (data.worker_timeout_s): a worker is stuck (a hung file "
+                            "system read?) or far too slow") from None
         if g == "error":
             self.close()
             raise DataError(batch)
@@ -123,7 +128,7 @@ class TrainLoader:
         self.turns[g] = update["turn"]
         self.next_worker = (g - self.rank * self.workers + 1) % self.workers
         self.batches += 1
-        return batch
+        return torch.from_numpy(batch).long()
 
     def _start(self) -> Iterator:
         mine = self.slots()
@@ -131,16 +136,17 @@ class TrainLoader:
         ds = _Slots(self, order)
         if self.cfg.num_workers == 0:
             return iter(ds)
-        preload()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
-        return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.workers, prefetch_factor=4,
-                                                worker_init_fn=_ignore_stop_signals))
+        return iter(torch.utils.data.DataLoader(
+            ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.ignore_stop_signals,
+            collate_fn=workers.as_is, multiprocessing_context=workers.context(), timeout=self.cfg.worker_timeout_s))
 
     def close(self) -> None:
         """Stop the worker processes (also done at garbage collection and at interpreter exit)."""
         it, self._it = self._it, None
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
+            workers.stop(it._workers)
 
     # state
     def state_dict(self) -> dict:
@@ -223,16 +229,36 @@ def build_train_loader(cfg: DataConfig, tok: Tokenizer, rank: int, world_size: i
 
 
 def build_val_batches(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> list[torch.Tensor]:
-    """The first max_batches batches (batch_size, seq_len + 1) of the held-out sources, read once in file order."""
+    """The first max_batches batches (batch_size, seq_len + 1) of the held-out sources, read once in file order
+    (several sources: one stream, each window drawn from a source by weight)."""
+    return _val_batches(resolve_sources(cfg, val=True), cfg, tok, batch_size, max_batches, "data.val")
+
+
+def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> dict[str, list[torch.Tensor]]:
+    """Per held-out source (by name, config order): its own first max_batches batches (batch_size, seq_len + 1),
+    read once in file order, so that a loss can be reported per source. With data.val_fraction the sources are the
+    training sources' held-out documents."""
+    return {src.name: _val_batches([src], cfg, tok, batch_size, max_batches, f"held-out source {src.name!r}")
+            for src in resolve_sources(cfg, val=True)}
+
+
+def _val_batches(sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int,
+                 what: str) -> list[torch.Tensor]:
     fixed = dataclasses.replace(cfg, seed=0)  # the held-out stream must not change with the training seed
-    stream = Stream(resolve_sources(cfg, val=True), tok, fixed, 0, 1, shuffle=False, epochs=1)
+    stream = Stream(sources, tok, fixed, 0, 1, shuffle=False, epochs=1, part="val")
     windows = []
     while len(windows) < batch_size * max_batches:
         try:
             windows.append(stream.next_window())
         except StopIteration:
             break
+        except DataError:
+            if cfg.holds_out and not windows:  # the epoch check: no held-out document at all
+                raise DataError(f"data.val_fraction={cfg.val_fraction}: {what} has no held-out document; raise "
+                                "data.val_fraction or configure data.val") from None
+            raise
     if len(windows) < batch_size:
-        raise DataError(f"data.val: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}")
+        raise DataError(f"{what}: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
+                        + ("; raise data.val_fraction" if cfg.holds_out else ""))
     n = len(windows) // batch_size
     return [torch.from_numpy(np.stack(windows[i * batch_size : (i + 1) * batch_size])).long() for i in range(n)]

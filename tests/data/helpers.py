@@ -49,9 +49,9 @@ def take(loader, n: int) -> list[torch.Tensor]:
     return [next(loader) for _ in range(n)]
 
 
-def drain(data: DataConfig, tok, stream: int, n_streams: int) -> np.ndarray:
+def drain(data: DataConfig, tok, stream: int, n_streams: int, part: str = "train") -> np.ndarray:
     """Every token stream `stream` yields in one epoch: its full windows, then the unpacked tail."""
-    s = Stream(resolve_sources(data), tok, data, stream, n_streams, epochs=1)
+    s = Stream(resolve_sources(data, val=part == "val"), tok, data, stream, n_streams, epochs=1, part=part)
     windows = []
     while True:
         try:

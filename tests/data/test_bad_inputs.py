@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -111,3 +112,22 @@ def test_config_errors_name_the_key(tmp_path, tok):
     (tmp_path / "y.csv").write_text("text\nabc\n")
     assert "cannot infer the format of" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "y.csv")}]), tok))
     assert "data.val: empty" in error_of(lambda: build_val_batches(cfg([{"path": str(path)}]), tok, 1, 1))
+
+
+@pytest.mark.parametrize("name", ["blob.txt", "blob.jsonl"])
+def test_binary_file_is_refused_up_front(tmp_path, tok, name):
+    """A file of random bytes is refused from its first 8 KiB when the loader is built, before any training."""
+    path = tmp_path / name
+    path.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)))
+    msg = error_of(lambda: build_train_loader(cfg([{"path": str(path)}]), tok, 0, 1, 1))
+    assert msg.startswith(f"{path}: not UTF-8 text (") and "in its first 8,192 bytes" in msg and "exclude" in msg
+
+
+def test_utf16_file_is_refused_and_latin1_accents_pass(tmp_path, tok):
+    text = "Ô rage ! ô désespoir ! ô vieillesse ennemie !\n" * 200
+    (tmp_path / "u16.txt").write_bytes(text.encode("utf-16"))
+    assert "NUL bytes in its first" in error_of(lambda: build_train_loader(cfg([{"path": str(tmp_path / "u16.txt")}]), tok, 0, 1, 1))
+    (tmp_path / "l1.txt").write_bytes(text.encode("latin-1"))  # 4 of 46 characters undecodable: read, and counted
+    loader = build_train_loader(cfg([{"path": str(tmp_path / "l1.txt"), "sample_by": "line"}]), tok, 0, 1, 1)
+    [next(loader) for _ in range(5)]
+    assert loader.state_dict()["consumed"]["l1"]["undecodable"] >= 4

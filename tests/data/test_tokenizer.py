@@ -68,3 +68,16 @@ def test_train_bpe_respects_special_tokens():
 
     tk = train_bpe(iter(["some text " * 50]), TokenizerConfig(vocab_size=270, special_tokens=["<pad>", "<|endoftext|>"]))
     assert tk.token_to_id("<|endoftext|>") == 0 and tk.token_to_id("<pad>") == 1
+
+
+def test_a_vocabulary_smaller_than_asked_is_explained(tmp_path, capfd):
+    """A tiny corpus runs out of pairs occurring min_frequency times long before 8192 tokens: say so, and why."""
+    corpus(tmp_path / "c", n_files=1, docs_per_file=20)
+    tok = ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 8192}))
+    err = capfd.readouterr().err
+    assert tok.vocab_size < 8192
+    assert (f"warning: the trained tokenizer has {tok.vocab_size} tokens, fewer than data.tokenizer.vocab_size=8192: "
+            "its ") in err and "min_frequency=2 times (the corpus is too small" in err
+    assert f"set data.tokenizer.vocab_size={tok.vocab_size}" in err
+    ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 300}))
+    assert "warning" not in capfd.readouterr().err  # a vocabulary that fills up says nothing

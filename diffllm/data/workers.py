@@ -1,0 +1,70 @@
+"""How DataLoader worker processes start and stop: forked from a forkserver (never from the threaded trainer), with
+SIGTERM/SIGINT left to the trainer, and killed outright if they do not leave when asked.
+
+Why not plain fork: by the time the first batch is asked for, the training process runs threads (gloo, DeepSpeed,
+W&B, tokenizer pools). os.fork() copies a process whose other threads may hold interpreter or library locks, and the
+child can deadlock before it runs a line (seen: a worker stuck in PyOS_AfterFork_Child, its rank waiting forever for
+a batch). A forkserver is a fresh single-threaded interpreter started once per training process (fork + exec); it
+imports the data stack once (this module is its preload), and every worker is forked from it, so a worker starts in
+milliseconds after the first and never inherits a thread. The forkserver leaves when the training process does (it
+reads EOF on its pipe), and its workers follow within a few seconds (DataLoader's parent watchdog)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+START_METHOD = "forkserver"
+_FORKSERVER_OF = "DIFFLLM_DATA_FORKSERVER_OF"  # pid of the training process whose forkserver may ignore SIGTERM
+
+
+def ignore_stop_signals(_: object = None) -> None:
+    """Leave SIGTERM/SIGINT to the training process (which saves, then exits and takes its workers along), so that a
+    signal sent to every process of a job (Slurm, Ctrl-C) cannot kill a worker under a trainer finishing its step."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for DataLoader workers: a forkserver that preloads the data stack."""
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context(START_METHOD)
+    ctx.set_forkserver_preload([__name__])
+    os.environ[_FORKSERVER_OF] = str(os.getpid())  # only the forkserver's environment keeps it
+    try:
+        forkserver.ensure_running()  # a no-op once started: one forkserver per training process
+    finally:
+        del os.environ[_FORKSERVER_OF]
+    return ctx
+
+
+def as_is(item: object) -> object:
+    """DataLoader collate_fn: pass what a worker yields unchanged (numpy batches stay numpy). Torch tensors from a
+    worker travel as shared-memory file descriptors that the receiver must fetch from the worker itself, so a stuck
+    worker would hang the training process inside that fetch, where no timeout reaches; numpy arrays are pickled by
+    value through the queue (a few KB per micro-batch) and the DataLoader timeout holds."""
+    return item
+
+
+def stop(workers: list) -> None:
+    """SIGKILL the workers that are still alive after DataLoader's own shutdown (which sends SIGTERM, ignored here):
+    a worker blocked in a read that never returns must not outlive its loader."""
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+            w.join(timeout=5)
+
+
+def _preload() -> None:
+    """Runs when the forkserver imports this module: load what every worker needs, and ignore stop signals there."""
+    import datasets  # noqa: F401 - about 2 s, paid once per training process instead of once per worker
+    import torch.utils.data  # noqa: F401
+
+    from . import loader  # noqa: F401
+
+    ignore_stop_signals()
+
+
+if os.environ.get(_FORKSERVER_OF) == str(os.getppid()):
+    _preload()  # only in the forkserver, whose environment alone has the variable, set to its parent's pid
