@@ -35,6 +35,7 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Exit codes: 0 finished (EXIT_FINISHED), 2 bad input, 3 stopped by SIGTERM/SIGINT/SIGUSR1 after saving a
-    checkpoint: relaunch to continue (EXIT_PREEMPTED), 4 too many non-finite steps in a row (EXIT_NONFINITE)."""
+    checkpoint: relaunch to continue (EXIT_PREEMPTED), 4 too many non-finite steps in a row (EXIT_NONFINITE), 5 no
+    progress for trainer.stall_timeout_s (EXIT_STALLED: the one-line error names the stalled phase; relaunch)."""
     sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()

@@ -41,8 +41,10 @@ class TrainerConfig:
     resume: str = "auto"  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
     max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) steps
     dist_timeout_minutes: float = 10.0  # a collective waiting longer than this ends the job
+    stall_timeout_s: float = 900.0  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
     deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
     inject_nan_at_steps: list = field(default_factory=list)  # fault injection: rank 0's loss becomes NaN there
+    inject_stall_at_steps: list = field(default_factory=list)  # fault injection: rank 0 hangs reading data there
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:

@@ -105,6 +105,7 @@ class Validation(Hook):
         mine = batches[r::ws]
         total, count = 0.0, 0
         for i in range(math.ceil(len(batches) / ws)):
+            trainer.watchdog.beat("validation")
             batch = (mine[i] if i < len(mine) else batches[0]).to(trainer.device)
             loss = lm_loss(engine, batch, reduction="sum")
             if i < len(mine):

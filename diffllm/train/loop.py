@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -27,10 +28,12 @@ from .schedule import lr_at
 from .signals import StopFlag
 from .state import TrainState
 from .tracking import new_run_id
+from .watchdog import STALL_EXIT_CODE, Watchdog
 
 EXIT_FINISHED = 0
 EXIT_PREEMPTED = 3  # a stop signal arrived; the step finished and a checkpoint was saved: relaunch to continue
 EXIT_NONFINITE = 4  # trainer.max_nonfinite_in_a_row consecutive steps had a non-finite loss or gradient
+EXIT_STALLED = STALL_EXIT_CODE  # 5: no progress for trainer.stall_timeout_s (the watchdog names the stalled phase)
 
 
 def say(msg: str, error: bool = False) -> None:
@@ -59,6 +62,7 @@ class Trainer:
                              f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?")
         self.state = TrainState()
         self.stop = StopFlag()
+        self.watchdog = Watchdog(cfg.trainer.stall_timeout_s, rank=int(os.environ.get("RANK", "0")))
         self.saved_step = -1
         self.save_due = False
         self.already_finished = False
@@ -72,7 +76,8 @@ class Trainer:
 
     # ----- setup -------------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        from ..data import build_train_loader, build_val_batches
+        from ..data import build_train_loader, build_val_batches, build_val_sets
+        from ..data.loader import resolve_sources
 
         self.t_launch = time.monotonic()
         self.device = init_distributed(self.trainer.dist_timeout_minutes)
@@ -97,15 +102,17 @@ class Trainer:
         self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed,
                                                    weights)
         self.loader = build_train_loader(self.data_cfg, tok, self.rank, self.ws, self.budget.micro_batch_size)
-        val = build_val_batches(self.data_cfg, tok, self.trainer.val_batch_size or self.budget.micro_batch_size,
-                                self.trainer.val_batches)
+        batch, n_val = self.trainer.val_batch_size or self.budget.micro_batch_size, self.trainer.val_batches
+        sets = {MAIN_VAL: build_val_batches(self.data_cfg, tok, batch, n_val)}
+        if len(resolve_sources(self.data_cfg, val=True)) > 1:  # several held-out sources: a loss for each as well
+            sets.update(build_val_sets(self.data_cfg, tok, batch, n_val))
         client = self.load(resume, universal) if resume else None
         if client is None:
             self.state.wandb_id = all_gather_object(new_run_id())[0]
         if self.rank == 0 and not self.already_finished:  # a self-contained run directory: config and tokenizer
             self.run_obj.write_tokenizer(tok.tk.to_str())
             self.run_obj.write_config(self.config)
-        self.validation = Validation({MAIN_VAL: val}, self.trainer.val_every)
+        self.validation = Validation(sets, self.trainer.val_every)
         self.hooks = [MetricsLogger(), self.validation, Checkpointing(), *self.extra_hooks]
         self.peak = self.logging.peak_tflops or peak_tflops(device_name())
         self.last_save_t = time.monotonic()
@@ -216,16 +223,23 @@ class Trainer:
             group["lr"] = lr
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
-            loss = lm_loss(self.engine, next(self.loader).to(self.device))  # batch (B, T+1)
+            self.watchdog.beat("data")
+            if step + 1 in self.trainer.inject_stall_at_steps and self.rank == 0:
+                threading.Event().wait()  # fault injection (trainer.inject_stall_at_steps): a read that never returns
+            batch = next(self.loader).to(self.device)  # (B, T+1)
+            self.watchdog.beat("forward/backward")
+            loss = lm_loss(self.engine, batch)
             if step + 1 in self.trainer.inject_nan_at_steps and self.rank == 0:
                 loss = loss * float("nan")  # fault injection (trainer.inject_nan_at_steps): a real NaN, rank 0 only
             self.engine.backward(loss)  # DeepSpeed divides by grad_accum
             loss_sum += loss.detach()
             if micro == accum - 1:  # the update happens in the engine.step() below: agree first
+                self.watchdog.beat("loss all-reduce")
                 mean_loss, stop, self.save_due = self.agree(loss_sum.item())
                 plain_norm = self.plain_grad_norm()
                 self.optimizer.force_skip = not math.isfinite(mean_loss)
                 self.optimizer.skipped, ds_skipped = False, self.engine.skipped_steps
+                self.watchdog.beat("optimizer step")
             self.engine.step()
         skipped = self.optimizer.skipped or self.engine.skipped_steps > ds_skipped  # ours, or DeepSpeed's own check
         self.optimizer.force_skip = False
@@ -272,6 +286,7 @@ class Trainer:
         if self.saved_step == self.state.step:
             return
         t0 = time.monotonic()
+        self.watchdog.beat("checkpoint save", allow_s=4 * self.trainer.stall_timeout_s)
         self.state.elapsed_s = self.elapsed()
         meta = {"step": self.state.step, "tokens": self.state.tokens, "world_size": self.ws,
                 "zero_stage": self.trainer.zero_stage, "saved_at": time.time(), "model": asdict(self.model_cfg)}
@@ -290,6 +305,7 @@ class Trainer:
         try:  # the first step then finishes, saves and exits 3 like any other
             return self._run()
         finally:
+            self.watchdog.stop()
             self.stop.restore()
             if getattr(self, "loader", None) is not None:
                 self.loader.close()  # stops its DataLoader worker processes
@@ -311,6 +327,7 @@ class Trainer:
         if b.steps <= self.optim.warmup_steps and self.optim.schedule != "constant":
             say(f"warning: the run has {b.steps} steps and optim.warmup_steps={self.optim.warmup_steps}: the learning "
                 f"rate only warms up (to optim.lr at the last step) and never decays", error=True)
+        self.watchdog.start()  # from here every phase of a step beats; a rank that stops making progress exits 5
         return self.loop()
 
     def loop(self) -> int:
