@@ -8,31 +8,21 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..config import build, hydra_app
-from .config import DataConfig, DataError
+from .config import DataConfig
 from .loader import resolve_sources
 from .prepare import prepare_source
 from .tokenizer import default_path, encode_throughput, ensure_tokenizer, train_and_save, train_sources, training_texts
 
 
-def _data(cfg: DictConfig) -> DataConfig:
-    try:
-        return build(DataConfig, cfg.data, "data")
-    except ValueError as e:
-        raise SystemExit(f"diffllm: {e}") from None
-
-
 @hydra_app("tokenizer")
 def train_main(cfg: DictConfig) -> None:
     """Train the byte-level BPE on data.sources, write tokenizer.json, report encode throughput."""
-    data = _data(cfg)
-    try:
-        sources = train_sources(data)
-        out = Path(cfg.out) if cfg.out else default_path(data, sources)
-        tok, chars, secs = train_and_save(data, sources, out)
-        sample_sources = resolve_sources(data, val=True) if data.val else sources
-        texts = list(islice(training_texts(sample_sources, int(cfg.bench_chars)), 100_000))
-    except DataError as e:
-        raise SystemExit(f"diffllm: {e}") from None
+    data = build(DataConfig, cfg.data, "data")  # a bad value or a DataError: one line, exit 2 (hydra_app)
+    sources = train_sources(data)
+    out = Path(cfg.out) if cfg.out else default_path(data, sources)
+    tok, chars, secs = train_and_save(data, sources, out)
+    sample_sources = resolve_sources(data, val=True) if data.val else sources
+    texts = list(islice(training_texts(sample_sources, int(cfg.bench_chars)), 100_000))
     n, t = encode_throughput(tok, texts)
     sample_chars = sum(map(len, texts))
     print(f"tokenizer            {out}")
@@ -47,22 +37,16 @@ def train_main(cfg: DictConfig) -> None:
 @hydra_app("data_prepare")
 def prepare_main(cfg: DictConfig) -> None:
     """Pre-tokenize every training (and held-out) source into out/<source>/ for data.prepared_dir=out."""
-    data = _data(cfg)
+    data = build(DataConfig, cfg.data, "data")
     if data.prepared_dir:
-        raise SystemExit("diffllm: data.prepared_dir is set; prepare reads the raw sources (unset it)")
-    try:
-        tok = ensure_tokenizer(data)
-        sources = resolve_sources(data) + (resolve_sources(data, val=True) if cfg.val and data.val else [])
-    except DataError as e:
-        raise SystemExit(f"diffllm: {e}") from None
+        raise ValueError("data.prepared_dir is set; prepare reads the raw sources (unset it)")
+    tok = ensure_tokenizer(data)
+    sources = resolve_sources(data) + (resolve_sources(data, val=True) if cfg.val and data.val else [])
     out = Path(cfg.out)
     print("| source | files | docs | empty | undecodable | tokens | seconds | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")
     for src in sources:
-        try:
-            m = prepare_source(src, tok, out, int(cfg.workers))
-        except DataError as e:
-            raise SystemExit(f"diffllm: {e}") from None
+        m = prepare_source(src, tok, out, int(cfg.workers))
         print(f"| {src.name} | {src.n_files} | {m['docs']:,} | {m['empty']:,} | {m['undecodable']:,} | {m['tokens']:,} | "
               f"{m['seconds']:.2f} | {m['tokens'] / max(m['seconds'], 1e-9):,.0f} |")
     print(f"train from it with   data.prepared_dir={out}")

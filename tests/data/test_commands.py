@@ -39,4 +39,5 @@ def test_tokenizer_train_then_prepare(tmp_path):
 def test_bad_source_is_one_line(tmp_path):
     out = subprocess.run(DIFFLLM + ["tokenizer", "train", f"data.sources=[{{path:'{tmp_path}/none/*.jsonl'}}]"],
                          capture_output=True, text=True, env={**os.environ, "DIFFLLM_CACHE": str(tmp_path)}, timeout=300)
-    assert out.returncode == 1 and out.stderr.strip() == f"diffllm: data.sources[0].path: {tmp_path}/none/*.jsonl: no files match"
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"diffllm tokenizer train: error: data.sources[0].path: {tmp_path}/none/*.jsonl: no files match")
