@@ -8,7 +8,7 @@ import json
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,10 @@ def parse_args(cls: type[T], argv: list[str], prefix: str) -> T:
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {near[0]}?" if near else f" (keys: {', '.join(names)})"
             raise EvalError(f"{prefix}.{key}: unknown key{hint}")
-        values[key] = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
+        value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
+        if typing.get_origin(hints[key]) in (list, List) and not isinstance(value, list) and value is not None:
+            value = [raw if typing.get_args(hints[key]) == (str,) else value]  # stop=. is stop=[.]
+        values[key] = value
     try:
         return build(cls, values, prefix)
     except ValueError as e:
