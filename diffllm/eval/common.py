@@ -109,21 +109,25 @@ def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tenso
     return -F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
 
 
+def padded(seqs: list[list[int]]) -> torch.Tensor:
+    """Right-padded (B, W) token tensor; a causal model's logits at a real position never see the padding."""
+    tokens = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        tokens[j, : len(s)] = torch.tensor(s)
+    return tokens
+
+
 @torch.inference_mode()
 def score_continuations(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], max_len: int,
                         batch_size: int = 16) -> list[tuple[float, bool]]:
     """(sum log p(continuation | context), continuation is the greedy choice) for each (context, continuation) pair.
-    The last `max_len` + 1 tokens are kept (the context is cut on the left); batches are right-padded, which a
-    causal model never sees. This is the one scorer of lm-eval's loglikelihood and of the needle task."""
+    The last `max_len` + 1 tokens are kept (the context is cut on the left). This is the scorer of lm-eval's
+    loglikelihood and the reference of our own multiple-choice scoring."""
     out: list[tuple[float, bool]] = []
     for i in range(0, len(pairs), batch_size):
         chunk = pairs[i : i + batch_size]
         seqs = [(ctx + cont)[-(max_len + 1):] for ctx, cont in chunk]
-        width = max(len(s) for s in seqs)
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-        for j, s in enumerate(seqs):
-            tokens[j, : len(s)] = torch.tensor(s)
-        logits = model(tokens[:, :-1]).float().log_softmax(-1)  # (B, W-1, V)
+        logits = model(padded(seqs)[:, :-1]).float().log_softmax(-1)  # (B, W-1, V)
         for j, ((_, cont), s) in enumerate(zip(chunk, seqs)):
             n = len(cont)
             rows = logits[j, len(s) - 1 - n : len(s) - 1]  # (n, V): the positions that predict the continuation
