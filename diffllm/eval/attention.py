@@ -98,3 +98,7 @@ def run_attention(c: AttentionConfig) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> None:
     cli("eval attention", AttentionConfig, run_attention, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -134,3 +134,7 @@ def run_generate(c: GenerateConfig) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> None:
     cli("generate", GenerateConfig, run_generate, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -242,3 +242,7 @@ def run_needle(c: NeedleConfig) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> None:
     cli("eval needle", NeedleConfig, run_needle, argv)
+
+
+if __name__ == "__main__":
+    main()

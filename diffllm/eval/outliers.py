@@ -156,3 +156,7 @@ def run_outliers(c: OutliersConfig) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> None:
     cli("eval outliers", OutliersConfig, run_outliers, argv)
+
+
+if __name__ == "__main__":
+    main()
