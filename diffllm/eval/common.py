@@ -97,6 +97,17 @@ def write_json(path: Path, obj: Any) -> Path:
     return path
 
 
+def read_json_or_none(path: Path) -> Any:
+    """A results file, or None when it does not exist; a damaged one is a one-line EvalError."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise EvalError(f"{path}: not valid JSON; delete it to recompute") from None
+
+
 def out_dir(out: Optional[str], run_dir: Path) -> Path:
     """Where a command writes its results: `out`, or <run>/eval/."""
     return Path(out) if out else Path(run_dir) / "eval"
