@@ -9,6 +9,7 @@ import pytest
 from diffllm.eval import attention, compare, needle, outliers, ppl
 
 
+@pytest.mark.slow
 def test_compare_table_holds_each_commands_numbers(runs, tmp_path, capsys):
     dirs = []
     for arch in ("transformer", "diff"):

@@ -63,6 +63,7 @@ def test_rolling_and_generation(loaded):
     assert gen == generate(model, tok, prompt, 16, stop=("\n",))["text"]
 
 
+@pytest.mark.slow
 def test_offline_harness_run_reports_our_accuracy(loaded):
     _, model, tok = loaded("transformer")
     res = evaluate(model, tok, ["plays_cloze"], limit=8)
@@ -73,6 +74,7 @@ def test_offline_harness_run_reports_our_accuracy(loaded):
     assert res["results"]["plays_cloze"]["acc,none"] == pytest.approx(sum(ours) / len(ours))
 
 
+@pytest.mark.slow
 def test_unknown_task_is_one_line(runs, capsys):
     with pytest.raises(SystemExit):
         main([f"run={runs('diff')}", "tasks=[plays_clozе]"])
