@@ -84,6 +84,8 @@ def run_attention(c: AttentionConfig) -> dict:
            "mode": c.mode, "length": length, "n_needles": c.n_needles,
            "normalisation": "softmax rows" if mcfg.arch == "transformer" else "(A1 - lambda A2) / (1 - lambda)",
            "by_depth": by_depth}
+    if hasattr(model.layers[0].attn, "lambda_full"):  # Diff: the map is divided by 1 - lambda, large as lambda -> 1
+        res["lambda"] = [float(layer.attn.lambda_full()) for layer in model.layers]
     rows = [[f"{float(d):g}%", "mean"] + [np.mean(v["answer"]), np.mean(v["noise"])] for d, v in by_depth.items()]
     rows += [[f"{float(d):g}%", f"layer {i}", a, nz] for d, v in by_depth.items()
              for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))]
@@ -92,6 +94,8 @@ def run_attention(c: AttentionConfig) -> dict:
     write_json(folder / "attention.json", res)
     (folder / "attention.md").write_text(table + "\n")
     print(table)
+    if "lambda" in res:
+        say("lambda per layer: " + ", ".join(f"{x:.3f}" for x in res["lambda"]))
     say(f"wrote {folder}/attention.{{json,md}}")
     return res
 

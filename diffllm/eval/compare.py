@@ -85,7 +85,7 @@ def row(run: str, r: dict) -> list:
             float(np.mean([np.mean(v["answer"]) for v in att.values()])) if att else float("nan")]
 
 
-HEADER = ["run", "arch", "step", "loss", "bits/byte", "needle acc", "max |logit|", "max |hidden|",
+HEADER = ["run", "arch", "step", "loss", "bits/byte", "needle acc", "max abs logit", "max abs hidden",
           "4-bit loss increase", "attention to answer"]
 
 

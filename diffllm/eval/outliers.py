@@ -145,7 +145,8 @@ def run_outliers(c: OutliersConfig) -> dict:
             for name, key in (("attention logits", "attention_logits"), ("hidden states", "hidden_states"))]
     table = markdown(["activation"] + [f"top-{k}" for k in TOPS] + ["median"], rows)
     q = res["quantised_loss"]
-    table += "\n\n" + markdown(["logits"] + list(q), [["loss"] + list(q.values())])
+    table += "\n\n" + markdown(["logits"] + [k if k == "fp32" else f"{k}-bit" for k in q],
+                                 [["loss"] + [f"{v:.4f}" for v in q.values()]])
     folder = out_dir(c.out, run.dir)
     write_json(folder / "outliers.json", res)
     (folder / "outliers.md").write_text(table + "\n")
