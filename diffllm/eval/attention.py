@@ -85,7 +85,7 @@ def run_attention(c: AttentionConfig) -> dict:
            "normalisation": "softmax rows" if mcfg.arch == "transformer" else "(A1 - lambda A2) / (1 - lambda)",
            "by_depth": by_depth}
     if hasattr(model.layers[0].attn, "lambda_full"):  # Diff: the map is divided by 1 - lambda, large as lambda -> 1
-        res["lambda"] = [float(layer.attn.lambda_full()) for layer in model.layers]
+        res["lambda"] = [float(layer.attn.lambda_full().detach()) for layer in model.layers]
     rows = [[f"{float(d):g}%", "mean"] + [np.mean(v["answer"]), np.mean(v["noise"])] for d, v in by_depth.items()]
     rows += [[f"{float(d):g}%", f"layer {i}", a, nz] for d, v in by_depth.items()
              for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))]
