@@ -121,6 +121,13 @@ def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -
         return _resolve_prepared(cfg, where, Path(prepared_dir) / cfg.name)
     if cfg.format == "hub":
         return _resolve_hub(cfg, where)
+    if cfg.format == "needle":  # synthetic documents, generated on the fly (diffllm/data/needle.py)
+        from .needle import NeedleSpec
+
+        try:
+            return Source(cfg, "needle", [cfg.paths[0]], _digest("needle", NeedleSpec.parse(cfg.paths[0]).fingerprint()))
+        except ValueError as e:
+            raise DataError(f"{where}.{e}") from None
     files = [f for p in cfg.paths for f in _expand(p, where)]
     kept = [f for f in files if not any(fnmatch.fnmatch(os.path.basename(f), x) or fnmatch.fnmatch(f, x) for x in cfg.exclude)]
     if not kept:
@@ -214,6 +221,11 @@ class Reader:
         """(example index, document, undecodable count) for examples start, start+stride, ... of file f."""
         if self.src.kind == "prepared":
             yield from self._prepared_docs(f, start, stride)
+            return
+        if self.src.kind == "needle":
+            from .needle import NeedleSpec, documents
+
+            yield from documents(NeedleSpec.parse(self.src.files[f]), f, start, stride)
             return
         label = self.src.files[f]
         ds = self._dataset().shard(num_shards=self.src.n_files, index=f, contiguous=True)

@@ -1,0 +1,147 @@
+"""What every evaluation shares: key=value command lines into typed configs, one-line errors, loading a run, and the
+batched, gradient-free scorer (log-probabilities of target tokens) that perplexity, needles and lm-eval all use."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Callable, List, Optional, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+T = TypeVar("T")
+
+
+class EvalError(ValueError):
+    """Bad evaluation input: the message is one line naming the key or file and the problem."""
+
+
+def parse_args(cls: type[T], argv: list[str], prefix: str) -> T:
+    """`key=value ...` (Hydra-style) into the dataclass `cls`. Strings are taken verbatim (a prompt may hold `:` or
+    `#`); other fields are YAML values (`runs=[a,b]`, `n_needles=[1,2]`, `seed=3`). Errors name the key."""
+    from ..config import build
+
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    for arg in argv:
+        key, eq, raw = arg.partition("=")
+        key = key.lstrip("+")
+        if not eq:
+            raise EvalError(f"{arg!r}: expected key=value (keys: {', '.join(names)})")
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {near[0]}?" if near else f" (keys: {', '.join(names)})"
+            raise EvalError(f"{prefix}.{key}: unknown key{hint}")
+        value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
+        if typing.get_origin(hints[key]) in (list, List) and not isinstance(value, list) and value is not None:
+            value = [raw if typing.get_args(hints[key]) == (str,) else value]  # stop=. is stop=[.]
+        values[key] = value
+    try:
+        return build(cls, values, prefix)
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+
+
+def _yaml(raw: str, where: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        raise EvalError(f"{where}: cannot parse {raw!r}") from None
+
+
+def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[str]] = None) -> None:
+    """Run one command: parse argv into `cls`, call `body`, and turn any bad input into one line on stderr, exit 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(f"usage: diffllm {name} key=value ...\n\n{(cls.__doc__ or '').strip()}\n\nkeys (defaults):")
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            print(f"  {f.name}={default}")
+        return
+    try:
+        body(parse_args(cls, argv, name.split()[-1]))
+    except (ValueError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
+        print(f"diffllm {name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        sys.exit(2)
+
+
+def load_run(run: str, step: Any = "latest"):
+    """(Run, ModelConfig, DecoderLM, Tokenizer) of a run directory, or a one-line EvalError."""
+    from ..runs import Run
+
+    if not run:
+        raise EvalError("run: missing; pass run=<run directory>")
+    path = Path(run)
+    if not path.exists():
+        raise EvalError(f"run={run}: no such directory")
+    r = Run(path)
+    cfg, model, tok = r.model(step=step)
+    return r, cfg, model, tok
+
+
+def say(msg: str) -> None:
+    print(f"[diffllm.eval] {msg}", file=sys.stderr, flush=True)
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1) + "\n")
+    return path
+
+
+def read_json_or_none(path: Path) -> Any:
+    """A results file, or None when it does not exist; a damaged one is a one-line EvalError."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise EvalError(f"{path}: not valid JSON; delete it to recompute") from None
+
+
+def out_dir(out: Optional[str], run_dir: Path) -> Path:
+    """Where a command writes its results: `out`, or <run>/eval/."""
+    return Path(out) if out else Path(run_dir) / "eval"
+
+
+@torch.inference_mode()
+def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) in fp32: tokens (B, T+1) -> (B, T)."""
+    logits = model(tokens[:, :-1]).float()  # (B, T, V)
+    return -F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
+
+
+def padded(seqs: list[list[int]]) -> torch.Tensor:
+    """Right-padded (B, W) token tensor; a causal model's logits at a real position never see the padding."""
+    tokens = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        tokens[j, : len(s)] = torch.tensor(s)
+    return tokens
+
+
+@torch.inference_mode()
+def score_continuations(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], max_len: int,
+                        batch_size: int = 16) -> list[tuple[float, bool]]:
+    """(sum log p(continuation | context), continuation is the greedy choice) for each (context, continuation) pair.
+    The last `max_len` + 1 tokens are kept (the context is cut on the left). This is the scorer of lm-eval's
+    loglikelihood and the reference of our own multiple-choice scoring."""
+    out: list[tuple[float, bool]] = []
+    for i in range(0, len(pairs), batch_size):
+        chunk = pairs[i : i + batch_size]
+        seqs = [(ctx + cont)[-(max_len + 1):] for ctx, cont in chunk]
+        logits = model(padded(seqs)[:, :-1]).float().log_softmax(-1)  # (B, W-1, V)
+        for j, ((_, cont), s) in enumerate(zip(chunk, seqs)):
+            n = len(cont)
+            rows = logits[j, len(s) - 1 - n : len(s) - 1]  # (n, V): the positions that predict the continuation
+            target = torch.tensor(cont)
+            out.append((float(rows.gather(-1, target[:, None]).sum()), bool((rows.argmax(-1) == target).all())))
+    return out

@@ -1,0 +1,145 @@
+"""`diffllm eval compare runs=[a,b,...]`: one table and plots of every evaluation for several runs (the Diff vs
+Transformer report after a sweep). Each run's results are read from <run>/eval/*.json; a missing one is computed
+first with the command's defaults (compute=false: leave it blank)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from .common import EvalError, cli, read_json_or_none, say, write_json
+from .report import markdown
+
+
+def _ppl(run: str) -> dict:
+    from .ppl import PplConfig, run_ppl
+
+    return run_ppl(PplConfig(run=run))
+
+
+def _needle(run: str) -> dict:
+    from .needle import NeedleConfig, run_needle
+
+    return run_needle(NeedleConfig(run=run))
+
+
+def _outliers(run: str) -> dict:
+    from .outliers import OutliersConfig, run_outliers
+
+    return run_outliers(OutliersConfig(run=run))
+
+
+def _attention(run: str) -> dict:
+    from .attention import AttentionConfig, run_attention
+
+    return run_attention(AttentionConfig(run=run))
+
+
+EVALS: dict[str, tuple[str, Callable[[str], dict]]] = {  # name -> (file in <run>/eval, how to compute it)
+    "ppl": ("ppl.json", _ppl), "needle": ("needle-synthetic.json", _needle),
+    "outliers": ("outliers.json", _outliers), "attention": ("attention.json", _attention),
+}
+
+
+@dataclass
+class CompareConfig:
+    """One table (markdown + JSON) and plots of ppl, needle, outliers and attention results for several runs."""
+
+    runs: List[str] = field(default_factory=list)
+    evals: List[str] = field(default_factory=lambda: list(EVALS))
+    compute: bool = True  # compute a missing result (with the command's defaults) instead of leaving it blank
+    out: str = "compare"  # folder for compare.{md,json} and compare-*.png
+
+
+def collect(run: str, evals: List[str], compute: bool) -> dict:
+    got = {}
+    for name in evals:
+        file, fn = EVALS[name]
+        res = read_json_or_none(Path(run) / "eval" / file)
+        if res is None and compute:
+            say(f"{run}: computing {name}")
+            res = fn(run)
+        got[name] = res
+    return got
+
+
+def row(run: str, r: dict) -> list:
+    def get(name, *path, default=float("nan")):
+        node = r.get(name)
+        for p in path:
+            if not isinstance(node, dict) or p not in node:
+                return default
+            node = node[p]
+        return node
+
+    first = next((v for v in r.values() if v), {})
+    src = get("ppl", "sources", default={})
+    ppl = next(iter(src.values())) if src else {}
+    att = get("attention", "by_depth", default={})
+    return [Path(run).name, first.get("arch", "?"), first.get("step", "?"), ppl.get("loss", float("nan")),
+            ppl.get("bits_per_byte", float("nan")), get("needle", "mean"),
+            get("outliers", "attention_logits", "top1"), get("outliers", "hidden_states", "top1"),
+            get("outliers", "quantised_loss", "4") - get("outliers", "quantised_loss", "fp32"),
+            float(np.mean([np.mean(v["answer"]) for v in att.values()])) if att else float("nan")]
+
+
+HEADER = ["run", "arch", "step", "loss", "bits/byte", "needle acc", "max abs logit", "max abs hidden",
+          "4-bit loss increase", "attention to answer"]
+
+
+def plots(results: dict, folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for run, r in results.items():
+        label = f"{Path(run).name}"
+        if r.get("needle"):
+            by_n = r["needle"]["by_n"]
+            a1.plot([int(n) for n in by_n], list(by_n.values()), marker="o", label=label)
+        if r.get("attention"):
+            bd = r["attention"]["by_depth"]
+            a2.plot([float(d) for d in bd], [np.mean(v["answer"]) for v in bd.values()], marker="o", label=label)
+    a1.set(xlabel="needles N", ylabel="accuracy", title="multi-needle retrieval", ylim=(0, 1))
+    a2.set(xlabel="answer depth (%)", ylabel="attention to answer", title="attention allocation")
+    for ax in (a1, a2):
+        ax.legend(fontsize=7)
+    path = folder / "compare.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    made.append(path)
+    return made
+
+
+def run_compare(c: CompareConfig) -> dict:
+    if not c.runs:
+        raise EvalError("runs: missing; pass runs=[<run dir>,<run dir>,...]")
+    unknown = [e for e in c.evals if e not in EVALS]
+    if unknown:
+        raise EvalError(f"evals: unknown {unknown[0]!r} (known: {', '.join(EVALS)})")
+    for run in c.runs:
+        if not Path(run).is_dir():
+            raise EvalError(f"runs: {run}: no such directory")
+    results = {run: collect(run, c.evals, c.compute) for run in c.runs}
+    folder = Path(c.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    table = markdown(HEADER, [row(run, r) for run, r in results.items()])
+    (folder / "compare.md").write_text(table + "\n")
+    write_json(folder / "compare.json", results)
+    plots(results, folder)
+    print(table)
+    say(f"wrote {folder}/compare.{{md,json,png}}")
+    return results
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    cli("eval compare", CompareConfig, run_compare, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""`diffllm eval outliers`: activation outliers after the paper's Table 5, and the loss after quantising attention
+logits.
+
+Over a token sample (held-out windows): the top-1/2/3/10/100 and the median of |q k^T / sqrt d| (every layer, head
+and causal entry; Diff: both maps pooled, as the paper's authors measured) and of |h| for each layer's output hidden
+states (all layers pooled, and top-1 per layer). Medians come from a uniform random sample of up to 2^16 values per layer and batch.
+Then the loss with each attention map's logits absmax-quantised to 16/8/6/4 bits: per map (one head of one
+sequence), scale = max |logit| over its causal entries / (2^(bits-1) - 1), logits rounded to that grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import torch
+
+from .common import EvalError, cli, load_run, out_dir, say, write_json
+from .maps import QK, capture, causal_mask, logits, scores_transformed
+from .ppl import perplexity
+
+TOPS = (1, 2, 3, 10, 100)
+SAMPLE = 1 << 20
+
+
+class Extremes:
+    """Running top-100 and a uniform random sample (for the median) of a stream of non-negative values."""
+
+    def __init__(self, seed: int = 0):
+        self.top = torch.zeros(0)
+        self.sample: list = []
+        self.seen = 0
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def add(self, values: torch.Tensor) -> None:
+        v = values.detach().float().flatten()
+        both = torch.cat([self.top, v.topk(min(max(TOPS), v.numel())).values])
+        self.top = both.topk(min(max(TOPS), both.numel())).values
+        self.seen += v.numel()
+        keep = SAMPLE // 16  # per call: every value of a small tensor, a uniform subset of a large one
+        self.sample.append(v if v.numel() <= keep else v[torch.randperm(v.numel(), generator=self.gen)[:keep]])
+
+    def summary(self) -> dict:
+        out = {f"top{k}": float(self.top[k - 1]) for k in TOPS if self.top.numel() >= k}
+        out["median"] = float(torch.cat(self.sample).median())
+        out["values"] = self.seen
+        return out
+
+
+def absmax_quantiser(bits: int):
+    """Round each map's logits (B, H, T, T) to a symmetric grid of 2^(bits-1)-1 steps of its causal absmax."""
+    levels = 2 ** (bits - 1) - 1
+
+    def quantise(scores: torch.Tensor) -> torch.Tensor:
+        mask = causal_mask(scores.shape[-1], scores.device)
+        absmax = scores.abs().masked_fill(~mask, 0).amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+        scale = absmax / levels
+        return torch.round(scores / scale) * scale
+
+    return quantise
+
+
+@torch.inference_mode()
+def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
+    """{"attention_logits": {...}, "hidden_states": {...}, "hidden_top1_per_layer": [...]} over `batches`
+    (token windows (B, T+1)); a plain function for in-loop use."""
+    arch = model.cfg.arch
+    logit_x, hidden_x = Extremes(0), Extremes(1)
+    per_layer = [0.0] * len(model.layers)
+    for tokens in batches:
+        with capture(model) as got:
+            model(tokens[:, :-1])
+        T = tokens.shape[1] - 1
+        mask = causal_mask(T)
+        for layer, (x, cos, sin) in zip(model.layers, got["inputs"]):
+            pairs, _ = QK[arch](layer.attn, x, cos, sin)
+            for q, k in pairs:
+                logit_x.add(logits(q, k).abs()[..., mask])
+        for i, h in enumerate(got["hidden"]):
+            hidden_x.add(h.abs())
+            per_layer[i] = max(per_layer[i], float(h.abs().max()))
+    return {"attention_logits": logit_x.summary(), "hidden_states": hidden_x.summary(),
+            "hidden_top1_per_layer": per_layer}
+
+
+def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: List[int]) -> dict:
+    """{"fp32": loss, "16": loss, ...}: the mean token loss with every attention map's logits quantised."""
+    full = [(b, torch.ones(b.shape[0], b.shape[1] - 1, dtype=torch.bool)) for b in batches]
+    out = {"fp32": perplexity(model, full)["loss"]}
+    for b in bits:
+        with scores_transformed(model, absmax_quantiser(b)):
+            out[str(b)] = perplexity(model, full)["loss"]
+    return out
+
+
+@dataclass
+class OutliersConfig:
+    """Activation outliers (top-k and median of attention logits and hidden states) and the loss after absmax
+    quantisation of attention logits, over held-out windows (default: the run's held-out sources)."""
+
+    run: str = ""
+    step: Any = "latest"
+    data: Any = None
+    tokens: int = 16384  # the token sample (the paper: 0.4M)
+    seq_len: Optional[int] = None  # null: the run's data.seq_len
+    batch_size: int = 4
+    bits: List[int] = field(default_factory=lambda: [16, 8, 6, 4])
+    out: Optional[str] = None
+
+
+def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_len: int, batch_size: int) -> list:
+    """Full windows (B, seq_len+1) of held-out text, about n_tokens tokens in all."""
+    from .ppl import eval_sources, source_docs, windows
+
+    docs, _ = source_docs(tok, eval_sources(run_cfg, data)[0], n_tokens + seq_len)
+    batches = [t for t, _ in windows(docs, tok.eos_id, seq_len, batch_size) if t.shape[1] == seq_len + 1]
+    if not batches:
+        raise EvalError(f"data: fewer than {seq_len + 1} tokens of held-out text")
+    kept, count = [], 0
+    for b in batches:
+        if count >= n_tokens:
+            break
+        kept.append(b)
+        count += b[:, 1:].numel()
+    return kept
+
+
+def run_outliers(c: OutliersConfig) -> dict:
+    run, mcfg, model, tok = load_run(c.run, c.step)
+    if mcfg.arch not in QK:
+        raise EvalError(f"arch={mcfg.arch!r}: attention maps are not implemented for it yet")
+    if any(b < 2 for b in c.bits):
+        raise EvalError(f"bits={c.bits}: each must be >= 2")
+    run_cfg = run.config()
+    seq_len = c.seq_len or ((run_cfg or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
+    if seq_len > mcfg.max_seq_len:
+        raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
+    batches = sample_batches(run_cfg, c.data, tok, c.tokens, seq_len, c.batch_size)
+    res = outlier_stats(model, batches)
+    res["quantised_loss"] = quantised_losses(model, batches, c.bits)
+    res.update(run=str(run.dir), step=run.checkpoint(c.step).step, arch=mcfg.arch, model=mcfg.name,
+               tokens=sum(b[:, 1:].numel() for b in batches), seq_len=seq_len)
+    from .report import markdown
+
+    rows = [[name] + [res[key].get(f"top{k}", float("nan")) for k in TOPS] + [res[key]["median"]]
+            for name, key in (("attention logits", "attention_logits"), ("hidden states", "hidden_states"))]
+    table = markdown(["activation"] + [f"top-{k}" for k in TOPS] + ["median"], rows)
+    q = res["quantised_loss"]
+    table += "\n\n" + markdown(["logits"] + [k if k == "fp32" else f"{k}-bit" for k in q],
+                                 [["loss"] + [f"{v:.4f}" for v in q.values()]])
+    folder = out_dir(c.out, run.dir)
+    write_json(folder / "outliers.json", res)
+    (folder / "outliers.md").write_text(table + "\n")
+    print(table)
+    say(f"{res['tokens']:,} tokens; wrote {folder}/outliers.{{json,md}}")
+    return res
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    cli("eval outliers", OutliersConfig, run_outliers, argv)
+
+
+if __name__ == "__main__":
+    main()

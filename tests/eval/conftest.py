@@ -1,0 +1,80 @@
+"""Evaluation-test fixtures: one tiny trained run per architecture (a few real training steps on the Shakespeare
+plays, single process, ZeRO-0, about 10 s each), made once per session."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.distributed import run_train
+
+SESSION = Path(tempfile.mkdtemp(prefix="diffllm-eval-tests-"))
+ENV = {"HF_HOME": str(SESSION / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
+       "TOKENIZERS_PARALLELISM": "false", "DIFFLLM_CACHE": str(SESSION / "cache")}
+STEPS = 8  # of 1024 tokens (micro-batch 4 x seq 64 x grad-accum 4)
+TINY = ["model.d_model=64", "model.n_layers=2", "model.max_seq_len=128", "data.seq_len=64",
+        "data.tokenizer.vocab_size=1024", "trainer.micro_batch_size=4", "trainer.global_batch_tokens=1024",
+        f"trainer.tokens={STEPS * 1024}", "trainer.log_every=4", "trainer.val_batches=2", "trainer.val_every=0",
+        "trainer.save_every_steps=4", "trainer.zero_stage=0", "optim.warmup_steps=2", "optim.lr=3e-3"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _env():
+    """Offline, no W&B, and a session cache for the trained tokenizer: never the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in ENV.items():
+            mp.setenv(k, v)
+        yield
+    shutil.rmtree(SESSION, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(_env):
+    """The 1024-token BPE of the tiny runs, trained once in this process before any run needs it."""
+    from diffllm.config import build, compose
+    from diffllm.data import DataConfig, ensure_tokenizer
+
+    cfg = compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"])
+    return ensure_tokenizer(build(DataConfig, cfg.data, "data"))
+
+
+@pytest.fixture(scope="session")
+def runs(tokenizer):
+    """runs(arch) -> run directory of a finished tiny run of that architecture (trained on first use)."""
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            run_dir = SESSION / f"run-{arch}"
+            overrides = TINY + [f"model={arch}-tiny", f"run_dir={run_dir}"]
+            run_train(overrides, 1, SESSION / f"logs-{arch}", launcher="plain")
+            # Until the trainer writes its resolved config and tokenizer into the run directory itself:
+            if not (run_dir / "config.yaml").exists():
+                from omegaconf import OmegaConf
+
+                from diffllm.config import compose
+
+                (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(compose("train", overrides), resolve=True))
+            if not (run_dir / "tokenizer.json").exists():
+                tokenizer.save(run_dir / "tokenizer.json")
+            made[arch] = run_dir
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def loaded(runs):
+    """loaded(arch) -> (ModelConfig, DecoderLM, Tokenizer) of the tiny run."""
+    from diffllm.runs import Run
+
+    cache: dict = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            cache[arch] = Run(runs(arch)).model()
+        return cache[arch]
+
+    return get

@@ -1,0 +1,38 @@
+"""eval compare: one row per run, each cell the value its command wrote; missing results are blank or computed."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from diffllm.eval import attention, compare, needle, outliers, ppl
+
+
+@pytest.mark.slow
+def test_compare_table_holds_each_commands_numbers(runs, tmp_path, capsys):
+    dirs = []
+    for arch in ("transformer", "diff"):
+        run = tmp_path / arch
+        shutil.copytree(runs(arch), run)
+        ppl.main([f"run={run}", "max_tokens=512"])
+        needle.main([f"run={run}", "n_needles=[1,2]", "depths=[0,100]", "lengths=[64]", "trials=2"])
+        outliers.main([f"run={run}", "tokens=256", "bits=[4]"])
+        dirs.append(str(run))
+    attention.main([f"run={dirs[1]}", "depths=[50]", "length=64", "trials=1"])  # the transformer's stays missing
+    compare.main([f"runs=[{dirs[0]},{dirs[1]}]", "compute=false", f"out={tmp_path / 'cmp'}"])
+    lines = (tmp_path / "cmp" / "compare.md").read_text().splitlines()
+    assert lines[0].startswith("| run | arch | step | loss | bits/byte | needle acc |") and len(lines) == 4
+    for line, run in zip(lines[2:], dirs):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        p = json.loads((tmp_path / run / "eval" / "ppl.json").read_text())["sources"]["plays-heldout"]
+        n = json.loads((tmp_path / run / "eval" / "needle-synthetic.json").read_text())
+        o = json.loads((tmp_path / run / "eval" / "outliers.json").read_text())
+        assert cells[1] == ("transformer" if "transformer" in run else "diff")
+        assert float(cells[3]) == pytest.approx(p["loss"], rel=1e-2) and float(cells[5]) == pytest.approx(n["mean"], abs=1e-2)
+        assert float(cells[6]) == pytest.approx(o["attention_logits"]["top1"], rel=1e-2)
+        assert (cells[-1] == "nan") == ("transformer" in run)
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        compare.main([f"runs=[{dirs[0]}]", "evals=[ppl,bleu]"])
+    assert "evals: unknown 'bleu' (known: ppl, needle, outliers, attention)" in capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""generate: greedy decoding equals an independent float64 argmax loop; sampling draws from exactly the distribution
+that temperature / top-k / top-p define; stop strings, EOS and the context limit end it; bad input is one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffllm.eval.generate import Sampling, decode, full_forward, generate, main, next_token
+
+PROMPT = "KING HENRY:\nOnce more unto the breach"
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff"])
+def test_greedy_equals_a_float64_argmax_loop(loaded, arch):
+    cfg, model, tok = loaded(arch)
+    got = generate(model, tok, PROMPT, max_new_tokens=12)
+    ids = tok.encode(PROMPT)
+    ref = model.double()
+    try:
+        for _ in range(len(got["tokens"])):
+            with torch.no_grad():
+                ids.append(int(ref(torch.tensor([ids]))[0, -1].argmax()))
+    finally:
+        model.float()
+    assert got["tokens"] == ids[len(tok.encode(PROMPT)):] and got["stopped"] in ("length", "eos")
+
+
+def frequencies(logits: torch.Tensor, s: Sampling, n: int = 6000) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(s.seed)
+    counts = torch.zeros(len(logits))
+    for _ in range(n):
+        counts[next_token(logits, s, gen)] += 1
+    return counts / n
+
+
+LOGITS = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+
+
+@pytest.mark.parametrize("s, expected", [
+    (Sampling(temperature=1.0), [0.5, 0.3, 0.15, 0.05]),
+    (Sampling(temperature=2.0), (torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 0.5 / (torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 0.5).sum()).tolist()),
+    (Sampling(temperature=1.0, top_k=2), [0.625, 0.375, 0.0, 0.0]),
+    (Sampling(temperature=1.0, top_p=0.7), [0.625, 0.375, 0.0, 0.0]),  # 0.5 < 0.7 <= 0.8: the first two
+    (Sampling(temperature=1.0, top_p=0.85), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),
+    (Sampling(temperature=1.0, top_k=3, top_p=0.5), [1.0, 0.0, 0.0, 0.0]),
+])
+def test_sampling_draws_from_the_defined_distribution(s, expected):
+    got = frequencies(LOGITS, s)
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float32), atol=0.025), got
+
+
+def test_seed_reproduces_and_top_k_1_is_greedy(loaded):
+    _, model, tok = loaded("diff")
+    a = generate(model, tok, PROMPT, 10, Sampling(temperature=1.0, seed=3))
+    b = generate(model, tok, PROMPT, 10, Sampling(temperature=1.0, seed=3))
+    c = generate(model, tok, PROMPT, 10, Sampling(temperature=1.0, seed=4))
+    assert a == b and a["tokens"] != c["tokens"]
+    assert generate(model, tok, PROMPT, 10, Sampling(temperature=0.7, top_k=1))["tokens"] == \
+        generate(model, tok, PROMPT, 10)["tokens"]
+
+
+def test_stop_strings_and_eos_end_generation(loaded):
+    _, model, tok = loaded("transformer")
+    full = generate(model, tok, PROMPT, 20, Sampling(temperature=1.0, seed=1))
+    stop = full["text"][5:7]
+    cut = generate(model, tok, PROMPT, 20, Sampling(temperature=1.0, seed=1), stop=(stop,))
+    assert cut["stopped"] == "stop" and cut["text"] == full["text"][: full["text"].index(stop)]
+    eos_first = lambda tokens: torch.nn.functional.one_hot(torch.tensor(tok.eos_id), 1024).float()  # noqa: E731
+    assert decode(eos_first, [1, 2], 5, Sampling(), tok.eos_id) == ([], "eos")
+
+
+def test_prompt_and_context_limits_are_one_line_errors(runs, capsys):
+    run = runs("diff")
+    long_prompt = "word " * 200  # > 128 tokens: the tiny runs' context
+    for argv, message in [([f"prompt={long_prompt}"], "the model's context is 128 tokens"),
+                          (["prompt=Hello", "max_new_tokens=500"], "use max_new_tokens <="),
+                          (["prompt="], "prompt: empty"),
+                          (["prompt=Hi", "top_p=0"], "top_p=0"),
+                          (["prompt=Hi", "temprature=1"], "did you mean temperature?")]:
+        with pytest.raises(SystemExit):
+            main([f"run={run}", *argv])
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_command_prints_the_continuation(runs, capsys):
+    main([f"run={runs('diff')}", f"prompt={PROMPT}", "max_new_tokens=8", "stop=XYZ"])
+    out = capsys.readouterr()
+    assert out.out.startswith(PROMPT) and "new tokens, stopped at" in out.err
