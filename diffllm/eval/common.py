@@ -68,8 +68,9 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
     try:
         body(parse_args(cls, argv, name.split()[-1]))
     except (ValueError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
-        print(f"diffllm {name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        sys.exit(2)
+        from ..config import fail
+
+        fail(f"diffllm {name}", str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 def load_run(run: str, step: Any = "latest"):

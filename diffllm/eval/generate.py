@@ -1,7 +1,8 @@
 """`diffllm generate`: text from a trained model: greedy / temperature / top-k / top-p sampling, stop strings, a seed.
 
-The decode loop (`decode`) takes a `next_logits(tokens) -> (V,)` function, so a KV-cached model plugs in without
-touching the sampling; today `full_forward` re-runs the whole sequence for every new token.
+The decode loop (`decode`) takes a `next_logits(tokens) -> (V,)` function: `cached_forward` runs the prompt once
+and then one new token per call against the model's KV cache (diffllm.model.KVCache); `full_forward` re-runs the
+whole sequence every time (the reference the cache is tested against).
 """
 from __future__ import annotations
 
@@ -58,6 +59,19 @@ def full_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
     return next_logits
 
 
+def cached_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
+    """next_logits with a KV cache: the tokens not yet cached (the whole prompt first, then one per call)."""
+    from ..model import KVCache
+
+    cache = KVCache(model.cfg.max_seq_len)
+
+    @torch.inference_mode()
+    def next_logits(tokens: List[int]) -> torch.Tensor:
+        return model(torch.tensor([tokens[cache.pos:]]), cache)[0, -1].float()  # (V,)
+
+    return next_logits
+
+
 def check_lengths(n_prompt: int, max_new_tokens: int, max_seq_len: int) -> None:
     if n_prompt == 0:
         raise EvalError("prompt: empty; pass prompt=\"...\"")
@@ -95,13 +109,14 @@ def cut_at_stop(text: str, stop: tuple) -> str:
 
 
 def generate(model: torch.nn.Module, tok, prompt: str, max_new_tokens: Optional[int] = None,
-             sampling: Optional[Sampling] = None, stop: tuple = ()) -> dict:
+             sampling: Optional[Sampling] = None, stop: tuple = (), use_cache: bool = True) -> dict:
     """{text, tokens, stopped} for one prompt; max_new_tokens None = up to the model's context."""
     ids = tok.encode(prompt)
     limit = model.cfg.max_seq_len
     max_new = limit - len(ids) if max_new_tokens is None else max_new_tokens
     check_lengths(len(ids), max(max_new, 1), limit)
-    new, why = decode(full_forward(model), ids, max_new, sampling or Sampling(), tok.eos_id, tuple(stop), tok.decode)
+    step = cached_forward(model) if use_cache else full_forward(model)
+    new, why = decode(step, ids, max_new, sampling or Sampling(), tok.eos_id, tuple(stop), tok.decode)
     return {"text": cut_at_stop(tok.decode(new), tuple(stop)), "tokens": new, "stopped": why}
 
 

@@ -7,7 +7,9 @@ One small function per architecture turns a module's input into its query/key co
     diff         [(q1, k1), (q2, k2)], lambda   the map is the differential A1 - lambda A2, divided by (1 - lambda)
                                                 so that every row sums to 1 as a softmax row does (our choice; the
                                                 paper does not say how it normalises)
-Adding an architecture (diff2) = one entry in QK and one in OUTPUT.
+    diff2        [(q even, k), (q odd, k)],     query heads 2i and 2i+1 (sharing kv head 2i // (2h/g)); lambda =
+                 lambda per token and head      sigmoid(lambda_proj(x)) per query token, normalised the same way
+Adding an architecture = one entry in QK and one in OUTPUT.
 """
 from __future__ import annotations
 
@@ -47,7 +49,18 @@ def qk_diff(attn, x, cos, sin) -> tuple[list, Optional[torch.Tensor]]:
     return pairs, attn.lambda_full().detach().float()
 
 
-QK = {"transformer": qk_transformer, "diff": qk_diff}
+def qk_diff2(attn, x, cos, sin) -> tuple[list, Optional[torch.Tensor]]:
+    """[(q of heads 0, 2, .., k), (q of heads 1, 3, .., k)], each (B, h, T, d) in fp32 (query head j reads kv head
+    j // (2h/g)), and lambda = sigmoid(lambda_proj(x)) as (B, h, T, 1): one per head and query token."""
+    h, g, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q = apply_rotary(_heads(attn.q_proj(x), 2 * h, d), cos, sin, attn.interleaved).transpose(1, 2).float()
+    k = apply_rotary(_heads(attn.k_proj(x), g, d), cos, sin, attn.interleaved).transpose(1, 2).float()
+    k = k.repeat_interleave(2 * h // g, dim=1)  # (B, 2h, T, d): query head j's keys
+    lam = torch.sigmoid(attn.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
+    return [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])], lam.detach()
+
+
+QK = {"transformer": qk_transformer, "diff": qk_diff, "diff2": qk_diff2}
 
 
 def logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -90,7 +103,17 @@ def output_diff(attn, x, cos, sin, transform: Optional[Scores]) -> torch.Tensor:
     return attn.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
 
 
-OUTPUT = {"transformer": output_transformer, "diff": output_diff}
+def output_diff2(attn, x, cos, sin, transform: Optional[Scores]) -> torch.Tensor:
+    B, T, E = x.shape
+    pairs, lam = qk_diff2(attn, x, cos, sin)
+    a_even, a_odd = (softmax_map(transform(logits(q, k)) if transform else logits(q, k)) for q, k in pairs)
+    v = attn.v_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2).float()  # (B, g, T, d)
+    v = v.repeat_interleave(2 * attn.n_heads // attn.n_kv_heads, dim=1)[:, 0::2]  # pair i's kv head: (B, h, T, d)
+    y = (a_even - lam * a_odd) @ v  # (B, h, T, d)
+    return attn.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
+
+
+OUTPUT = {"transformer": output_transformer, "diff": output_diff, "diff2": output_diff2}
 
 
 def attention_modules(model) -> list:
@@ -101,7 +124,7 @@ def attention_modules(model) -> list:
 def capture(model) -> Iterator[dict]:
     """{"inputs": [(x, cos, sin) per layer], "hidden": [block output per layer]} of the next forward."""
     got: dict = {"inputs": [], "hidden": []}
-    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args)) for a in attention_modules(model)]
+    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3])) for a in attention_modules(model)]
     hooks += [layer.register_forward_hook(lambda m, args, out: got["hidden"].append(out)) for layer in model.layers]
     try:
         yield got
@@ -117,7 +140,7 @@ def scores_transformed(model, transform: Optional[Scores]) -> Iterator[None]:
     arch = model.cfg.arch
     if arch not in OUTPUT:
         raise ValueError(f"arch={arch!r}: attention maps are not implemented for it (known: {', '.join(OUTPUT)})")
-    hooks = [a.register_forward_hook(lambda m, args, out: OUTPUT[arch](m, *args, transform))
+    hooks = [a.register_forward_hook(lambda m, args, out: OUTPUT[arch](m, *args[:3], transform))
              for a in attention_modules(model)]
     try:
         yield

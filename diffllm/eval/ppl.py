@@ -95,7 +95,7 @@ def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], i
 
 def eval_sources(run_config: Optional[dict], data: Any) -> list:
     """Resolved sources to score: the `val` sources of a data config (by name or the run's own), or files."""
-    from ..config import CONFIG_DIR, build
+    from ..config import build, find_config, group_options
     from ..data import DataConfig
     from ..data.loader import resolve_sources
     from omegaconf import OmegaConf
@@ -106,13 +106,12 @@ def eval_sources(run_config: Optional[dict], data: Any) -> list:
             raise EvalError("data: the run has no config.yaml to take its held-out sources from; pass data=<config "
                             "name or files>")
         cfg = build(DataConfig, node, "data")
-    elif isinstance(data, str) and (CONFIG_DIR / "data" / f"{data}.yaml").is_file():
-        cfg = build(DataConfig, OmegaConf.load(CONFIG_DIR / "data" / f"{data}.yaml"), f"data={data}")
+    elif isinstance(data, str) and find_config("data", data) is not None:  # along the config search path
+        cfg = build(DataConfig, OmegaConf.load(find_config("data", data)), f"data={data}")
     else:
         paths = [data] if isinstance(data, str) else list(data)
         if isinstance(data, str) and "/" not in data and "." not in data:
-            names = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
-            raise EvalError(f"data={data}: neither a data config ({', '.join(names)}) nor a file")
+            raise EvalError(f"data={data}: neither a data config ({', '.join(group_options('data'))}) nor a file")
         cfg = DataConfig(sources=[], val=[{"path": p} for p in paths])
     return resolve_sources(cfg, val=True)
 

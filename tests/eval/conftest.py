@@ -50,15 +50,7 @@ def runs(tokenizer):
             run_dir = SESSION / f"run-{arch}"
             overrides = TINY + [f"model={arch}-tiny", f"run_dir={run_dir}"]
             run_train(overrides, 1, SESSION / f"logs-{arch}", launcher="plain")
-            # Until the trainer writes its resolved config and tokenizer into the run directory itself:
-            if not (run_dir / "config.yaml").exists():
-                from omegaconf import OmegaConf
-
-                from diffllm.config import compose
-
-                (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(compose("train", overrides), resolve=True))
-            if not (run_dir / "tokenizer.json").exists():
-                tokenizer.save(run_dir / "tokenizer.json")
+            assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()  # self-contained
             made[arch] = run_dir
         return made[arch]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffllm.eval.generate import Sampling, decode, full_forward, generate, main, next_token
+from diffllm.eval.generate import Sampling, cached_forward, decode, full_forward, generate, main, next_token
+from diffllm.model import DecoderLM, ModelConfig, variants
 
 PROMPT = "KING HENRY:\nOnce more unto the breach"
 
@@ -23,6 +24,26 @@ def test_greedy_equals_a_float64_argmax_loop(loaded, arch):
     finally:
         model.float()
     assert got["tokens"] == ids[len(tok.encode(PROMPT)):] and got["stopped"] in ("length", "eos")
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", list(variants()))
+def test_greedy_with_the_kv_cache_equals_greedy_over_the_full_forward(arch, backend):
+    """Every registered architecture (diff2 included), MHA and GQA in one model each: the cached decode (prompt once,
+    then one token per step) picks the same 40 tokens as re-running the whole sequence every step."""
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300,
+                                  max_seq_len=64, attn_backend=backend)).eval()
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    full, _ = decode(full_forward(model), prompt, 40, Sampling())
+    cached, _ = decode(cached_forward(model), prompt, 40, Sampling())
+    assert cached == full and len(full) == 40
+
+
+def test_the_cache_is_bounded_by_the_context(loaded):
+    cfg, model, tok = loaded("diff")
+    with pytest.raises(ValueError, match=f"sequence length {cfg.max_seq_len + 1} exceeds model.max_seq_len"):
+        decode(cached_forward(model), [1] * (cfg.max_seq_len - 2), 5, Sampling())
 
 
 def frequencies(logits: torch.Tensor, s: Sampling, n: int = 6000) -> torch.Tensor:

@@ -12,6 +12,7 @@ from diffllm.eval import attention, outliers
 from diffllm.eval.maps import attention_map, capture, scores_transformed
 from diffllm.eval.needle import Format, build_prompt
 from diffllm.eval.outliers import Extremes, absmax_quantiser, outlier_stats, quantised_losses
+from diffllm.model import variants
 
 
 def tokens(tok, n=2, T=48):
@@ -20,7 +21,7 @@ def tokens(tok, n=2, T=48):
     return torch.tensor([ids[i * 5 : i * 5 + T + 1] for i in range(n)])
 
 
-@pytest.mark.parametrize("arch", ["transformer", "diff"])
+@pytest.mark.parametrize("arch", list(variants()))
 def test_maps_reproduce_the_models_attention_output(loaded, arch):
     cfg, model, tok = loaded(arch)
     assert cfg.attn_backend == "sdpa"
@@ -34,7 +35,7 @@ def test_maps_reproduce_the_models_attention_output(loaded, arch):
     assert torch.allclose(rebuilt, ref, atol=2e-5), (rebuilt - ref).abs().max()
     for layer, (h, cos, sin) in zip(model.layers, got["inputs"]):
         m = attention_map(arch, layer.attn, h, cos, sin)  # (B, heads, T, T)
-        assert m.shape == (2, cfg.n_heads // (2 if arch == "diff" else 1), 48, 48)
+        assert m.shape == (2, cfg.variant.heads(cfg).out, 48, 48)  # one map per output head
         assert torch.allclose(m.sum(-1), torch.ones(()), atol=1e-5)  # normalised rows
         assert (m.triu(1) == 0).all()  # causal
     assert len(got["hidden"]) == cfg.n_layers
@@ -63,7 +64,7 @@ def test_extremes_match_a_full_sort():
     assert s["median"] == float(torch.cat(values).median()) and s["values"] == 5000  # all kept below the sample cap
 
 
-@pytest.mark.parametrize("arch", ["transformer", "diff"])
+@pytest.mark.parametrize("arch", list(variants()))
 def test_outliers_and_quantised_losses(loaded, arch):
     cfg, model, tok = loaded(arch)
     batches = [tokens(tok)]
@@ -78,7 +79,7 @@ def test_outliers_and_quantised_losses(loaded, arch):
     assert losses["4"] != losses["fp32"]
 
 
-@pytest.mark.parametrize("arch", ["transformer", "diff"])
+@pytest.mark.parametrize("arch", list(variants()))
 def test_allocation_shares(loaded, arch):
     cfg, model, tok = loaded(arch)
     p = build_prompt(Format("synthetic", tok), None, 2, 1, 50.0, 64, np.random.default_rng(0))
