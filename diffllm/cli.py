@@ -68,6 +68,29 @@ _REGISTRY: dict[str, Command] = {
         "diffllm.scaling.report:main", "fit scaling laws to a collected sweep: ratios at equal loss, plots",
         "scaling", {"": "diffllm.scaling.report:ScalingConfig"},
         ("diffllm scaling fit sweep_dir=runs/sweep/micro", "diffllm scaling fit params=total joint=none reps=100")),
+    "generate": Command(
+        "diffllm.eval.generate:main", "continue a prompt with a trained model (KV cache; greedy or sampled)",
+        examples=('diffllm generate run=runs/diff-tiny prompt="ROMEO:" max_new_tokens=60',
+                  'diffllm generate run=runs/diff-tiny prompt="ROMEO:" temperature=0.8 top_k=50 seed=1 stop=["\\n\\n"]')),
+    "eval ppl": Command(
+        "diffllm.eval.ppl:main", "loss, perplexity and bits per byte of a run, per held-out source",
+        examples=("diffllm eval ppl run=runs/diff-tiny", "diffllm eval ppl run=runs/diff-tiny data=my_texts/*.txt")),
+    "eval needle": Command(
+        "diffllm.eval.needle:main", "multi-needle retrieval: accuracy by needles x depth x length, heatmap",
+        examples=("diffllm eval needle run=runs/diff-tiny mode=synthetic",
+                  "diffllm eval needle run=runs/diff-tiny mode=text lengths=[256,512]")),
+    "eval attention": Command(
+        "diffllm.eval.attention:main", "attention mass on the answer needle vs the rest of the context, per layer",
+        examples=("diffllm eval attention run=runs/diff-tiny",)),
+    "eval outliers": Command(
+        "diffllm.eval.outliers:main", "top-k activation and attention-logit magnitudes; loss with quantised logits",
+        examples=("diffllm eval outliers run=runs/diff-tiny",)),
+    "eval lm-eval": Command(
+        "diffllm.eval.harness:main", "lm-evaluation-harness tasks through the native adapter (offline, local tasks)",
+        examples=("diffllm eval lm-eval run=runs/diff-tiny tasks=[plays_cloze]",)),
+    "eval compare": Command(
+        "diffllm.eval.compare:main", "one table (and plots) of every eval result for several runs",
+        examples=("diffllm eval compare runs=[runs/diff-tiny,runs/transformer-tiny]",)),
     "export": Command(
         "diffllm.export.commands:export_main", "write a run's checkpoint as a Hugging Face model directory", "export",
         examples=("diffllm export run=runs/diff-tiny out=hf/diff-tiny",

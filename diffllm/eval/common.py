@@ -60,10 +60,7 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
     """Run one command: parse argv into `cls`, call `body`, and turn any bad input into one line on stderr, exit 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help", "help"):
-        print(f"usage: diffllm {name} key=value ...\n\n{(cls.__doc__ or '').strip()}\n\nkeys (defaults):")
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            print(f"  {f.name}={default}")
+        print(usage(name, cls))
         return
     try:
         body(parse_args(cls, argv, name.split()[-1]))
@@ -71,6 +68,26 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
         from ..config import fail
 
         fail(f"diffllm {name}", str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def usage(name: str, cls: type) -> str:
+    """--help: what the command does, each key=default with the meaning its dataclass field's comment gives, and the
+    examples of its registry entry (diffllm/cli.py)."""
+    from ..cli import COMMANDS
+    from ..help import field_comments
+
+    meaning = field_comments(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((f"{f.name}={default}", meaning.get(f.name, "")))
+    width = max(len(k) for k, _ in rows) + 2
+    cmd = COMMANDS.get(name)
+    lines = [f"usage: diffllm {name} key=value ...", "", (cls.__doc__ or "").strip(), "", "keys (key=default):"]
+    lines += [f"  {k:<{width}}{m}".rstrip() for k, m in rows]
+    if cmd and cmd.examples:
+        lines += ["", "examples:"] + [f"  {e}" for e in cmd.examples]
+    return "\n".join(lines)
 
 
 def load_run(run: str, step: Any = "latest"):

@@ -125,15 +125,15 @@ class GenerateConfig:
     """Continue a prompt with a trained model: greedy (temperature=0) or sampled, stopping at EOS, a stop string or
     max_new_tokens."""
 
-    run: str = ""
-    step: Any = "latest"
-    prompt: str = ""
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
+    prompt: str = ""  # the text to continue (quote it)
     max_new_tokens: Optional[int] = 100  # null: up to the model's context
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: List[str] = field(default_factory=list)
+    temperature: float = 0.0  # 0: greedy; > 0: sample from softmax(logits / temperature)
+    top_k: int = 0  # sample among the k most likely tokens only (0: off)
+    top_p: float = 1.0  # sample among the smallest set of tokens whose probability reaches top_p (1.0: off)
+    seed: int = 0  # of the sampling generator: the same seed gives the same text
+    stop: List[str] = field(default_factory=list)  # stop once the new text contains one of these (cut there)
 
 
 def run_generate(c: GenerateConfig) -> dict:
