@@ -82,7 +82,7 @@ def run_attention(c: AttentionConfig) -> dict:
     by_depth = attention_by_depth(model, tok, c.mode, hay, c.n_needles, c.depths, length, c.trials, c.seed)
     res = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
            "mode": c.mode, "length": length, "n_needles": c.n_needles,
-           "normalisation": "softmax rows" if mcfg.arch == "transformer" else "(A1 - lambda A2) / (1 - lambda)",
+           "normalisation": "softmax rows" if mcfg.variant.baseline else "(A1 - lambda A2) / (1 - lambda)",
            "by_depth": by_depth}
     if hasattr(model.layers[0].attn, "lambda_full"):  # Diff: the map is divided by 1 - lambda, large as lambda -> 1
         res["lambda"] = [float(layer.attn.lambda_full().detach()) for layer in model.layers]

@@ -14,7 +14,6 @@ greedy decoder emits exactly those tokens). LWM counts the number appearing anyw
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, Optional
 
 import numpy as np

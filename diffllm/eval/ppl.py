@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import sys
 
 from omegaconf import OmegaConf
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..model.variant import baseline, variants
 from ..sweep.collect import RunRecord, collect
-from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, JointLaw, PowerLaw, bootstrap_joint, bootstrap_power_law,
+from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
                   exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
 from .plots import loss_vs_params, loss_vs_tokens
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ..config import CONFIG_PATH_ENV, build, hydra_app
 from ..launch.commands import shell

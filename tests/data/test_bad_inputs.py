@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from diffllm.data import DataError, build_train_loader, build_val_batches
+from diffllm.data import build_train_loader, build_val_batches
 
 from .helpers import cfg, make_docs, write_jsonl
 

@@ -1,43 +1,19 @@
 """Evaluation-test fixtures: one tiny trained run per architecture (a few real training steps on the Shakespeare
-plays, single process, ZeRO-0, about 10 s each), made once per session."""
+plays, single process, ZeRO-0, about 10 s each), made once per session (environment and tokenizer: tests/conftest.py)."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.distributed import run_train
+from tests.train.helpers import SESSION
 
-SESSION = Path(tempfile.mkdtemp(prefix="diffllm-eval-tests-"))
-ENV = {"HF_HOME": str(SESSION / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-       "TOKENIZERS_PARALLELISM": "false", "DIFFLLM_CACHE": str(SESSION / "cache")}
 STEPS = 8  # of 1024 tokens (micro-batch 4 x seq 64 x grad-accum 4)
 TINY = ["model.d_model=64", "model.n_layers=2", "model.max_seq_len=128", "data.seq_len=64",
         "data.tokenizer.vocab_size=1024", "trainer.micro_batch_size=4", "trainer.global_batch_tokens=1024",
         f"trainer.tokens={STEPS * 1024}", "trainer.log_every=4", "trainer.val_batches=2", "trainer.val_every=0",
         "trainer.save_every_steps=4", "trainer.zero_stage=0", "optim.warmup_steps=2", "optim.lr=3e-3"]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _env():
-    """Offline, no W&B, and a session cache for the trained tokenizer: never the user's."""
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in ENV.items():
-            mp.setenv(k, v)
-        yield
-    shutil.rmtree(SESSION, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(_env):
-    """The 1024-token BPE of the tiny runs, trained once in this process before any run needs it."""
-    from diffllm.config import build, compose
-    from diffllm.data import DataConfig, ensure_tokenizer
-
-    cfg = compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"])
-    return ensure_tokenizer(build(DataConfig, cfg.data, "data"))
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +23,9 @@ def runs(tokenizer):
 
     def get(arch: str) -> Path:
         if arch not in made:
-            run_dir = SESSION / f"run-{arch}"
+            run_dir = SESSION / f"eval-run-{arch}"
             overrides = TINY + [f"model={arch}-tiny", f"run_dir={run_dir}"]
-            run_train(overrides, 1, SESSION / f"logs-{arch}", launcher="plain")
+            run_train(overrides, 1, SESSION / f"eval-logs-{arch}", launcher="plain")
             assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()  # self-contained
             made[arch] = run_dir
         return made[arch]

@@ -11,7 +11,7 @@ import pytest
 
 from diffllm.data.needle import NeedleSpec, documents
 from diffllm.eval.generate import Sampling, decode, full_forward
-from diffllm.eval.needle import Format, NeedleTask, answers_correct, build_prompt, haystack_tokens, main
+from diffllm.eval.needle import Format, answers_correct, build_prompt, haystack_tokens, main
 
 
 @pytest.mark.parametrize("mode", ["synthetic", "text"])
@@ -25,7 +25,6 @@ def test_prompt_layout(loaded, runs, mode, depth):
     length = 120 if mode == "synthetic" else 128  # text needles are ~30 tokens with this 1024-token BPE
     r = 2 if mode == "synthetic" else 1
     p = build_prompt(fmt, hay, 3 if mode == "synthetic" else 2, r, depth, length, np.random.default_rng(7))
-    text = tok.decode(p.ids)
     assert len(p.ids) == length and len(p.answers) == r and len(set(p.keys)) == r
     needle = tok.decode(p.ids[p.needle[0] : p.needle[1]])
     answer = tok.decode(p.ids[p.answers[0][0] : p.answers[0][1]]).strip()

@@ -22,12 +22,3 @@ def slurm():
     finally:
         cluster.down()
         shutil.rmtree(cluster.dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _train_session_files():
-    """The real runs here share tests/train's session folder (its tokenizer cache); remove it at the end."""
-    from tests.train.helpers import SESSION
-
-    yield
-    shutil.rmtree(SESSION, ignore_errors=True)

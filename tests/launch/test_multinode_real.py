@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from diffllm.train.checkpoint import find_resume
+from diffllm.runs import find_checkpoint
 from diffllm.train.dist import free_port
 from diffllm.train.metrics import read_metrics
 from tests.distributed import base_env
@@ -101,7 +101,7 @@ def test_ctrl_c_waits_for_the_save_and_exits_3(tmp_path):
     assert "SIGINT received" in out and "diffllm launch: stopped by SIGINT" in out
     assert "KeyboardInterrupt" not in out
     stopped = max(m["step"] for m in read_metrics(run_dir))
-    assert find_resume(run_dir / "checkpoints").step == stopped < 400
+    assert find_checkpoint(run_dir / "checkpoints").step == stopped < 400
 
 
 def _metrics(run_dir: Path) -> list[dict]:

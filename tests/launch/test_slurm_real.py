@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffllm.train.checkpoint import TAG, find_resume
+from diffllm.runs import TAG, find_checkpoint
 from diffllm.train.metrics import read_metrics
 from tests.distributed import base_env
 from tests.train.helpers import ENV, comparable, tiny
@@ -117,10 +117,10 @@ def test_scancel_mid_run_leaves_complete_checkpoints(slurm, tmp_path):
     assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), out[-3000:]  # a cancelled job stays so
     assert "SIGTERM received" in out and "stopped by SIGTERM (exit" in out and "not requeued" in out, out[-3000:]
     ckpts = run_dir / "checkpoints"
-    saved = find_resume(ckpts)  # `latest` names a complete checkpoint (meta.json written last, atomically)
+    saved = find_checkpoint(ckpts)  # `latest` names a complete checkpoint (meta.json written last, atomically)
     assert saved is not None and saved.step >= 40, out[-3000:]
     leftovers = [p.name for p in ckpts.iterdir() if p.is_dir() and not TAG.match(p.name)]
     assert leftovers == [], leftovers  # no tmp-step<N> half-written
     for tag in (p for p in ckpts.iterdir() if TAG.match(p.name)):
-        assert find_resume(tag).step == int(TAG.match(tag.name).group(1))
+        assert find_checkpoint(tag).step == int(TAG.match(tag.name).group(1))
     assert not slurm.cmd("squeue", "-h", "-j", str(job), check=False).strip()

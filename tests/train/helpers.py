@@ -6,7 +6,7 @@ from pathlib import Path
 
 SESSION = Path(tempfile.mkdtemp(prefix="diffllm-train-tests-"))
 # Set for every trainer test (and the processes it starts) by the session fixture in conftest.py.
-ENV = {"HF_HOME": str(SESSION / "hf"), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+ENV = {"HF_HOME": str(SESSION / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
        "TOKENIZERS_PARALLELISM": "false", "DIFFLLM_CACHE": str(SESSION / "cache")}
 
 STEPS = 16  # of 1024 tokens: micro-batch 4 x seq 64 x grad-accum 2 x 2 ranks
