@@ -1,6 +1,6 @@
 """Config plumbing shared by every command: the config search path, typed dataclasses from config nodes, the dataclass
-defaults under the YAML (every field settable by its plain name), and the Hydra app wrapper that turns bad overrides
-into one line (exit code 2) and answers --help.
+defaults under the YAML (every field settable by its plain name), and one-line messages for bad overrides (exit code
+2). The Hydra app wrapper that uses them is diffllm/apps.py.
 
 Search path, first match wins: each directory of $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` on any
 command prepends to it, so the processes a command starts see it too), then ./configs of the current directory, then
@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import inspect
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Iterator, Optional, TypeVar
 
-import hydra
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
@@ -156,8 +154,8 @@ def schema_node(schema: dict[str, type]) -> dict[str, Any]:
 
 
 def schema_for(config_name: str) -> dict[str, type]:
-    """The typed configs a command's config holds, from its registration in diffllm/cli.py ({} when unregistered)."""
-    from .cli import command_for_config, load
+    """The typed configs a command's config holds, from its registration in diffllm/commands.py ({} if none)."""
+    from .commands import command_for_config, load
 
     cmd = command_for_config(config_name)
     return {group: load(target) for group, target in (cmd.schema if cmd else {}).items()}
@@ -240,7 +238,7 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
+def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
     """`+model.lambda_init=0.5` (the form documented before every field existed) -> `++model.lambda_init=0.5`."""
     fields = {f"{g}.{k}" if g else k for g, cls in schema.items() for k in field_defaults(cls)}
     return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
@@ -251,72 +249,7 @@ def fail(prog: str, message: str) -> None:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-# ------------------------------------------------------------------------------------------------------ Hydra apps
-def program(config_name: str) -> str:
-    """`diffllm train` for the messages: the dispatcher's argv[0], else the command registered on this config."""
-    if sys.argv and sys.argv[0].startswith("diffllm "):
-        return sys.argv[0]
-    from .cli import command_for_config
-
-    cmd = command_for_config(config_name)
-    return f"diffllm {cmd.name}" if cmd else f"diffllm {config_name}"
-
-
-def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """`@hydra_app("train")`: a Hydra app on configs/train.yaml along the search path. `-h/--help` prints the
-    command's help; an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
-
-    def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
-        @functools.wraps(task)
-        def run() -> Any:
-            prog = program(config_name)
-            argv = sys.argv[1:]
-            if "-h" in argv or "--help" in argv:
-                from .help import command_help
-
-                print(command_help(config_name, prog))
-                raise SystemExit(0)
-            argv = take_config_dirs(argv)
-            schema = register_schema(config_name)
-            argv = _plus_to_force(argv, schema)
-            use_search_path()
-            sys.argv = [sys.argv[0]] + argv
-            user_full_error = os.environ.get("HYDRA_FULL_ERROR")
-
-            def checked(cfg: DictConfig) -> Any:
-                _set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
-                try:
-                    check_typed(cfg, schema)
-                except ValueError as e:
-                    fail(prog, str(e))
-                try:
-                    return task(cfg)
-                except ValueError as e:  # the command's own bad-input errors: one line naming the culprit, exit 2
-                    if user_full_error == "1":
-                        raise
-                    fail(prog, str(e))
-                finally:
-                    os.environ["HYDRA_FULL_ERROR"] = "1"
-
-            app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
-            os.environ["HYDRA_FULL_ERROR"] = "1"  # raise composition errors here rather than print 6-35 lines
-            try:
-                return app()
-            except Exception as e:  # noqa: BLE001 - composition errors; a user asking for full errors gets them
-                from hydra.errors import HydraException
-
-                if user_full_error == "1" or not isinstance(e, (HydraException, OmegaConfBaseException)):
-                    raise
-                fail(prog, explain(e, config_name, argv))
-            finally:
-                _set_env("HYDRA_FULL_ERROR", user_full_error)
-
-        return run
-
-    return decorate
-
-
-def _set_env(name: str, value: Optional[str]) -> None:
+def set_env(name: str, value: Optional[str]) -> None:
     if value is None:
         os.environ.pop(name, None)
     else:
@@ -328,7 +261,7 @@ def compose(config_name: str, overrides: list[str] | None = None, return_hydra_c
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = _plus_to_force(list(overrides or []), register_schema(config_name))
+    overrides = plus_to_force(list(overrides or []), register_schema(config_name))
     use_search_path()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

@@ -98,7 +98,7 @@ def _rows(node: DictConfig, prefix: str, nested: set[str]) -> list[tuple[str, st
 
 def command_help(config_name: str, prog: str) -> str:
     """The whole --help text of the command running configs/<config_name>.yaml."""
-    from .cli import COMMANDS, command_for_config
+    from .commands import COMMANDS, command_for_config
 
     cmd = COMMANDS.get(prog.replace("diffllm ", "", 1)) or command_for_config(config_name)
     top = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .config import build, hydra_app
+from .apps import hydra_app
+from .config import build
 from .model import ModelConfig
 from .model.accounting import model_stats
-from .model.presets import load_preset, preset_names  # noqa: F401  (moved to model/presets.py; re-exported)
+from .model.presets import load_preset, preset_names
 
 
 def _fmt(n: float) -> str:

@@ -51,7 +51,7 @@ class Bare:
     def __init__(self, preset: str, vocab: int, device, data):
         import torch
 
-        from diffllm.info import load_preset
+        from diffllm.model.presets import load_preset
         from diffllm.model import DecoderLM
         from diffllm.train.optim import param_groups
 

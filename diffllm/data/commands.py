@@ -7,7 +7,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..config import build, hydra_app
+from ..apps import hydra_app
+from ..config import build
 from .config import DataConfig
 from .loader import resolve_sources
 from .prepare import prepare_source

@@ -73,7 +73,7 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
 def usage(name: str, cls: type) -> str:
     """--help: what the command does, each key=default with the meaning its dataclass field's comment gives, and the
     examples of its registry entry (diffllm/cli.py)."""
-    from ..cli import COMMANDS
+    from ..commands import COMMANDS
     from ..help import field_comments
 
     meaning = field_comments(cls)

@@ -12,15 +12,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from ..counts import parse_count  # sweep/grid.py still imports it from here
+from ..counts import parse_count
 from ..hardware import GPU, lookup
 from ..model.accounting import meta_model, model_stats
 from ..model.config import ModelConfig
 from ..model.presets import check_model_overrides
 from .activations import ActivationBytes, activation_bytes
 
-__all__ = ["PlanConfig", "make_plan", "render", "plan_dict", "parse_count", "check_model_overrides"]  # the last two
-# live in diffllm/counts.py and diffllm/model/presets.py; re-exported for callers that still import them from here
+__all__ = ["PlanConfig", "make_plan", "render", "plan_dict"]
 
 GiB = 2**30
 
@@ -237,7 +236,8 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
-    from ..config import build, hydra_app
+    from ..apps import hydra_app
+    from ..config import build
     from ..hardware import gpu_table
 
     check_model_overrides(sys.argv[1:], "diffllm plan")

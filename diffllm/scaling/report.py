@@ -235,7 +235,8 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    from ..config import build, hydra_app
+    from ..apps import hydra_app
+    from ..config import build
 
     @hydra_app("scaling")
     def app(node) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..config import CONFIG_PATH_ENV, build, hydra_app
+from ..apps import hydra_app
+from ..config import CONFIG_PATH_ENV, build
 from ..launch.commands import shell
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..info import load_preset
+from ..counts import parse_count
 from ..model.accounting import model_stats
+from ..model.presets import load_preset
 from ..runs import Run as RunDir
-from ..scaling.planner import parse_count
 
 JOB_MODULE = "diffllm.sweep.job"
 

@@ -53,7 +53,9 @@ def test_config_dir_option_and_help(diffllm, tmp_path, monkeypatch):
     missing = diffllm("data", "prepare", "data=mine")
     assert missing.code == 2 and missing.err.startswith("diffllm data prepare: error: unknown data=mine (")
     help_text = diffllm("data", "prepare", "--help", "--config-dir", "mine_cfg").out
-    assert "data=shakespeare   (2 options)" in help_text and str((tmp_path / "mine_cfg").resolve()) in help_text
+    packaged = len(list((CONFIG_DIR / "data").glob("*.yaml")))
+    assert f"data=shakespeare   ({packaged + 1} options)" in help_text  # the packaged data configs and mine
+    assert str((tmp_path / "mine_cfg").resolve()) in help_text
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from diffllm.config import compose
 from diffllm.model.accounting import model_stats
-from diffllm.info import load_preset
+from diffllm.model.presets import load_preset
 from diffllm.sweep.collect import collect, read_csv, to_csv, write_tables
 from diffllm.sweep.grid import SweepConfig, budgets, multirun_commands, plan_runs, token_label
 

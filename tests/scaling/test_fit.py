@@ -12,7 +12,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from diffllm.info import load_preset
+from diffllm.model.presets import load_preset
 from diffllm.model.accounting import model_stats
 from diffllm.scaling.fit import (JointLaw, PowerLaw, bootstrap_power_law, fit_joint, fit_power_law, interval,
                                  ratio_at_equal_loss)
