@@ -9,11 +9,18 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from ..apps import hydra_app
-from .dist import strip_local_rank
 from .config import TrainConfig
+from .dist import strip_local_rank
 from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, Trainer  # noqa: F401 - documented below
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
+EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
+
+
+def lost_peer(e: BaseException) -> bool:
+    """A collective failed because another rank's process ended or stopped answering (gloo/NCCL)."""
+    return isinstance(e, getattr(dist, "DistError", ())) or any(s in str(e) for s in PEER_LOST)
 
 
 @hydra_app("train")
@@ -23,6 +30,14 @@ def _app(cfg: DictConfig) -> None:
     except ValueError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
         print(f"diffllm train: error: {e}", file=sys.stderr, flush=True)
         code = EXIT_BAD_INPUT
+    except RuntimeError as e:
+        if not lost_peer(e):
+            raise
+        why = str(e).strip().splitlines()[0][-160:] if str(e).strip() else type(e).__name__
+        print(f"[diffllm.train] error: rank {os.environ.get('RANK', '0')}: a collective failed because another rank "
+              f"ended or stopped answering ({why}); its log says why; this rank stops too (exit code "
+              f"{EXIT_PEER_LOST}); relaunch to resume from the last checkpoint", file=sys.stderr, flush=True)
+        code = EXIT_PEER_LOST
     if dist.is_initialized():
         dist.destroy_process_group()
     # Everything is saved, closed and flushed here. The interpreter's own teardown after torch + DeepSpeed (which
@@ -36,6 +51,8 @@ def _app(cfg: DictConfig) -> None:
 def main() -> None:
     """Exit codes: 0 finished (EXIT_FINISHED), 2 bad input, 3 stopped by SIGTERM/SIGINT/SIGUSR1 after saving a
     checkpoint: relaunch to continue (EXIT_PREEMPTED), 4 too many non-finite steps in a row (EXIT_NONFINITE), 5 no
-    progress for trainer.stall_timeout_s (EXIT_STALLED: the one-line error names the stalled phase; relaunch)."""
+    progress for trainer.stall_timeout_s (EXIT_STALLED: the one-line error names the stalled phase; relaunch), 6 a
+    collective failed because another rank ended or stopped answering (EXIT_PEER_LOST; the other rank's log says
+    why)."""
     sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()
