@@ -5,5 +5,6 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages(include=["diffllm", "diffllm.*"]) + ["diffllm.configs"],
     package_dir={"diffllm.configs": "configs"},
-    package_data={"diffllm.configs": ["*.yaml", "**/*.yaml"]},
+    package_data={"diffllm.configs": ["*.yaml", "**/*.yaml"],
+                  "diffllm.eval": ["tasks/*/*.yaml", "tasks/*/*.jsonl"]},  # lm-eval's local tasks
 )

@@ -20,8 +20,9 @@ class Result:
 def diffllm(capsys, monkeypatch):
     """diffllm("train", "--help") -> Result; sys.argv and the environment are restored afterwards."""
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    monkeypatch.delenv("DIFFLLM_CONFIG_PATH", raising=False)
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    for name in ("DIFFLLM_CONFIG_PATH", "HYDRA_FULL_ERROR"):  # `--config-dir` writes the first into os.environ
+        monkeypatch.setenv(name, "")  # recorded (an unset variable's delenv is not), so teardown undoes any change
+        monkeypatch.delenv(name)
 
     def run(*argv: str) -> Result:
         capsys.readouterr()
