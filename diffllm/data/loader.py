@@ -138,7 +138,7 @@ class TrainLoader:
             return iter(ds)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
         return iter(torch.utils.data.DataLoader(
-            ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.ignore_stop_signals,
+            ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.worker_init,
             collate_fn=workers.as_is, multiprocessing_context=workers.context(), timeout=self.cfg.worker_timeout_s))
 
     def close(self) -> None:

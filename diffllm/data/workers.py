@@ -6,13 +6,17 @@ W&B, tokenizer pools). os.fork() copies a process whose other threads may hold i
 child can deadlock before it runs a line (seen: a worker stuck in PyOS_AfterFork_Child, its rank waiting forever for
 a batch). A forkserver is a fresh single-threaded interpreter started once per training process (fork + exec); it
 imports the data stack once (this module is its preload), and every worker is forked from it, so a worker starts in
-milliseconds after the first and never inherits a thread. The forkserver leaves when the training process does (it
-reads EOF on its pipe), and its workers follow within a few seconds (DataLoader's parent watchdog)."""
+milliseconds after the first and never inherits a thread. Nothing outlives the training process, however it ends
+(a watchdog's os._exit, SIGKILL): the kernel kills the forkserver when the training process ends and each worker
+when its forkserver does (die_with_parent). DataLoader's own parent watchdog cannot do this: a worker's parent is the
+forkserver, not the trainer (seen: forkservers and workers of a stalled rank still alive an hour later)."""
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
+import sys
 
 START_METHOD = "forkserver"
 _FORKSERVER_OF = "DIFFLLM_DATA_FORKSERVER_OF"  # pid of the training process whose forkserver may ignore SIGTERM
@@ -23,6 +27,26 @@ def ignore_stop_signals(_: object = None) -> None:
     signal sent to every process of a job (Slurm, Ctrl-C) cannot kill a worker under a trainer finishing its step."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent ends (prctl PR_SET_PDEATHSIG); if the parent is
+    already gone, leave now. No thread is involved, so the forkserver stays safe to fork from. A no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(0)
+
+
+def worker_init(_: object = None) -> None:
+    """DataLoader worker_init_fn: stop signals are the trainer's; die with the forkserver (and so with the trainer)."""
+    ignore_stop_signals()
+    die_with_parent()
 
 
 def context() -> multiprocessing.context.BaseContext:
@@ -64,6 +88,7 @@ def _preload() -> None:
     from . import loader  # noqa: F401
 
     ignore_stop_signals()
+    die_with_parent()  # the forkserver ends with its training process
 
 
 if os.environ.get(_FORKSERVER_OF) == str(os.getppid()):
