@@ -105,8 +105,8 @@ def eval_sources(run_config: Optional[dict], data: Any) -> list:
             raise EvalError("data: the run has no config.yaml to take its held-out sources from; pass data=<config "
                             "name or files>")
         cfg = build(DataConfig, node, "data")
-    elif isinstance(data, str) and find_config("data", data) is not None:  # along the config search path
-        cfg = build(DataConfig, OmegaConf.load(find_config("data", data)), f"data={data}")
+    elif isinstance(data, str) and (found := find_config("data", data)) is not None:  # along the search path
+        cfg = build(DataConfig, OmegaConf.load(found), f"data={data}")
     else:
         paths = [data] if isinstance(data, str) else list(data)
         if isinstance(data, str) and "/" not in data and "." not in data:
