@@ -54,7 +54,7 @@ _REGISTRY: dict[str, Command] = {
         "diffllm.launch.cli:main", "run `diffllm train` under torchrun, deepspeed or SLURM (argparse options)",
         examples=("diffllm launch --procs 8 model=diff-3b", "diffllm launch --launcher slurm --nodes 4 --dry-run")),
     "sweep": Command(
-        "diffllm.sweep.cli:main", "run a grid of training runs (presets x budgets x seeds) through Hydra multirun",
+        "diffllm.sweep.cli:main", "run a grid of training runs (presets x budgets x hyperparameter axes x seeds) through Hydra multirun",
         "sweep", {"sweep": "diffllm.sweep.grid:SweepConfig"},
         ("diffllm sweep dry_run=true", "diffllm sweep sweep=paper launcher=submitit_slurm",
          "diffllm sweep --config-dir my_configs sweep=mine   # my_configs/sweep/mine.yaml, also seen by the jobs")),

@@ -60,6 +60,8 @@ class TokenizerConfig:
     special_tokens: List[str] = field(default_factory=list)  # extra special tokens for the trained BPE
     min_frequency: int = 2
     train_chars: int = 200_000_000  # train the BPE on at most this many characters of the training sources
+    train_on: List[str] = field(default_factory=list)  # names of the training sources the BPE learns from (empty: all),
+    # e.g. [plays] so a synthetic source mixed into the data does not shape the vocabulary
 
 
 @dataclass

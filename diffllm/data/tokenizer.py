@@ -1,6 +1,7 @@
 """Tokenizers: load a tokenizer.json or HF tokenizer folder, train a byte-level BPE on the sources, cache it."""
 from __future__ import annotations
 
+import difflib
 import fcntl
 import hashlib
 import json
@@ -134,7 +135,17 @@ def default_path(cfg: DataConfig, sources: list[Source]) -> Path:
 def train_sources(cfg: DataConfig) -> list[Source]:
     if not cfg.sources:
         raise DataError("data.sources: empty; configure at least one training source")
-    return [resolve(s, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
+    sources = [resolve(s, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
+    wanted = cfg.tokenizer.train_on
+    if not wanted:
+        return sources
+    names = [s.name for s in sources]
+    for name in wanted:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (sources: {', '.join(names)})"
+            raise DataError(f"data.tokenizer.train_on: no training source named {name!r}{hint}")
+    return [s for s in sources if s.name in wanted]
 
 
 def train_and_save(cfg: DataConfig, sources: list[Source], out: Path) -> tuple[Tokenizer, int, float]:

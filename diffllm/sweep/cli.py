@@ -1,4 +1,5 @@
-"""`diffllm sweep [--config-dir DIR] [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [dry_run=true]`
+"""`diffllm sweep [--config-dir DIR] [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [shard=i/n]
+[dry_run=true]`
 runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH);
 `diffllm sweep collect [sweep_dir=...] [out=...]` tabulates the summaries."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..apps import hydra_app
 from ..config import CONFIG_PATH_ENV, build
 from ..launch.commands import shell
 from .collect import collect, write_tables
-from .grid import SweepConfig, multirun_commands, plan_runs
+from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs
 
 LAUNCHERS = ("basic", "submitit_slurm")
 
@@ -28,7 +29,7 @@ def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:
 
 def run_sweep(cfg: DictConfig) -> int:
     grid = build(SweepConfig, cfg.sweep, "sweep")
-    runs = plan_runs(grid, cfg.sweep_dir)
+    runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
     for r in runs:
         print(f"{r.status:>10}  {r.run_dir}")

@@ -1,8 +1,11 @@
-"""The sweep grid: presets x token budgets (absolute, or multiples of a tokens-per-parameter rule) x seeds, one run
-directory each, and the Hydra multirun commands that run the pending ones (finished runs are skipped; unfinished ones
-resume from their checkpoints because the run directory is the same)."""
+"""The sweep grid: presets x token budgets (absolute, or multiples of a tokens-per-parameter rule) x any other
+hyperparameter axes (learning rate, lambda_init, ...; per preset where needed) x seeds, one run directory each, and the
+Hydra multirun commands that run the pending ones (finished runs are skipped; unfinished ones resume from their
+checkpoints because the run directory is the same)."""
 from __future__ import annotations
 
+import fnmatch
+import itertools
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,11 +26,14 @@ class SweepConfig:
     models: list[str] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)  # budgets for every model (20M, 1.5B, ...)
     tokens_per_param: list[float] = field(default_factory=list)  # or budgets = k x params (Chinchilla: 20)
-    params: str = "total"  # what tokens_per_param multiplies: total | nonembedding
+    params: str = "total"  # what tokens_per_param multiplies: total | nonembedding | block (no embedding, no head)
     tokens_by_model: dict[str, list[Any]] = field(default_factory=dict)  # per-model budgets (ints or 20M), replacing
     round_tokens_to: int = 1  # round budgets up to a multiple (the global batch: whole optimizer steps)
     seeds: list[int] = field(default_factory=lambda: [1234])  # `seed=` and `data.seed=` of each run
     seeds_by_model: dict[str, list[int]] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)  # extra axes, any Hydra key: {optim.lr: [1e-3, 2e-3]}
+    # {"diff-*": {model.lambda_init: [null, 0.8]}}: axes for the presets each glob matches (over `grid`; later wins)
+    grid_by_model: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # axes per preset glob
     overrides: list[str] = field(default_factory=list)  # passed to every run (trainer.*, data.*, optim.*)
 
     def validate(self) -> None:
@@ -38,12 +44,52 @@ class SweepConfig:
         for m in list(self.tokens_by_model) + list(self.seeds_by_model):
             if m not in self.models:
                 raise ValueError(f"sweep.tokens_by_model/seeds_by_model: {m} is not in sweep.models")
-        if self.params not in ("total", "nonembedding"):
-            raise ValueError(f"sweep.params={self.params}: expected total or nonembedding")
+        if self.params not in ("total", "nonembedding", "block"):
+            raise ValueError(f"sweep.params={self.params}: expected total, nonembedding or block")
+        for pattern in self.grid_by_model:
+            if not any(fnmatch.fnmatchcase(m, pattern) for m in self.models):
+                raise ValueError(f"sweep.grid_by_model: {pattern!r} matches none of sweep.models")
+        overridden = {o.lstrip("+~").split("=", 1)[0] for o in self.overrides}
+        for key, values in [*self.grid.items(), *(kv for g in self.grid_by_model.values() for kv in g.items())]:
+            where = f"sweep.grid.{key}"
+            if key in ("model", "seed", "data.seed", "trainer.tokens", "run_dir"):
+                raise ValueError(f"{where}: {key} is set by the sweep itself (models, seeds, tokens, sweep_dir)")
+            if key in overridden:
+                raise ValueError(f"{where}: {key} is also in sweep.overrides; keep it in one place")
+            if not isinstance(values, (list, tuple)) or not values:
+                raise ValueError(f"{where}: expected a non-empty list of values, got {values!r}")
+            if any(isinstance(v, (list, tuple, dict)) for v in values):
+                raise ValueError(f"{where}: values must be scalars (numbers, strings, null)")
         missing = [m for m in self.models if m not in self.tokens_by_model]
         if missing and not self.tokens and not self.tokens_per_param:
             raise ValueError(f"sweep.tokens: no budget for {missing[0]} (set tokens, tokens_per_param or "
                              f"tokens_by_model)")
+
+
+def axes_for(cfg: SweepConfig, model: str) -> dict[str, list[Any]]:
+    """The extra axes of one preset: `grid`, then every matching `grid_by_model` pattern in order (later wins)."""
+    axes = dict(cfg.grid)
+    for pattern, grid in cfg.grid_by_model.items():
+        if fnmatch.fnmatchcase(model, pattern):
+            axes.update(grid)
+    return axes
+
+
+def value_text(v: Any) -> str:
+    """A grid value as Hydra reads it back and as a folder name shows it: null, 0.002, 3e-05, true, name."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def axes_label(axes: tuple[tuple[str, Any], ...], keys: list[str]) -> str:
+    """The run's folder for its axis values: `lr=0.002,lambda_init=0.8` (a key's last part when that is unique among
+    the sweep's axis keys, else the whole key)."""
+    tails = [k.rsplit(".", 1)[-1] for k in keys]
+    short = {k: t if tails.count(t) == 1 else k for k, t in zip(keys, tails)}
+    return ",".join(f"{short[k]}={value_text(v)}" for k, v in axes)
 
 
 @dataclass(frozen=True)
@@ -52,6 +98,7 @@ class Run:
     tokens: int
     seed: int
     run_dir: Path
+    axes: tuple[tuple[str, Any], ...] = ()  # (key, value) of each extra axis, in the sweep's key order
 
     @property
     def status(self) -> str:
@@ -82,32 +129,60 @@ def budgets(cfg: SweepConfig, model: str, vocab_size: int | None = None) -> list
             if vocab_size:
                 mc.vocab_size = vocab_size
             s = model_stats(mc)
-            n = s.total_params if cfg.params == "total" else s.nonembedding_params
+            n = {"total": s.total_params, "nonembedding": s.nonembedding_params,
+                 "block": s.nonembedding_params - (0 if mc.tie_embeddings else s.embedding_params)}[cfg.params]
             raw += [int(k * n) for k in cfg.tokens_per_param]
     step = max(cfg.round_tokens_to, 1)
     return sorted({-(-t // step) * step for t in raw})
 
 
+def axis_keys(cfg: SweepConfig) -> list[str]:
+    """Every extra axis key of the sweep, in first-seen order."""
+    return list(dict.fromkeys(k for m in cfg.models for k in axes_for(cfg, m)))
+
+
 def plan_runs(cfg: SweepConfig, sweep_dir: str | Path) -> list[Run]:
     cfg.validate()
-    root = Path(sweep_dir)
-    return [Run(m, t, s, root / m / token_label(t) / f"seed{s}")
-            for m in cfg.models for t in budgets(cfg, m) for s in cfg.seeds_by_model.get(m, cfg.seeds)]
+    root, keys = Path(sweep_dir), axis_keys(cfg)
+    runs = []
+    for m in cfg.models:
+        axes = axes_for(cfg, m)
+        ordered = [k for k in keys if k in axes]
+        for t in budgets(cfg, m):
+            for combo in itertools.product(*(axes[k] for k in ordered)):
+                point = tuple(zip(ordered, combo))
+                base = root / m / token_label(t) / (axes_label(point, keys) if point else "")
+                runs += [Run(m, t, s, base / f"seed{s}", point) for s in cfg.seeds_by_model.get(m, cfg.seeds)]
+    return runs
+
+
+def shard_runs(runs: list[Run], shard: str | None) -> list[Run]:
+    """`shard=i/n`: every n-th run from the i-th, so n sweeps (processes, machines) split one grid between them."""
+    if not shard:
+        return runs
+    i, _, n = str(shard).partition("/")
+    if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n)):
+        raise ValueError(f"shard={shard}: expected i/n with 0 <= i < n, e.g. shard=0/2")
+    return runs[int(i)::int(n)]
 
 
 def multirun_commands(runs: list[Run], cfg: SweepConfig, sweep_dir: str | Path,
                       launcher_overrides: list[str]) -> list[list[str]]:
-    """One Hydra multirun per (budget, seed) over the models that still need it: `model=a,b,c`."""
-    groups: dict[tuple[int, int], list[str]] = defaultdict(list)
+    """One Hydra multirun per (budget, seed, axis values) over the models that still need it: `model=a,b,c`; seed by
+    seed, so a sweep cut short has whole seeds."""
+    groups: dict[tuple, list[str]] = defaultdict(list)
     for r in runs:
-        groups[(r.tokens, r.seed)].append(r.model)
+        groups[(r.tokens, r.seed, r.axes)].append(r.model)
+    keys = axis_keys(cfg)
     commands = []
-    for (tokens, seed), models in sorted(groups.items()):
+    for (tokens, seed, axes), models in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0], repr(g[0][2]))):
         label = token_label(tokens)
+        folder = f"{label}/{axes_label(axes, keys)}" if axes else label
+        tag = f"{label}-{axes_label(axes, keys)}-seed{seed}" if axes else f"{label}-seed{seed}"
         commands.append([
             sys.executable, "-m", JOB_MODULE, "--multirun", f"model={','.join(models)}", f"trainer.tokens={tokens}",
-            f"seed={seed}", f"data.seed={seed}", f"run_dir={Path(sweep_dir)}/${{model.name}}/{label}/seed{seed}",
-            "trainer.resume=auto", *cfg.overrides, f"hydra.sweep.dir={Path(sweep_dir)}/.multirun/{label}-seed{seed}",
-            *launcher_overrides,
+            f"seed={seed}", f"data.seed={seed}", f'run_dir="{Path(sweep_dir)}/${{model.name}}/{folder}/seed{seed}"',
+            "trainer.resume=auto", *cfg.overrides, *(f"{k}={value_text(v)}" for k, v in axes),
+            f'hydra.sweep.dir="{Path(sweep_dir)}/.multirun/{tag}"', *launcher_overrides,
         ])
     return commands

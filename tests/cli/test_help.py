@@ -16,7 +16,7 @@ MAIN_KEYS = {
     "train": ["model=diff-tiny", "trainer=cpu", "run_dir=runs/${model.name}", "trainer.zero_stage=2",
               "model.lambda_init=null", "model.attn_backend=sdpa", "data.prepared_dir=null", "optim.lr=0.003"],
     "plan": ["model=diff-830m", "tokens=100B", "gpus_per_node=8", "gpu=h100", "zero_stage=null"],
-    "sweep": ["sweep=micro", "sweep_dir=runs/sweep/${sweep.name}", "launcher=basic", "dry_run=false", "sweep.seeds=[1234]"],
+    "sweep": ["sweep=micro", "sweep_dir=runs/sweep/${sweep.name}", "launcher=basic", "dry_run=false", "sweep.seeds=[1, 2]", "sweep.grid_by_model={...}"],
     "sweep collect": ["sweep=micro", "out=null", "sweep_dir=runs/sweep/${sweep.name}"],
     "scaling fit": ["sweep_dir=runs/sweep/micro", "params=block", "reps=400", "joint=auto"],
     "export": ["run=null", "out=null", "step=latest", "format=auto", "dtype=float32"],

@@ -81,3 +81,17 @@ def test_a_vocabulary_smaller_than_asked_is_explained(tmp_path, capfd):
     assert f"set data.tokenizer.vocab_size={tok.vocab_size}" in err
     ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 300}))
     assert "warning" not in capfd.readouterr().err  # a vocabulary that fills up says nothing
+
+
+def test_train_on_limits_the_bpe_to_the_named_sources(tmp_path):
+    """A synthetic source mixed into the data does not shape the vocabulary when train_on names the text source: the
+    tokenizer equals the one trained on the text source alone (the same cache entry), and differs from the mixture's."""
+    corpus(tmp_path / "c", n_files=2, docs_per_file=50)
+    text = {"name": "text", "path": str(tmp_path / "c/*.jsonl")}
+    needles = {"name": "needles", "format": "needle", "path": "needle:filler=400,docs=2000", "weight": 0.1}
+    alone = ensure_tokenizer(cfg([text], tokenizer={"vocab_size": 300}))
+    limited = ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300, "train_on": ["text"]}))
+    mixed = ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300}))
+    assert limited.fingerprint == alone.fingerprint != mixed.fingerprint
+    with pytest.raises(DataError, match=r"^data.tokenizer.train_on: no training source named 'txt'; did you mean 'text'\?$"):
+        ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300, "train_on": ["txt"]}))

@@ -14,7 +14,7 @@ from diffllm.config import compose
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset
 from diffllm.sweep.collect import collect, read_csv, to_csv, write_tables
-from diffllm.sweep.grid import SweepConfig, budgets, multirun_commands, plan_runs, token_label
+from diffllm.sweep.grid import SweepConfig, budgets, multirun_commands, plan_runs, shard_runs, token_label
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_multirun_commands_skip_finished(tmp_path):
     (cmd,) = multirun_commands(pending, grid, tmp_path, ["hydra/launcher=submitit_slurm"])
     assert cmd[1:4] == ["-m", "diffllm.sweep.job", "--multirun"]
     assert "model=diff-micro-1" in cmd and "trainer.tokens=64000" in cmd and "seed=7" in cmd and "data.seed=7" in cmd
-    assert f"run_dir={tmp_path}/${{model.name}}/64K/seed7" in cmd and "trainer.resume=auto" in cmd
+    assert f'run_dir="{tmp_path}/${{model.name}}/64K/seed7"' in cmd and "trainer.resume=auto" in cmd
     assert cmd[-1] == "hydra/launcher=submitit_slurm" and "trainer.zero_stage=0" in cmd
 
 
@@ -76,11 +76,71 @@ def test_micro_sweep_config_is_a_valid_grid():
 
     grid = build(SweepConfig, cfg.sweep, "sweep")
     runs = plan_runs(grid, "/nonexistent")
-    sizes = {r.model: model_stats(load_preset(r.model)).nonembedding_params for r in runs}
-    for arch in ("transformer", "diff"):
-        ns = [n for m, n in sizes.items() if m.startswith(arch)]
+    stats = {r.model: model_stats(load_preset(r.model)) for r in runs}
+    block = {m: s.nonembedding_params - s.embedding_params for m, s in stats.items()}  # untied heads
+    for arch in ("transformer-", "diff-", "diff2-"):
+        ns = [n for m, n in block.items() if m.startswith(arch)]
         assert len(ns) >= 4 and max(ns) / min(ns) >= 8
-    assert sum(r.model == "diff-micro-1" for r in runs) == 2
+    for m in block:
+        assert load_preset(m).n_heads >= 4  # the Diff Transformer gets >= 2 diff heads
+    for r in runs:
+        assert r.tokens / (r.tokens // 2304) == 2304 and r.tokens // 2304 >= 1000  # >= 1000 steps
+        if not r.model.startswith("diff2-"):
+            assert r.tokens >= 20 * block[r.model]
+    # 3 learning rates x 2 seeds for every preset, x 2 lambda_init choices for the Diff Transformer
+    assert sum(r.model == "diff-micro-1" for r in runs) == 12 and sum(r.model == "diff2-micro-4" for r in runs) == 6
+    assert len(runs) == 96
+
+
+def test_grid_axes_per_model_and_their_run_dirs(tmp_path):
+    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1", "diff-micro-3"], tokens=["64K"], seeds=[1, 2],
+                       grid={"optim.lr": [1e-3, 2e-3]},
+                       grid_by_model={"*-micro-3": {"optim.lr": [3e-05]}, "diff-*": {"model.lambda_init": [None, 0.8]}})
+    runs = plan_runs(grid, tmp_path)
+    points = {(r.model, r.axes, r.seed) for r in runs}
+    assert len(runs) == len(points) == 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2
+    assert ("diff-micro-3", (("optim.lr", 3e-05), ("model.lambda_init", None)), 2) in points
+    assert ("transformer-micro-1", (("optim.lr", 0.002),), 1) in points
+    d = next(r.run_dir for r in runs if r.model == "diff-micro-1" and r.seed == 2 and r.axes[1][1] == 0.8
+             and r.axes[0][1] == 1e-3)
+    assert d == tmp_path / "diff-micro-1" / "64K" / "lr=0.001,lambda_init=0.8" / "seed2"
+    commands = multirun_commands(runs, grid, tmp_path, [])
+    assert len(commands) == 2 * (2 + 4 + 2)  # per seed: transformer lrs, diff-micro-1 lr x lambda, diff-micro-3
+    for cmd in commands:  # every command composes into train configs whose run_dir is that of a planned run
+        overrides = [a for a in cmd[4:] if not a.startswith("hydra.")]
+        for model in next(a for a in overrides if a.startswith("model=")).split("=", 1)[1].split(","):
+            cfg = compose("train", [o if not o.startswith("model=") else f"model={model}" for o in overrides])
+            run = next(r for r in runs if r.run_dir == Path(cfg.run_dir))
+            assert (cfg.model.name, cfg.seed, cfg.data.seed) == (run.model, run.seed, run.seed)
+            assert [(k, cfg.optim.lr if k == "optim.lr" else cfg.model.lambda_init) for k, _ in run.axes] == list(run.axes)
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"grid_by_model": {"difff-*": {"optim.lr": [1e-3]}}}, "sweep.grid_by_model: 'difff-*' matches none of sweep.models"),
+    ({"grid": {"optim.lr": [1e-3]}, "overrides": ["optim.lr=2e-3"]}, "sweep.grid.optim.lr: optim.lr is also in sweep.overrides"),
+    ({"grid": {"seed": [1, 2]}}, "sweep.grid.seed: seed is set by the sweep itself"),
+    ({"grid": {"optim.lr": []}}, "sweep.grid.optim.lr: expected a non-empty list of values"),
+])
+def test_bad_grid_axes_are_one_line_errors(grid, message):
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace("*", r"\*")):
+        plan_runs(SweepConfig(models=["diff-micro-1"], tokens=["64K"], **grid), "/tmp/x")
+
+
+def test_shards_split_the_grid_exactly():
+    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1"], tokens=["64K"], seeds=[1, 2, 3],
+                       grid={"optim.lr": [1e-3, 2e-3]})
+    runs = plan_runs(grid, "/tmp/x")
+    parts = [shard_runs(runs, f"{i}/3") for i in range(3)]
+    assert sorted(r.run_dir for p in parts for r in p) == sorted(r.run_dir for r in runs)
+    assert all(len(p) == len(runs) // 3 for p in parts)
+    with pytest.raises(ValueError, match=r"^shard=3/3: expected i/n with 0 <= i < n"):
+        shard_runs(runs, "3/3")
+
+
+def test_tokens_per_block_param_rule():
+    grid = SweepConfig(models=["diff-micro-2"], tokens_per_param=[20], params="block")
+    s = model_stats(load_preset("diff-micro-2"))
+    assert budgets(grid, "diff-micro-2") == [20 * (s.nonembedding_params - s.embedding_params)]
 
 
 def test_collect_tables(tmp_path):
@@ -120,7 +180,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_dry_run_and_errors(tmp_path):
     out = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true")
     assert out.returncode == 0, out.stderr
-    assert "14 runs: 0 finished (skipped), 14 to run" in out.stdout and out.stdout.count("--multirun") == 3
+    assert "96 runs: 0 finished (skipped), 96 to run" in out.stdout and out.stdout.count("--multirun") == 36
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     missing = _cli("sweep", "collect", f"sweep_dir={tmp_path}/nope")
     assert missing.returncode == 2 and missing.stderr.strip() == (
