@@ -114,9 +114,15 @@ class DiffAttention(AttentionVariant):
 
     @classmethod
     def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
-        """Scores: both maps together are n_heads sub-heads of d (E wide): 2*T*E. Values: eager and the fused
-        triton kernel multiply (P1 - lambda P2) by V once (2*T*E, V is h/2 heads of 2d = E wide); sdpa and flash
-        multiply each map by V (4*T*E). x3 for fwd + bwd."""
+        """The matmul work of the kernel that runs, PaLM convention (backward = 2x forward). Scores: both maps
+        together are n_heads sub-heads of d (E wide): 2*T*E. Values (V is h/2 heads of 2d = E wide): eager
+        multiplies the materialised (P1 - lambda P2) by V once, 2*T*E, forward and backward; sdpa and flash multiply
+        each map by V, 4*T*E, forward and backward; the fused triton kernel's single-pass forward keeps one
+        accumulator per map (each map's normaliser is known only at the end of its row), 4*T*E, while its backward
+        works on the exact A = P1 - lambda P2, the Transformer's 2 x 2*T*E."""
         E, T = cfg.d_model, seq_len
-        values = 2 * T * E if cfg.attn_backend in ("eager", "triton") else 4 * T * E
-        return 3.0 * cfg.n_layers * (2 * T * E + values)
+        scores = 2 * T * E
+        if cfg.attn_backend == "triton":
+            return cfg.n_layers * (3.0 * scores + 4 * T * E + 2.0 * 2 * T * E)
+        values = 2 * T * E if cfg.attn_backend == "eager" else 4 * T * E
+        return 3.0 * cfg.n_layers * (scores + values)
