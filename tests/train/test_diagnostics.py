@@ -8,9 +8,13 @@ import math
 import pytest
 import torch
 
+from types import SimpleNamespace
+
 from diffllm.model import DecoderLM, ModelConfig
 from diffllm.model.layers import rotary_cos_sin
+from diffllm.train.config import LoggingConfig, TrainerConfig
 from diffllm.train.diagnostics import Diagnostics
+from diffllm.train.hooks import MetricsLogger
 from diffllm.train.metrics import read_metrics
 from diffllm.runs import Run
 from tests.distributed import run_train
@@ -66,6 +70,33 @@ def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference
     assert not any(k.startswith("attn_rms/") for k in diag.collect(step=2))
 
 
+def test_metrics_logger_hooks_only_the_logged_steps(tmp_path):
+    """log_every=2 over 3 steps: the records of steps 2 and 3 hold the RMS of their own forwards only (step 1's is not
+    mixed in), and a step that is not logged runs without hooks."""
+    model = tiny_model("diff2").train()
+    state = SimpleNamespace(step=0, skipped_steps=0, wandb_id="x")
+    trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=2), peak=None,
+                              budget=SimpleNamespace(steps=3, tokens=3072, global_batch_tokens=1024),
+                              stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
+                              logging=LoggingConfig(wandb="disabled"), say=print, elapsed=lambda: 1.0,
+                              already_finished=False, engine=SimpleNamespace(module=model))
+    hook = MetricsLogger()
+    hook.on_start(trainer)
+    batches = {step: torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(step)) for step in (1, 2, 3)}
+    for step, batch in batches.items():
+        assert bool(model.layers[0].attn._forward_hooks) == (step != 1)
+        model(batch).sum().backward()
+        state.step = step
+        hook.on_step_end(trainer, {"step": step, "tokens": 1024 * step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0,
+                                   "skipped": False, "step_time_s": 0.1})
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [2, 3]
+    for r in records:
+        for k, v in reference(model, batches[r["step"]]).items():  # the weights did not change between the steps
+            assert r[k] == pytest.approx(v, rel=1e-5), (r["step"], k)
+    assert not model.layers[0].attn._forward_hooks
+
+
 def test_lambda_per_layer_min_and_a_warning_once_per_negative_layer():
     model = tiny_model("diff")
     warnings = []
@@ -75,7 +106,8 @@ def test_lambda_per_layer_min_and_a_warning_once_per_negative_layer():
         attn.lambda_q1.zero_(), attn.lambda_k1.zero_(), attn.lambda_q2.fill_(0.5), attn.lambda_k2.fill_(0.5)
     for step in (1, 2):
         rec = diag.collect(step)
-        want = [float(block.attn.lambda_full()) for block in model.layers]
+        with torch.no_grad():
+            want = [float(block.attn.lambda_full()) for block in model.layers]
         assert [rec[f"lambda/{i}"] for i in range(3)] == want
         assert rec["lambda_min"] == min(want) == want[1] < 0
     assert len(warnings) == 1 and warnings[0][1] is True
