@@ -82,7 +82,7 @@ def test_metrics_logger_hooks_only_the_logged_steps(tmp_path):
                               already_finished=False, engine=SimpleNamespace(module=model))
     hook = MetricsLogger()
     hook.on_start(trainer)
-    batches = {step: torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(step)) for step in (1, 2, 3)}
+    batches = {s: torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3)}
     for step, batch in batches.items():
         assert bool(model.layers[0].attn._forward_hooks) == (step != 1)
         model(batch).sum().backward()
@@ -117,12 +117,13 @@ def test_lambda_per_layer_min_and_a_warning_once_per_negative_layer():
 
 @pytest.mark.slow
 def test_a_zero3_diff_run_logs_the_lambda_of_its_final_checkpoint(tokenizer, tmp_path):
-    """2 ranks, ZeRO-3 with every parameter partitioned (lambda is gathered to be read), activation checkpointing (hooks called again in the recomputation),
-    grad-accum 2, log_every 2 over 5 steps: records at steps 2, 4, 5 carry lambda and attn_rms for every layer; the
-    last record's lambda is lambda_full() of the final checkpoint's model."""
+    """2 ranks, ZeRO-3 with every parameter partitioned (lambda is gathered to be read), activation checkpointing
+    (hooks called again in the recomputation), grad-accum 2, log_every 2 over 5 steps: records at steps 2, 4, 5 carry
+    lambda and attn_rms for every layer; the last record's lambda is lambda_full() of the final checkpoint's model."""
     run_dir = tmp_path / "run"
     no_persistence = "+trainer.deepspeed.zero_optimization.stage3_param_persistence_threshold=0"  # lambda partitioned
-    run = run_train(tiny(run_dir, 3, "trainer.tokens=5120", "trainer.log_every=2", no_persistence), 2, tmp_path / "logs")
+    run = run_train(tiny(run_dir, 3, "trainer.tokens=5120", "trainer.log_every=2", no_persistence), 2,
+                    tmp_path / "logs")
     records = [r for r in read_metrics(run_dir) if "loss" in r]
     assert [r["step"] for r in records] == [2, 4, 5]
     for r in records:
@@ -147,3 +148,16 @@ def test_other_archs_log_attn_rms_and_no_lambda(tokenizer, tmp_path, arch):
     for r in records:
         assert {"attn_rms/0", "attn_rms/1"} <= set(r) and "lambda_min" not in r and "lambda/0" not in r
         assert ({"lambda_mean/0", "lambda_mean/1"} <= set(r)) == (arch == "diff2")
+
+
+@pytest.mark.slow  # the first torch.compile import takes ~10 s
+def test_compiled_blocks_are_not_hooked_and_say_so_once():
+    model = tiny_model("diff")
+    for block in model.layers:
+        block.compile()  # compiles lazily, at the first forward: nothing runs here
+    notes = []
+    diag = Diagnostics(model, say=lambda msg, error=False: notes.append(msg))
+    diag.arm(), diag.arm()
+    assert not diag.armed and not any(block.attn._forward_hooks for block in model.layers)
+    assert len(notes) == 1 and "trainer.compile=true" in notes[0]
+    assert set(diag.collect(1)) == {"lambda/0", "lambda/1", "lambda/2", "lambda_min"}
