@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.nn.functional as F
 
+from .diagnostics import Diagnostics
 from .dist import all_reduce_sum
 from .metrics import MetricsLog, finite_or_none, mfu, progress_line
 from .tracking import open_wandb
@@ -130,13 +131,28 @@ class Checkpointing(Hook):
 class MetricsLogger(Hook):
     """metrics.jsonl (and W&B) on rank 0, and the progress line: one record every log_every steps, at the last step
     and at every skipped step, with throughput, MFU, wall-clock time, elapsed seconds and the mean loss over the
-    steps since the previous record (`loss` is the last step's)."""
+    steps since the previous record (`loss` is the last step's), and the diagnostics of diagnostics.py (lambda per
+    layer, attention-output RMS)."""
 
     def __init__(self) -> None:
         self.log: Optional[MetricsLog] = None
         self.window_t, self.window_losses = 0.0, []
+        self.diag: Optional[Diagnostics] = None
+
+    @staticmethod
+    def logs_at(trainer: "Trainer", step: int) -> bool:
+        """Whether the record of `step` is written (a skipped step's is as well, unforeseen)."""
+        return step % trainer.trainer.log_every == 0 or step == trainer.budget.steps
+
+    def arm_for(self, trainer: "Trainer", step: int) -> None:
+        """Diagnostics hooks on for the forwards of `step` if its record is written (on every rank alike)."""
+        if self.diag is not None and step <= trainer.budget.steps and self.logs_at(trainer, step):
+            self.diag.arm()
 
     def on_start(self, trainer: "Trainer") -> None:
+        if hasattr(trainer, "engine"):  # every rank: the hooks are armed, and lambda gathered, on all of them
+            self.diag = Diagnostics(trainer.engine.module, trainer.say)
+            self.arm_for(trainer, trainer.state.step + 1)
         if trainer.rank != 0 or trainer.already_finished:  # a finished run's files stay as they are
             return
         self.log = MetricsLog(trainer.run_dir)
@@ -150,7 +166,10 @@ class MetricsLogger(Hook):
         self.window_t += record.pop("step_time_s")
         self.window_losses.append(record["loss"])
         s, b = trainer.state, trainer.budget
-        if not (s.step % trainer.trainer.log_every == 0 or s.step == b.steps or record["skipped"]):
+        logged = self.logs_at(trainer, s.step) or record["skipped"]
+        diagnostics = self.diag.collect(s.step) if self.diag is not None and logged else {}
+        self.arm_for(trainer, s.step + 1)
+        if not logged:
             return
         steps = len(self.window_losses)
         finite = [x for x in self.window_losses if x is not None]
@@ -161,6 +180,7 @@ class MetricsLogger(Hook):
                       elapsed_s=round(trainer.elapsed(), 3))
         if record["loss"] is None:
             record["nonfinite"] = True
+        record.update(diagnostics)
         if trainer.rank == 0:
             self.log.write(record)
             eta = (b.steps - s.step) * self.window_t / steps

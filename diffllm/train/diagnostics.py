@@ -1,0 +1,122 @@
+"""Diff diagnostics during training, added to the records that MetricsLogger writes (metrics.jsonl, W&B, the
+progress line):
+
+    lambda/<i>, lambda_min   each layer's lambda (an attention module with a `lambda_full()` method: Diff V1), read
+                             from the parameters after the step's update, and its min over layers
+    lambda_mean/<i>          Diff V2: the mean of sigmoid(lambda_proj(x)) over the step's tokens and heads (an
+                             attention module with a `lambda_proj` submodule), from the training forward
+    attn_rms/<i>             RMS of each block's attention output, sqrt(mean(out^2)), from the training forward
+
+The forward-side values come from forward hooks that are armed only for the steps that will be logged (other steps
+pay nothing) and taken off after; they keep the mean over the step's micro-batches and ranks. They only count
+forwards in training mode with autograd on (validation runs in eval mode under no_grad). Under activation
+checkpointing the recomputation in backward calls each hook a second time with the same output, which leaves the
+mean unchanged. Inside a torch.compile'd block, hooks are not reliably traced: the forward-side values are then left
+out (said once). Reading lambda under ZeRO-3 gathers the few lambda vectors on every rank (a collective): every rank
+calls `collect` at the same steps, as it calls every hook.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from .dist import all_reduce_sum, world_size
+from .metrics import finite_or_none
+
+
+def rms(t: torch.Tensor) -> torch.Tensor:
+    """sqrt(mean(t^2)) in fp32 (a 0-dim tensor, still on t's device: no sync)."""
+    return t.detach().float().pow(2).mean().sqrt()
+
+
+class Diagnostics:
+    """Per-layer lambda and attention-output RMS of `model` (a DecoderLM: `model.layers[i].attn`). `say(msg,
+    error=False)` prints notes and warnings (Trainer.say: rank 0 only)."""
+
+    def __init__(self, model: nn.Module, say: Callable[..., None]):
+        self.attns = [block.attn for block in model.layers]
+        self.lambda_layers = [i for i, a in enumerate(self.attns) if callable(getattr(a, "lambda_full", None))]
+        self.gate_layers = [i for i, a in enumerate(self.attns) if isinstance(getattr(a, "lambda_proj", None),
+                                                                              nn.Module)]
+        self.compiled = any(getattr(block, "_compiled_call_impl", None) is not None for block in model.layers)
+        self.say = say
+        self.warned: set[int] = set()
+        self.handles: list = []
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.noted_compiled = False
+
+    # ----- forward-side values (armed for the logged steps only) ----------------------------------------------------
+    @property
+    def armed(self) -> bool:
+        return bool(self.handles)
+
+    def arm(self) -> None:
+        """Hook each attention module (and Diff V2's lambda_proj) for the next step's forwards."""
+        if self.armed:
+            return
+        if self.compiled:
+            if not self.noted_compiled:
+                self.say("note: attn_rms and lambda_mean are not logged: hooks inside torch.compile'd blocks "
+                         "(trainer.compile=true) are not reliably traced")
+                self.noted_compiled = True
+            return
+        self.sums, self.counts = {}, {}
+        for i, attn in enumerate(self.attns):
+            self.handles.append(attn.register_forward_hook(functools.partial(self._keep, f"attn_rms/{i}", rms)))
+        for i in self.gate_layers:
+            gate = functools.partial(self._keep, f"lambda_mean/{i}", lambda z: torch.sigmoid(z.detach().float()).mean())
+            self.handles.append(self.attns[i].lambda_proj.register_forward_hook(gate))
+
+    def _keep(self, key: str, fn, module: nn.Module, args, out: torch.Tensor) -> None:
+        if not (module.training and torch.is_grad_enabled()):  # a validation or evaluation forward
+            return
+        value = fn(out)
+        self.sums[key] = self.sums[key] + value if key in self.sums else value
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def disarm(self) -> dict[str, Optional[float]]:
+        """Take the hooks off; the mean over the step's micro-batches and ranks of each value they kept (every rank
+        takes part: one all-reduce). {} when they were not armed."""
+        if not self.armed:
+            return {}
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        keys = [f"attn_rms/{i}" for i in range(len(self.attns))] + [f"lambda_mean/{i}" for i in self.gate_layers]
+        means = [float(self.sums[k]) / self.counts[k] if self.counts.get(k) else math.nan for k in keys]
+        totals = all_reduce_sum(means)
+        self.sums, self.counts = {}, {}
+        return {k: finite_or_none(v / world_size()) for k, v in zip(keys, totals)}
+
+    # ----- lambda from the parameters --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def lambdas(self) -> list[float]:
+        """lambda_full() of each Diff V1 layer, from the full parameters (ZeRO-3: gathered on every rank)."""
+        import deepspeed
+
+        params = [p for i in self.lambda_layers for p in self.attns[i].parameters(recurse=False)]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return [float(self.attns[i].lambda_full()) for i in self.lambda_layers]
+
+    def lambda_record(self, step: int) -> dict[str, float]:
+        """lambda/<i> and lambda_min ({} without Diff V1 layers); warns once per layer whose lambda is negative."""
+        if not self.lambda_layers:
+            return {}
+        values = self.lambdas()
+        for i, v in zip(self.lambda_layers, values):
+            if v < 0 and i not in self.warned:
+                self.warned.add(i)
+                self.say(f"warning: layer {i}: lambda = {v:.4f} < 0 at step {step} (the second attention map is "
+                         f"now added, not subtracted)", error=True)
+        rec = {f"lambda/{i}": finite_or_none(v) for i, v in zip(self.lambda_layers, values)}
+        rec["lambda_min"] = min(values) if all(map(math.isfinite, values)) else None
+        return rec
+
+    def collect(self, step: int) -> dict[str, Optional[float]]:
+        """Everything for the record of `step`: lambda (always), the forward-side values (when armed)."""
+        return {**self.lambda_record(step), **self.disarm()}

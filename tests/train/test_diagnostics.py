@@ -1,0 +1,163 @@
+"""Diff diagnostics (diffllm/train/diagnostics.py): per-layer lambda, Diff V2's mean gate and the attention-output RMS
+against float64 references on a model, and in real runs against the model loaded from the final checkpoint."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from types import SimpleNamespace
+
+from diffllm.model import DecoderLM, ModelConfig
+from diffllm.model.layers import rotary_cos_sin
+from diffllm.train.config import LoggingConfig, TrainerConfig
+from diffllm.train.diagnostics import Diagnostics
+from diffllm.train.hooks import MetricsLogger
+from diffllm.train.metrics import read_metrics
+from diffllm.runs import Run
+from tests.distributed import run_train
+from tests.train.helpers import tiny
+
+
+def tiny_model(arch: str) -> DecoderLM:
+    torch.manual_seed(0)
+    return DecoderLM(ModelConfig(arch=arch, d_model=32, n_layers=3, n_heads=4, vocab_size=100, max_seq_len=16))
+
+
+@torch.no_grad()
+def reference(model: DecoderLM, tokens: torch.Tensor) -> dict[str, float]:
+    """Each block's attention output in float64, by hand (no hooks): its RMS, and Diff V2's mean sigmoid gate."""
+    m = copy.deepcopy(model).double()
+    x = m.tok_embeddings(tokens)
+    cos, sin = rotary_cos_sin(tokens.shape[1], m.cfg.rotary_dim, m.cfg.rope_theta, x.device, x.dtype)
+    out = {}
+    for i, block in enumerate(m.layers):
+        h = block.attn_norm(x)
+        a = block.attn(h, cos, sin)
+        out[f"attn_rms/{i}"] = math.sqrt(float((a * a).sum()) / a.numel())
+        if hasattr(block.attn, "lambda_proj"):
+            out[f"lambda_mean/{i}"] = float(torch.sigmoid(h @ block.attn.lambda_proj.weight.T).mean())
+        x = x + a
+        x = x + block.mlp(block.mlp_norm(x))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference(arch):
+    """Two training micro-batches are kept (an eval forward under no_grad is not); the hooks come off after."""
+    model = tiny_model(arch).train()
+    diag = Diagnostics(model, say=lambda msg, error=False: None)
+    batches = [torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    diag.arm()
+    for b in batches:
+        model(b).float().pow(2).mean().backward()
+    model.eval()
+    with torch.no_grad():
+        model(torch.randint(0, 100, (2, 12)))  # a validation forward: not counted
+    model.train()
+    got = diag.collect(step=1)
+    refs = [reference(model, b) for b in batches]
+    want = {k: (refs[0][k] + refs[1][k]) / 2 for k in refs[0]}
+    forward_keys = {k for k in got if k.startswith(("attn_rms/", "lambda_mean/"))}
+    assert forward_keys == set(want)
+    assert ("lambda_mean/0" in want) == (arch == "diff2")
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-5), k
+    assert all(not block.attn._forward_hooks for block in model.layers)  # disarmed: later steps pay nothing
+    model(batches[0]).sum().backward()
+    assert not any(k.startswith("attn_rms/") for k in diag.collect(step=2))
+
+
+def test_metrics_logger_hooks_only_the_logged_steps(tmp_path):
+    """log_every=2 over 3 steps: the records of steps 2 and 3 hold the RMS of their own forwards only (step 1's is not
+    mixed in), and a step that is not logged runs without hooks."""
+    model = tiny_model("diff2").train()
+    state = SimpleNamespace(step=0, skipped_steps=0, wandb_id="x")
+    trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=2), peak=None,
+                              budget=SimpleNamespace(steps=3, tokens=3072, global_batch_tokens=1024),
+                              stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
+                              logging=LoggingConfig(wandb="disabled"), say=print, elapsed=lambda: 1.0,
+                              already_finished=False, engine=SimpleNamespace(module=model))
+    hook = MetricsLogger()
+    hook.on_start(trainer)
+    batches = {s: torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3)}
+    for step, batch in batches.items():
+        assert bool(model.layers[0].attn._forward_hooks) == (step != 1)
+        model(batch).sum().backward()
+        state.step = step
+        hook.on_step_end(trainer, {"step": step, "tokens": 1024 * step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0,
+                                   "skipped": False, "step_time_s": 0.1})
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [2, 3]
+    for r in records:
+        for k, v in reference(model, batches[r["step"]]).items():  # the weights did not change between the steps
+            assert r[k] == pytest.approx(v, rel=1e-5), (r["step"], k)
+    assert not model.layers[0].attn._forward_hooks
+
+
+def test_lambda_per_layer_min_and_a_warning_once_per_negative_layer():
+    model = tiny_model("diff")
+    warnings = []
+    diag = Diagnostics(model, say=lambda msg, error=False: warnings.append((msg, error)))
+    with torch.no_grad():  # layer 1: exp(0) - exp(d * 0.25) + lambda_init < 0
+        attn = model.layers[1].attn
+        attn.lambda_q1.zero_(), attn.lambda_k1.zero_(), attn.lambda_q2.fill_(0.5), attn.lambda_k2.fill_(0.5)
+    for step in (1, 2):
+        rec = diag.collect(step)
+        with torch.no_grad():
+            want = [float(block.attn.lambda_full()) for block in model.layers]
+        assert [rec[f"lambda/{i}"] for i in range(3)] == want
+        assert rec["lambda_min"] == min(want) == want[1] < 0
+    assert len(warnings) == 1 and warnings[0][1] is True
+    assert warnings[0][0].startswith("warning: layer 1: lambda = ") and "< 0 at step 1" in warnings[0][0]
+    assert "lambda/0" not in Diagnostics(tiny_model("transformer"), print).collect(1)
+
+
+@pytest.mark.slow
+def test_a_zero3_diff_run_logs_the_lambda_of_its_final_checkpoint(tokenizer, tmp_path):
+    """2 ranks, ZeRO-3 with every parameter partitioned (lambda is gathered to be read), activation checkpointing
+    (hooks called again in the recomputation), grad-accum 2, log_every 2 over 5 steps: records at steps 2, 4, 5 carry
+    lambda and attn_rms for every layer; the last record's lambda is lambda_full() of the final checkpoint's model."""
+    run_dir = tmp_path / "run"
+    no_persistence = "+trainer.deepspeed.zero_optimization.stage3_param_persistence_threshold=0"  # lambda partitioned
+    run = run_train(tiny(run_dir, 3, "trainer.tokens=5120", "trainer.log_every=2", no_persistence), 2,
+                    tmp_path / "logs")
+    records = [r for r in read_metrics(run_dir) if "loss" in r]
+    assert [r["step"] for r in records] == [2, 4, 5]
+    for r in records:
+        assert {"lambda/0", "lambda/1", "lambda_min", "attn_rms/0", "attn_rms/1"} <= set(r)
+        assert r["lambda_min"] == min(r["lambda/0"], r["lambda/1"])
+        assert all(r[f"attn_rms/{i}"] > 0 for i in (0, 1))
+    _, model, _ = Run(run_dir).model(tokenizer=False)
+    for i, block in enumerate(model.layers):
+        with torch.no_grad():
+            assert records[-1][f"lambda/{i}"] == pytest.approx(float(block.attn.lambda_full()), rel=1e-6, abs=1e-7)
+    assert f"λmin {records[-1]['lambda_min']:.3f}" in run.output(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["transformer", "diff2"])
+def test_other_archs_log_attn_rms_and_no_lambda(tokenizer, tmp_path, arch):
+    run_dir = tmp_path / "run"
+    run_train(tiny(run_dir, 2, f"model={arch}-tiny", "model.d_model=64", "model.n_layers=2", "trainer.tokens=2048"),
+              1, tmp_path / "logs", launcher="plain")
+    records = [r for r in read_metrics(run_dir) if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert {"attn_rms/0", "attn_rms/1"} <= set(r) and "lambda_min" not in r and "lambda/0" not in r
+        assert ({"lambda_mean/0", "lambda_mean/1"} <= set(r)) == (arch == "diff2")
+
+
+@pytest.mark.slow  # the first torch.compile import takes ~10 s
+def test_compiled_blocks_are_not_hooked_and_say_so_once():
+    model = tiny_model("diff")
+    for block in model.layers:
+        block.compile()  # compiles lazily, at the first forward: nothing runs here
+    notes = []
+    diag = Diagnostics(model, say=lambda msg, error=False: notes.append(msg))
+    diag.arm(), diag.arm()
+    assert not diag.armed and not any(block.attn._forward_hooks for block in model.layers)
+    assert len(notes) == 1 and "trainer.compile=true" in notes[0]
+    assert set(diag.collect(1)) == {"lambda/0", "lambda/1", "lambda/2", "lambda_min"}
