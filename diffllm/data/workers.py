@@ -29,17 +29,19 @@ def ignore_stop_signals(_: object = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this process when its parent ends (prctl PR_SET_PDEATHSIG); if the parent is
-    already gone, leave now. No thread is involved, so the forkserver stays safe to fork from. A no-op elsewhere."""
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent ends (prctl PR_SET_PDEATHSIG); if the parent
+    (pid `parent`, default: the current one) is already gone, leave now: the request only covers a parent alive when
+    it is made, and a loaded machine can start a child after its parent has died. No thread is involved, so the
+    forkserver stays safe to fork from. A no-op elsewhere."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the parent ended before the request took effect
+    if os.getppid() != parent:  # the parent ended before the request took effect (we were re-parented)
         os._exit(0)
 
 
@@ -80,16 +82,36 @@ def stop(workers: list) -> None:
             w.join(timeout=5)
 
 
-def _preload() -> None:
-    """Runs when the forkserver imports this module: load what every worker needs, and ignore stop signals there."""
+def _preload(trainer: int) -> None:
+    """Runs when the forkserver imports this module: end with the training process (pid `trainer`; first, so that
+    one dying during the imports leaves nothing behind), ignore stop signals, load what every worker needs."""
+    die_with_parent(trainer)
+    ignore_stop_signals()
     import datasets  # noqa: F401 - about 2 s, paid once per training process instead of once per worker
     import torch.utils.data  # noqa: F401
 
     from . import loader  # noqa: F401
 
-    ignore_stop_signals()
-    die_with_parent()  # the forkserver ends with its training process
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (Linux: a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
-if os.environ.get(_FORKSERVER_OF) == str(os.getppid()):
-    _preload()  # only in the forkserver, whose environment alone has the variable, set to its parent's pid
+def _forkserver_of() -> int | None:
+    """In the forkserver (whose environment alone has the variable, set to its training process's pid): that pid,
+    also when the training process has already ended (the forkserver then leaves at once); elsewhere None."""
+    pid = os.environ.get(_FORKSERVER_OF, "")
+    if not pid.isdigit():
+        return None
+    return int(pid) if os.getppid() == int(pid) or not _alive(int(pid)) else None
+
+
+if (_trainer := _forkserver_of()) is not None:
+    _preload(_trainer)

@@ -84,3 +84,32 @@ def test_a_stuck_worker_fails_in_time_and_leaves_no_process(tmp_path):
 def test_worker_timeout_is_checked():
     with pytest.raises(DataError, match=r"data.worker_timeout_s: must be >= 0 \(0 = wait forever\), got -1"):
         cfg([{"path": "x.jsonl"}], worker_timeout_s=-1)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_forkserver_whose_training_process_already_ended_leaves(tmp_path):
+    """A loaded machine can start the forkserver's preload after its training process has died: it must leave then,
+    not live on as an orphan (the kernel's parent-death signal only covers a parent alive when it is requested)."""
+    out = tmp_path / "child.out"
+    child = "import time; time.sleep(2); import diffllm.data.workers; print('survived', flush=True)"
+    parent = textwrap.dedent(f"""
+        import os, subprocess, sys
+        env = dict(os.environ, DIFFLLM_DATA_FORKSERVER_OF=str(os.getpid()))
+        p = subprocess.Popen([sys.executable, "-c", {child!r}], env=env, stdout=open({str(out)!r}, "w"))
+        print(p.pid, flush=True)
+    """)  # the "training process" ends at once (a zombie until run() returns); its "forkserver" imports 2 s later
+    res = subprocess.run([sys.executable, "-c", parent], env=base_env(), cwd=REPO, capture_output=True, text=True,
+                         check=True)
+    pid = int(res.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ended(pid) and out.read_text() == ""
