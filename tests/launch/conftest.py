@@ -1,4 +1,5 @@
-"""Launch-test fixtures: one real SLURM cluster per test session (started on first use, always torn down)."""
+"""Launch-test fixtures, each started on first use and always torn down: one real SLURM cluster per test session, and
+two ssh hosts (node-a, node-b) for DeepSpeed's pdsh launcher."""
 from __future__ import annotations
 
 import shutil
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch import ssh_hosts as ssh
 from tests.launch.slurm_cluster import Cluster, unavailable
 
 
@@ -22,3 +24,17 @@ def slurm():
     finally:
         cluster.down()
         shutil.rmtree(cluster.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts():
+    why = ssh.unavailable()
+    if why:
+        pytest.skip(f"local ssh hosts: {why}")
+    hosts = ssh.SshHosts(Path(tempfile.mkdtemp(prefix="diffllm-ssh-")))
+    try:
+        hosts.up()
+        yield hosts
+    finally:
+        hosts.down()
+        shutil.rmtree(hosts.dir, ignore_errors=True)
