@@ -13,13 +13,14 @@ from typing import Mapping
 # Inherited from the launching shell: exact names, and prefixes ending in "_".
 FORWARDED = ("DS_ACCELERATOR", "DS_BUILD_OPS", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TORCH_CPP_LOG_LEVEL",
              "HF_", "WANDB_", "DIFFLLM_")
-# Never inherited: the export lines travel on pdsh's command line, which `ps` shows to every user of the machine.
+# Never inherited, as a word of the name: the export lines travel on pdsh's command line, which `ps` shows to every
+# user of the machine.
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 
 def _forwarded(name: str) -> bool:
     wanted = any(name == f or (f.endswith("_") and name.startswith(f)) for f in FORWARDED)
-    return wanted and not any(w in name for w in SECRET_WORDS)
+    return wanted and not set(name.split("_")) & set(SECRET_WORDS)  # HF_TOKEN, not TOKENIZERS_PARALLELISM
 
 
 def _user_files(environ: Mapping[str, str]) -> list[Path]:

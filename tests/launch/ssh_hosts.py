@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.launch.local_service import REPO, LocalService
+
 SCRIPT = REPO / "scripts" / "local_ssh.sh"
 TOOLS = ("sshd", "ssh", "ssh-keygen", "pdsh")
 HOSTS = ("node-a", "node-b")
@@ -26,16 +26,10 @@ def unavailable() -> Optional[str]:
     return None
 
 
-class SshHosts:
+class SshHosts(LocalService):
+    script = SCRIPT
+    what = "local ssh hosts"
+
     def __init__(self, state_dir: Path):
-        self.dir = state_dir
+        super().__init__(state_dir)
         self.env = {**os.environ, "PATH": f"{state_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-    def up(self) -> None:
-        out = subprocess.run(["bash", str(SCRIPT), "up", str(self.dir)], capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            self.down()
-            raise RuntimeError(f"local ssh hosts did not start:\n{out.stdout}{out.stderr}")
-
-    def down(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down", str(self.dir)], capture_output=True, timeout=60)

@@ -14,10 +14,11 @@ def test_inherited_names_files_then_explicit(tmp_path, monkeypatch):
     (work / ".deepspeed_env").write_text("A=from-cwd\n\nB=x=y\n")  # DeepSpeed reads both; ./ wins
     launching = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HOME": "/data/hf", "HF_TOKEN": "hf_secret",
                  "WANDB_API_KEY": "k", "WANDB_MODE": "offline", "DIFFLLM_CACHE": "/c", "HOME": str(home),
-                 "CUDA_VISIBLE_DEVICES": "0", "DS_ACCELERATORS": "no", "PATH": "/bin"}
+                 "CUDA_VISIBLE_DEVICES": "0", "DS_ACCELERATORS": "no", "PATH": "/bin", "TOKENIZERS_PARALLELISM": "false",
+                 "HF_HUB_TOKEN_PATH": "/t", "DIFFLLM_SECRET": "s"}
     env = remote_env(launching, {"WANDB_MODE": "disabled", "SEED": 7})
     assert env == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "HF_HOME": "/data/hf", "WANDB_MODE": "disabled",
-                   "DIFFLLM_CACHE": "/c", "NCCL_IB_DISABLE": "1", "A": "from-cwd", "B": "x=y", "SEED": "7"}
+                   "DIFFLLM_CACHE": "/c", "TOKENIZERS_PARALLELISM": "false", "NCCL_IB_DISABLE": "1", "A": "from-cwd", "B": "x=y", "SEED": "7"}
 
 
 def test_ds_env_file_names_the_users_file(tmp_path, monkeypatch):
