@@ -1,7 +1,7 @@
 """DeepSpeed's runner over pdsh and ssh, for real: `diffllm launch --launcher deepspeed` with a two-entry hostfile
 (node-a, node-b: two aliases of this machine's own sshd, tests/launch/conftest.py) starts one process per host; the
-two ranks train to the same losses as a one-node torchrun run of 2 processes. The environment the ranks need reaches
-them through the env file `diffllm launch` hands the runner (diffllm/launch/remote_env.py)."""
+two ranks train to the same losses as a one-node torchrun run of 2 processes. The environment the ranks need, and
+`--env`, reach them through the env file `diffllm launch` hands the runner (diffllm/launch/remote_env.py)."""
 from __future__ import annotations
 
 import json
@@ -38,8 +38,10 @@ def test_hostfile_of_two_hosts_over_pdsh_trains_like_torchrun(ssh_hosts, tmp_pat
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
 
+    # --env reaches the ranks too: each run trains its tokenizer into its own cache folder, found nowhere else
     ds = launch(env, "--launcher", "deepspeed", "--hostfile", str(hostfile), "--nodes", "2", "--procs", "1",
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                "--env", f"DIFFLLM_CACHE={tmp_path / 'cache-ds'}",
                 *tiny(tmp_path / "ds", 2, *SHORT))
     out = ds.stdout + ds.stderr
     assert ds.returncode == 0, out[-4000:]
@@ -51,8 +53,11 @@ def test_hostfile_of_two_hosts_over_pdsh_trains_like_torchrun(ssh_hosts, tmp_pat
     env_file = re.search(r"deepspeed_env file = (\S+)", out).group(1)  # the runner read ours, and it is gone now
     assert Path(env_file).name.startswith("diffllm-deepspeed-env-") and not Path(env_file).exists()
 
-    ref = launch(env, "--procs", "2", "--master-port", str(free_port()), *tiny(tmp_path / "ref", 2, *SHORT))
+    ref = launch(env, "--procs", "2", "--master-port", str(free_port()),
+                 "--env", f"DIFFLLM_CACHE={tmp_path / 'cache-ref'}", *tiny(tmp_path / "ref", 2, *SHORT))
     assert ref.returncode == 0, (ref.stdout + ref.stderr)[-4000:]
+    for cache in ("cache-ds", "cache-ref"):
+        assert len(list((tmp_path / cache).glob("tokenizers/*/tokenizer.json"))) == 1, cache
     ours, theirs = read_metrics(tmp_path / "ds"), read_metrics(tmp_path / "ref")
     assert [m["step"] for m in ours if "loss" in m] == list(range(1, 9))
     assert comparable(ours) == comparable(theirs)  # same ranks, same data: bit-equal on CPU fp32
