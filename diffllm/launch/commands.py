@@ -45,7 +45,7 @@ class LaunchConfig:
     container_image: Optional[str] = None  # pyxis/enroot: srun --container-image (e.g. a .sqsh built from docker/)
     container_mounts: Optional[str] = None
     setup: list[str] = field(default_factory=list)  # shell lines before srun (module load ..., source .venv/bin/activate)
-    env: dict[str, str] = field(default_factory=dict)  # exported in the job script
+    env: dict[str, str] = field(default_factory=dict)  # for the workers: in the job script, on every deepspeed host
     script: Optional[str] = None  # where to write the sbatch script (None: <log_dir>/<job_name>.sbatch)
     submit: bool = True  # sbatch the script (false: write it only)
 

@@ -36,7 +36,7 @@ MEANING = {
     "container_image": "slurm: pyxis/enroot image for srun --container-image",
     "container_mounts": "slurm: srun --container-mounts",
     "setup": "slurm: a shell line run before srun (repeatable), e.g. 'source .venv/bin/activate'",
-    "env": "slurm: KEY=VALUE exported in the script (repeatable)",
+    "env": "KEY=VALUE for the workers (repeatable): exported in the slurm script, on every deepspeed host",
     "script": "slurm: where to write the script (empty: <log-dir>/<job-name>.sbatch)",
     "submit": "slurm: sbatch the script (false: only write it)",
 }

@@ -1,24 +1,19 @@
-"""Launch-test fixtures: one real SLURM cluster per test session (started on first use, always torn down)."""
+"""Launch-test fixtures, each started on first use and always torn down: one real SLURM cluster per test session, and
+two ssh hosts (node-a, node-b) for DeepSpeed's pdsh launcher."""
 from __future__ import annotations
-
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from tests.launch.slurm_cluster import Cluster, unavailable
+from tests.launch import slurm_cluster
+from tests.launch import ssh_hosts as ssh_hosts_module
+from tests.launch.local_service import session
 
 
 @pytest.fixture(scope="session")
 def slurm():
-    why = unavailable()
-    if why:
-        pytest.skip(f"real SLURM: {why}")
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="diffllm-slurm-")))
-    try:
-        cluster.up()
-        yield cluster
-    finally:
-        cluster.down()
-        shutil.rmtree(cluster.dir, ignore_errors=True)
+    yield from session(slurm_cluster.Cluster, slurm_cluster.unavailable, "diffllm-slurm-")
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts():
+    yield from session(ssh_hosts_module.SshHosts, ssh_hosts_module.unavailable, "diffllm-ssh-")

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.launch.local_service import REPO, LocalService
+
 SCRIPT = REPO / "scripts" / "local_slurm.sh"
 TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 
@@ -27,19 +28,13 @@ def unavailable() -> Optional[str]:
     return None
 
 
-class Cluster:
+class Cluster(LocalService):
+    script = SCRIPT
+    what = "local SLURM"
+
     def __init__(self, state_dir: Path):
-        self.dir = state_dir
+        super().__init__(state_dir)
         self.env = {**os.environ, "SLURM_CONF": str(state_dir / "slurm.conf")}
-
-    def up(self) -> None:
-        out = subprocess.run(["bash", str(SCRIPT), "up", str(self.dir)], capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            self.down()
-            raise RuntimeError(f"local SLURM did not start:\n{out.stdout}{out.stderr}")
-
-    def down(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down", str(self.dir)], capture_output=True, timeout=120)
 
     def cmd(self, *argv: str, check: bool = True) -> str:
         out = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=60)
