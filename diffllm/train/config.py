@@ -28,11 +28,11 @@ class EvalConfig:
 
     every: int = 0  # steps between evaluations (0: none during training)
     at_end: bool = False  # also evaluate after the last step
-    ppl_data: list = field(default_factory=list)  # data config names (like data=...): loss and bits/byte of their held-out sources
+    ppl_data: list = field(default_factory=list)  # data configs (as data=...) whose held-out sources get loss, bpb
     ppl_max_tokens: Optional[int] = 8192  # document tokens scored per source (null: every held-out document)
     batch_size: int = 8  # windows (ppl) or prompts (needle) per forward
     needle_n: list = field(default_factory=list)  # numbers of needles N to retrieve ([]: no needle evaluation)
-    needle_mode: str = "synthetic"  # synthetic (filler words, learnable by micro models) | text (the run's held-out text)
+    needle_mode: str = "synthetic"  # synthetic (filler words; micro models learn it) | text (the run's held-out text)
     needle_trials: int = 8  # prompts per N x depth
     needle_depths: list = field(default_factory=lambda: [0.0, 50.0, 100.0])  # answer-needle depths, % of the context
     needle_queries: int = 1  # keys queried per prompt (at most N)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy
+from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy, task_prompts
 from ..eval.ppl import eval_sources, perplexity, source_docs, windows
 from .config import EvalConfig
 from .hooks import Hook, MetricsLogger
@@ -53,6 +53,8 @@ class InLoopEval(Hook):
         self.haystack: Optional[list[int]] = None
 
     def on_start(self, trainer: "Trainer") -> None:
+        if trainer.already_finished:  # a relaunched finished run trains no step: nothing to prepare
+            return
         c, model_len = self.cfg, trainer.model_cfg.max_seq_len
         if self.seq_len > model_len:
             raise ValueError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
@@ -72,6 +74,10 @@ class InLoopEval(Hook):
                                      seed=c.needle_seed, batch_size=c.batch_size)
             if c.needle_mode == "text":  # real text: the run's own held-out documents
                 self.haystack = haystack_tokens(self.run_config, None, self.tok, 4 * length)
+            try:  # prompts that cannot be built fail now, not after the first `every` steps
+                task_prompts(self.needle, self.tok, model_len, self.haystack)
+            except ValueError as e:
+                raise ValueError(f"trainer.eval.needle_length={length}: {str(e).removeprefix('lengths: ')}") from None
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
         c, step = self.cfg, trainer.state.step
@@ -117,5 +123,6 @@ def eval_line(rec: dict) -> str:
 
 
 def eval_hooks(cfg: EvalConfig, tok, seq_len: int, run_config: dict) -> list[Hook]:
-    """[InLoopEval] when trainer.eval is on, else []: what the Trainer adds after its built-in hooks."""
+    """[InLoopEval] when trainer.eval is on, else []: the Trainer puts it after Validation, before Checkpointing (an
+    evaluation is logged before the checkpoint of its step, so a resume from that checkpoint never loses it)."""
     return [InLoopEval(cfg, tok, seq_len, run_config)] if cfg.on else []
