@@ -17,6 +17,70 @@ Tokens = Union[int, str]  # 1000000, "20M", "10B", "1.5T"
 PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+NEEDLE_MODES = ("synthetic", "text")
+
+
+@dataclass
+class EvalConfig:
+    """In-loop evaluation (`trainer.eval`, run by diffllm/train/eval_hook.py): diffllm/eval's perplexity / bits per
+    byte on extra data configs and multi-needle retrieval accuracy, every `every` steps and/or after the last step.
+    Off by default; on when `every` > 0 or `at_end`, with at least one measure chosen."""
+
+    every: int = 0  # steps between evaluations (0: none during training)
+    at_end: bool = False  # also evaluate after the last step
+    ppl_data: list = field(default_factory=list)  # data configs (as data=...) whose held-out sources get loss, bpb
+    ppl_max_tokens: Optional[int] = 8192  # document tokens scored per source (null: every held-out document)
+    batch_size: int = 8  # windows (ppl) or prompts (needle) per forward
+    needle_n: list = field(default_factory=list)  # numbers of needles N to retrieve ([]: no needle evaluation)
+    needle_mode: str = "synthetic"  # synthetic (filler words; micro models learn it) | text (the run's held-out text)
+    needle_trials: int = 8  # prompts per N x depth
+    needle_depths: list = field(default_factory=lambda: [0.0, 50.0, 100.0])  # answer-needle depths, % of the context
+    needle_queries: int = 1  # keys queried per prompt (at most N)
+    needle_length: Optional[int] = None  # prompt length in tokens (null: data.seq_len)
+    needle_seed: int = 0  # the prompts' own generator (never the training RNG)
+
+    @property
+    def on(self) -> bool:
+        return bool(self.every or self.at_end)
+
+    def validate(self) -> None:
+        import difflib
+
+        from ..config import find_config, group_options
+
+        def bad(key: str, why: str) -> None:
+            raise ValueError(f"trainer.eval.{key}: {why}")
+
+        if self.every < 0:
+            bad("every", f"must be >= 0, got {self.every}")
+        for key in ("batch_size", "needle_trials", "needle_queries"):
+            if getattr(self, key) < 1:
+                bad(key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("ppl_max_tokens", "needle_length"):
+            if getattr(self, key) is not None and getattr(self, key) < 2:
+                bad(key, f"must be >= 2 or null, got {getattr(self, key)}")
+        if self.needle_mode not in NEEDLE_MODES:
+            bad("needle_mode", f"got {self.needle_mode!r}, expected one of {NEEDLE_MODES}")
+        for name in self.ppl_data:
+            if not isinstance(name, str) or find_config("data", name) is None:
+                options = group_options("data")
+                near = difflib.get_close_matches(str(name), options, n=1, cutoff=0.5)
+                bad("ppl_data", f"unknown data config {name!r}" + (f" (did you mean {near[0]}?)" if near else
+                                                                    f" (options: {', '.join(options)})"))
+        if self.needle_n:
+            from ..eval.needle import NeedleTask
+
+            try:
+                NeedleTask(mode=self.needle_mode, n_needles=list(self.needle_n), queries=self.needle_queries,
+                           depths=list(self.needle_depths), trials=self.needle_trials).validate()
+            except ValueError as e:  # its keys are NeedleTask's: name ours
+                key, _, why = str(e).partition("=")
+                names = {"n_needles": "needle_n", "depths": "needle_depths", "queries": "needle_queries",
+                         "trials": "needle_trials", "mode": "needle_mode"}
+                raise ValueError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
+        if self.on and not (self.ppl_data or self.needle_n):
+            bad("every" if self.every else "at_end", "in-loop evaluation is on but measures nothing: set "
+                "trainer.eval.ppl_data=[<data config>] and/or trainer.eval.needle_n=[1,2]")
 
 
 @dataclass
@@ -45,6 +109,13 @@ class TrainerConfig:
     deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
     inject_nan_at_steps: list = field(default_factory=list)  # fault injection: rank 0's loss becomes NaN there
     inject_stall_at_steps: list = field(default_factory=list)  # fault injection: rank 0 hangs reading data there
+    eval: EvalConfig = field(default_factory=EvalConfig)  # in-loop evaluation (off by default)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.eval, EvalConfig):
+            from ..config import build
+
+            self.eval = build(EvalConfig, self.eval, "trainer.eval")
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:

@@ -20,6 +20,7 @@ from .checkpoint import CheckpointManager, rng_state, set_rng_state
 from .config import TrainConfig, plan_budget
 from .dist import all_gather_object, all_reduce_sum, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
+from .eval_hook import eval_hooks
 from .hooks import MAIN_VAL, Checkpointing, Hook, MetricsLogger, Validation, lm_loss
 from .metrics import device_name, finite_or_none, peak_tflops
 from .resume import (check_finished_unchanged, check_model, check_same_tokenizer, changed_keys, needs_universal,
@@ -113,7 +114,8 @@ class Trainer:
             self.run_obj.write_tokenizer(tok.tk.to_str())
             self.run_obj.write_config(self.config)
         self.validation = Validation(sets, self.trainer.val_every)
-        self.hooks = [MetricsLogger(), self.validation, Checkpointing(), *self.extra_hooks]
+        evals = eval_hooks(self.trainer.eval, tok, self.data_cfg.seq_len, self.config)  # before a save at that step
+        self.hooks = [MetricsLogger(), self.validation, *evals, Checkpointing(), *self.extra_hooks]
         self.peak = self.logging.peak_tflops or peak_tflops(device_name())
         self.last_save_t = time.monotonic()
 

@@ -1,0 +1,128 @@
+"""In-loop evaluation (`trainer.eval`): diffllm/eval's measures every N steps during training, as a hook.
+
+    diffllm train trainer.eval.every=32 trainer.eval.ppl_data=[shakespeare] trainer.eval.needle_n=[1,2]
+
+Each evaluation writes one metrics.jsonl record (and W&B, through MetricsLogger's MetricsLog) with step, tokens and
+  eval/ppl/<name>/loss, eval/ppl/<name>/bpb   ppl.perplexity on a data config's held-out sources (<name>: the config,
+                                              or <config>/<source> when it holds several)
+  eval/needle/n<N>/acc, eval/needle/acc       needle.needle_accuracy (synthetic or text haystack), per N and overall
+  eval/time_s
+and one console line. The windows and prompts are built once (at the start) from the data and a seed of their own, so
+each evaluation scores the same tokens and the numbers equal `diffllm eval ppl` / `eval needle` on the checkpoint of
+that step. Every rank runs every forward (ZeRO-3 gathers parameters collectively; the ranks get the same numbers);
+only rank 0 writes. Nothing here draws from the global RNGs (they are forked around the evaluation all the same) or
+touches the training data stream; the model runs in eval mode without gradients and goes back to train mode.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy, task_prompts
+from ..eval.ppl import eval_sources, perplexity, source_docs, windows
+from .config import EvalConfig
+from .hooks import Hook, MetricsLogger
+
+if TYPE_CHECKING:
+    from .loop import Trainer
+
+
+class _Forward:
+    """The engine as the eval functions see a model: `model(ids)` -> logits and `model.cfg`. Each forward goes
+    through the DeepSpeed engine (ZeRO-3's parameter gathering) and tells the step watchdog that evaluation is busy.
+    `to_cpu`: logits come back on the CPU (needle_accuracy compares them with CPU token tensors)."""
+
+    def __init__(self, trainer: "Trainer", to_cpu: bool = False):
+        self.trainer, self.cfg, self.to_cpu = trainer, trainer.engine.module.cfg, to_cpu
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.trainer.watchdog.beat("in-loop evaluation")
+        logits = self.trainer.engine(ids.to(self.trainer.device))  # (B, T, V)
+        return logits.cpu() if self.to_cpu else logits
+
+
+class InLoopEval(Hook):
+    """Evaluates every `cfg.every` steps and/or at the last step (`cfg.at_end`); see the module docstring."""
+
+    def __init__(self, cfg: EvalConfig, tok, seq_len: int, run_config: dict):
+        self.cfg, self.tok, self.seq_len, self.run_config = cfg, tok, seq_len, run_config
+        self.ppl_sets: dict[str, tuple[list, int]] = {}  # name -> ([(tokens (B, T+1), mask (B, T))], bytes)
+        self.needle: Optional[NeedleTask] = None
+        self.haystack: Optional[list[int]] = None
+
+    def on_start(self, trainer: "Trainer") -> None:
+        if trainer.already_finished:  # a relaunched finished run trains no step: nothing to prepare
+            return
+        c, model_len = self.cfg, trainer.model_cfg.max_seq_len
+        if self.seq_len > model_len:
+            raise ValueError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
+        for name in c.ppl_data:
+            sources = eval_sources(None, name)
+            for src in sources:
+                docs, n_bytes = source_docs(self.tok, src, c.ppl_max_tokens)
+                key = name if len(sources) == 1 else f"{name}/{src.name}"
+                batches = windows(docs, self.tok.eos_id, self.seq_len, c.batch_size)
+                self.ppl_sets[key] = ([(t.to(trainer.device), m.to(trainer.device)) for t, m in batches], n_bytes)
+        if c.needle_n:
+            length = c.needle_length or self.seq_len
+            if length > model_len:
+                raise ValueError(f"trainer.eval.needle_length={length}: longer than the model's context ({model_len})")
+            self.needle = NeedleTask(mode=c.needle_mode, n_needles=list(c.needle_n), queries=c.needle_queries,
+                                     depths=list(c.needle_depths), lengths=[length], trials=c.needle_trials,
+                                     seed=c.needle_seed, batch_size=c.batch_size)
+            if c.needle_mode == "text":  # real text: the run's own held-out documents
+                self.haystack = haystack_tokens(self.run_config, None, self.tok, 4 * length)
+            try:  # prompts that cannot be built fail now, not after the first `every` steps
+                task_prompts(self.needle, self.tok, model_len, self.haystack)
+            except ValueError as e:
+                raise ValueError(f"trainer.eval.needle_length={length}: {str(e).removeprefix('lengths: ')}") from None
+
+    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
+        c, step = self.cfg, trainer.state.step
+        due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.budget.steps)
+        if due and not trainer.failing:
+            self.evaluate(trainer)
+
+    def evaluate(self, trainer: "Trainer") -> dict:
+        """One evaluation of the model as it is now: the metrics record (written by rank 0) and a console line."""
+        t0 = time.perf_counter()
+        rec: dict = {"step": trainer.state.step, "tokens": trainer.state.tokens}
+        engine, was_training = trainer.engine, trainer.engine.training
+        devices = [trainer.device] if trainer.device.type == "cuda" else []
+        engine.eval()
+        try:
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                for name, (batches, n_bytes) in self.ppl_sets.items():
+                    res = perplexity(_Forward(trainer), batches, n_bytes)
+                    rec[f"eval/ppl/{name}/loss"], rec[f"eval/ppl/{name}/bpb"] = res["loss"], res["bits_per_byte"]
+                if self.needle is not None:
+                    res = needle_accuracy(_Forward(trainer, to_cpu=True), self.tok, self.needle, self.haystack)
+                    rec.update({f"eval/needle/n{n}/acc": acc for n, acc in res["by_n"].items()})
+                    rec["eval/needle/acc"] = res["mean"]
+        finally:
+            engine.train(was_training)
+        rec["eval/time_s"] = round(time.perf_counter() - t0, 3)
+        if trainer.rank == 0:
+            log = next((h.log for h in trainer.hooks if isinstance(h, MetricsLogger)), None)
+            if log is not None:
+                log.write(rec)
+            trainer.say(eval_line(rec))
+        return rec
+
+
+def eval_line(rec: dict) -> str:
+    """`eval step 32: shakespeare loss 5.1234 bpb 1.8765 | needle n1 0.50 n2 0.25 | 3.1 s`."""
+    parts = [f"{k[len('eval/ppl/'):-len('/loss')]} loss {v:.4f} bpb {rec[k[:-len('loss')] + 'bpb']:.4f}"
+             for k, v in rec.items() if k.startswith("eval/ppl/") and k.endswith("/loss")]
+    needles = [f"{k.split('/')[2]} {v:.2f}" for k, v in rec.items() if k.startswith("eval/needle/n")]
+    if needles:
+        parts.append("needle " + " ".join(needles))
+    return f"eval step {rec['step']}: " + " | ".join(parts + [f"{rec['eval/time_s']:.1f} s"])
+
+
+def eval_hooks(cfg: EvalConfig, tok, seq_len: int, run_config: dict) -> list[Hook]:
+    """[InLoopEval] when trainer.eval is on, else []: the Trainer puts it after Validation, before Checkpointing (an
+    evaluation is logged before the checkpoint of its step, so a resume from that checkpoint never loses it)."""
+    return [InLoopEval(cfg, tok, seq_len, run_config)] if cfg.on else []
