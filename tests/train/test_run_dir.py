@@ -76,6 +76,11 @@ def test_relaunching_a_finished_run_never_rewrites_its_result(finished, tmp_path
     line = one_error_line(changed)
     assert f"run_dir={run_dir} holds a finished run" in line and "data.seq_len (64 -> 128)" in line, line
     assert snapshot(run_dir) == before
+    # what only says how to run or watch it (evaluation, watchdogs) is not a change of the run
+    watched = diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", "trainer.eval.every=4", "trainer.eval.needle_n=[1]", "trainer.stall_timeout_s=60",
+                            "data.worker_timeout_s=60")
+    assert watched.returncode == 0 and "already at its budget" in watched.stdout, watched.stdout + watched.stderr
+    assert snapshot(run_dir) == before
 
 
 def test_another_runs_checkpoint_is_refused_in_a_used_run_dir_and_continues_in_a_new_one(finished, tmp_path):
