@@ -101,8 +101,12 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes
     for arch, rs in _by_series(runs, sel).items():
         n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
         y = np.array([getattr(r, cfg.loss) for r in rs], dtype=float)
-        points[arch] = (n, y)
-        best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+        points[arch] = (n, y)  # plotted even when too few to fit
+        try:
+            best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+        except ValueError as e:  # too few points or sizes left (selection, under-trained runs left out)
+            notes.append(f"L(N) for {arch}: no fit ({e})")
+            continue
         fits[arch], boots[arch] = best, boot
         if exactly_determined(len(rs), POWER_LAW_PARAMS):
             notes.append(_exact_note(f"L(N) for {arch}", len(rs), POWER_LAW_PARAMS))

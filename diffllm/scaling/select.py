@@ -10,6 +10,7 @@ Transformer) at the same preset size and budget, seed by seed, each side at its 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -77,12 +78,13 @@ def series_label(r: "RunRecord", axes: list[str]) -> str:
     return " ".join([r.arch] + [f"{short_label(k)}={value_label(k, r.axes.get(k))}" for k in axes])
 
 
-def config_keys() -> set:
+@functools.lru_cache(maxsize=None)
+def config_keys() -> frozenset:
     """Every dotted key of a train config (its typed groups at their defaults)."""
     from ..config import schema_for, schema_node
     from ..sweep.collect import flatten
 
-    return set(flatten(schema_node(schema_for("train"))))
+    return frozenset(flatten(schema_node(schema_for("train"))))
 
 
 def check_select(select: Optional[str], axes: set) -> None:

@@ -118,6 +118,11 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     kept = fit_sweep(ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", include_undertrained=True),
                      collect(cfg.sweep_dir))
     assert {(f.arch, f.points) for f in kept["power_law"]} >= {("diff λ_init=formula", 6)}
+    records = [r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)]
+    short = fit_sweep(cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
+    assert "diff λ_init=formula" not in {f.arch for f in short["power_law"]}
+    assert any(n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points")
+               for n in short["notes"])
 
 
 def test_without_selection_every_lr_is_its_own_series(sweep):
