@@ -130,7 +130,7 @@ def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELE
         sel.selected.update(r.run_dir for r in at[values[best]])
         if choice.at_edge:
             tried = ", ".join(value_label(select_axis, v) for v in values)
-            sel.warnings.append(f"{series} {model} at {tokens:,} tokens: the best {select_axis}="
+            sel.warnings.append(f"{series}, {choice.size}, {tokens:,} tokens: the best {select_axis}="
                                 f"{value_label(select_axis, choice.value)} is at the edge of the values tried "
                                 f"({tried}): widen the grid")
     return sel

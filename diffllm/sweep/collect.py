@@ -296,20 +296,30 @@ def _rel(run_dir: str, root: str | Path) -> str:
     return str(Path(run_dir).relative_to(root)) if root and Path(run_dir).is_relative_to(root) else run_dir
 
 
+def _axis_label(key: str, value: Any, varies: bool) -> str:
+    """A null that never changes within the row's arch is "-" (not applicable: a Transformer's λ_init)."""
+    from ..scaling.select import value_label
+
+    return "-" if value is None and not varies else value_label(key, value)
+
+
 def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT) -> str:
     """The runs table (axes by short label; `*` marks the runs at their group's best-of-grid value, `under-trained`
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
     from ..scaling.baselines import BASELINES_NOTE
-    from ..scaling.select import choices_markdown, select_runs, selection_dict, short_label, value_label
+    from ..scaling.select import choices_markdown, select_runs, selection_dict, short_label
 
     axes = axis_names(records)
     cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
             "final_val_loss", "unigram_loss", "bigram_loss", "wall_time_s", "status"]
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
+    varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
+              for a in {r.arch for r in records}}
     lines = ["| " + " | ".join(head) + " | selected | run_dir |", "|" + "---|" * (len(head) + 2)]
     for r in records:
         d = asdict(r)
-        cells = [_cell(c, d[c]) for c in cols[:3]] + [value_label(k, r.axes.get(k)) for k in axes]
+        cells = [_cell(c, d[c]) for c in cols[:3]]
+        cells += [_axis_label(k, r.axes.get(k), k in varies[r.arch]) for k in axes]
         cells += [_cell(c, d[c]) for c in cols[3:]]
         if r.under_trained:
             cells[-1] += " (under-trained)"

@@ -85,7 +85,7 @@ def test_collect_axes_baselines_selection(sweep, capsys):
     assert edges == [("diff λ_init=formula", "micro-1"), ("transformer", "micro-2")]
     err = capsys.readouterr().err
     for series, size in edges:
-        line = f"{series} {series.split()[0]}-{size} at 640 tokens: the best optim.lr={best[(series, size)]:g} is at " \
+        line = f"{series}, {size}, 640 tokens: the best optim.lr={best[(series, size)]:g} is at " \
                f"the edge of the values tried (0.001, 0.002, 0.004): widen the grid"
         assert f"WARNING: {line}" in md and f"warning: {line}" in err
     assert md.count("widen the grid") == 2
