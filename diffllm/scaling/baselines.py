@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)
+MAX_TOKENS = 50_000_000  # larger budgets are not counted here (minutes of reading and packing per 50M tokens)
 VERSION = 1  # bump when the definition changes: old cache entries are then ignored
 BASELINES_NOTE = ("Baselines (nats/token, on the validation windows the trainer scores; counts from the run's own "
                   f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
@@ -127,6 +128,9 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
     if "data" not in config or "trainer" not in config:
         raise ValueError(f"{run_dir}: no config.yaml with data and trainer (a run from before runs kept one)")
     data, budget, batch, n_val = _layout(config, summary)
+    if budget.tokens > MAX_TOKENS:
+        raise ValueError(f"a budget of {budget.tokens:,} tokens is more than the baselines count "
+                         f"(diffllm.scaling.baselines.MAX_TOKENS = {MAX_TOKENS:,})")
     tok = run.tokenizer()
     path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (batch, n_val))}.json"
     if path.is_file():

@@ -54,7 +54,7 @@ def test_layout_matches_the_train_loader_on_two_ranks(tmp_path):
     assert stream_windows(2, 1, 4, 5) == {0: 2, 2: 1, 1: 1, 3: 1}  # worker 0: batches 0, 2, 4; worker 1: 1, 3
 
 
-def test_cached_in_the_sweep_dir(tmp_path):
+def test_cached_in_the_sweep_dir(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     write_corpus(corpus)
     tok = tokenizer(corpus)
@@ -69,3 +69,8 @@ def test_cached_in_the_sweep_dir(tmp_path):
     gone = collect(tmp_path / "sweep", notes=notes)[0]
     assert gone.bigram_loss is None and gone.under_trained is None
     assert len(notes) == 1 and notes[0].startswith("baselines not computed for 1 run(s)") and "no files match" in notes[0]
+    monkeypatch.setattr("diffllm.scaling.baselines.MAX_TOKENS", 100)
+    notes.clear()
+    assert collect(tmp_path / "sweep", notes=notes)[0].bigram_loss is None
+    assert "a budget of 640 tokens is more than the baselines count (diffllm.scaling.baselines.MAX_TOKENS = 100)" \
+        in notes[0]
