@@ -92,7 +92,7 @@ def check_select(select: Optional[str], axes: set) -> None:
     if select is None or select in axes:
         return
     keys = config_keys() | axes
-    if select not in keys and not any(k.startswith(f"{select}.") for k in keys):
+    if select not in keys:
         near = difflib.get_close_matches(select, sorted(keys), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise ValueError(f"select={select}: no run's config has this key{hint}")
