@@ -34,9 +34,19 @@ def value_label(key: str, value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+@functools.lru_cache(maxsize=None)
 def size_of(model: str, arch: str) -> str:
-    """The preset's size: its name after the `<arch>-` prefix (configs/model/<arch>-<size>.yaml composes
-    arch/<arch> with size/<size>), so transformer-micro-2 and diff-micro-2 pair; a name without it is its own size."""
+    """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the `size/<size>` base in the defaults
+    list of configs/model/<model>.yaml (presets compose arch/<arch> with size/<size>); else the name after the
+    `<arch>-` prefix; else the name itself."""
+    from omegaconf import OmegaConf
+
+    from ..config import find_config
+
+    path = find_config("model", model)
+    for entry in (OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []) if path else []:
+        if isinstance(entry, str) and entry.startswith("size/"):
+            return entry[len("size/"):].split("@")[0]
     return model[len(arch) + 1:] if model.startswith(f"{arch}-") else model
 
 

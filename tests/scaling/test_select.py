@@ -13,7 +13,7 @@ import pytest
 
 from diffllm.scaling.baselines import BIGRAM_K
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
-from diffllm.scaling.select import select_runs
+from diffllm.scaling.select import select_runs, size_of
 from diffllm.sweep.collect import collect, read_csv, write_tables
 from tests.scaling.synthetic import expected_baselines, tokenizer, write_corpus, write_run
 
@@ -143,3 +143,13 @@ def test_scaling_fit_cli_prints_warnings(sweep):
     assert out.stderr.count("widen the grid") == 2 and "under-trained" in out.stderr
     fits = json.loads((root / "fit" / "fits.json").read_text())
     assert fits["selection"]["select"] == "optim.lr" and len(fits["gaps"]) == 6
+
+
+def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):
+    """The size is the preset's size/<size> base, so a user preset with another name pairs with the packaged one."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my-diff-2.yaml").write_text(
+        "defaults:\n  - arch/diff@_here_\n  - size/micro-2@_here_\n  - _self_\nname: my-diff-2\n")
+    monkeypatch.setenv("DIFFLLM_CONFIG_PATH", str(tmp_path))
+    assert size_of("my-diff-2", "diff") == size_of("transformer-micro-2", "transformer") == "micro-2"
+    assert size_of("diff-nopreset-9", "diff") == "nopreset-9" and size_of("odd", "diff") == "odd"
