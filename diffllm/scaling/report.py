@@ -1,8 +1,13 @@
 """`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
 L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), residual-bootstrap
 intervals, each variant's parameter and token ratios over the baseline (the Transformer) at equal loss, PNG plots,
-fits.md and fits.json. Ratio keys carry an `<arch>:` prefix when the sweep holds more than one variant besides the
-baseline."""
+fits.md and fits.json. Ratio keys carry an `<series>:` prefix when the sweep holds more than one series besides the
+baseline.
+
+Fits are per *series* (the arch plus the non-selected axes that vary, diffllm/scaling/select.py), over the runs at
+each group's best-of-grid value of `select` (every seed a point), under-trained runs (not beating the bigram
+baseline, diffllm/scaling/baselines.py) left out unless include_undertrained. fits.md also gives the selection, its
+edge warnings, the paired per-seed gaps to the Transformer and the baselines beside the runs."""
 from __future__ import annotations
 
 import json
@@ -17,7 +22,10 @@ from ..model.variant import baseline, variants
 from ..sweep.collect import RunRecord, collect
 from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
                   exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
+from .baselines import BASELINES_NOTE
 from .plots import loss_vs_params, loss_vs_tokens
+from .select import (DEFAULT_SELECT, Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
+                     paired_gaps, run_rows, runs_markdown, select_runs, selection_dict, under_trained_note)
 
 @dataclass
 class ScalingConfig:
@@ -32,6 +40,8 @@ class ScalingConfig:
     level: float = 0.9  # interval coverage
     seed: int = 0
     title: str = "diffllm scaling"
+    select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
+    include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
 
     def validate(self) -> None:
         if self.params not in ("block", "nonembedding", "total"):
@@ -68,12 +78,13 @@ class ArchFit:
     alpha: Interval
 
 
-def _by_arch(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
-    """Runs grouped by arch, registered variants first (baseline first), archs with no runs left out."""
-    groups: dict[str, list[RunRecord]] = {a: [] for a in variants()}
-    for r in runs:
-        groups.setdefault(r.arch, []).append(r)
-    return {a: rs for a, rs in groups.items() if rs}
+def _by_series(runs: list[RunRecord], sel: Selection) -> dict[str, list[RunRecord]]:
+    """Runs grouped by series, in registered-variant order (baseline first), then by label."""
+    order = {a: i for i, a in enumerate(variants())}
+    groups: dict[str, list[RunRecord]] = {}
+    for r in sorted(runs, key=lambda r: (order.get(r.arch, len(order)), sel.series[r.run_dir])):
+        groups.setdefault(sel.series[r.run_dir], []).append(r)
+    return groups
 
 
 def _exact_note(what: str, n_points: int, n_params: int) -> str:
@@ -85,13 +96,17 @@ def _interval(value: float, samples, level: float, exact: bool) -> Interval:
     return no_interval(value) if exact else interval(value, samples, level)
 
 
-def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], notes: list[str]):
+def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes: list[str]):
     points, fits, boots, table = {}, {}, {}, []
-    for arch, rs in _by_arch(runs).items():
+    for arch, rs in _by_series(runs, sel).items():
         n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
         y = np.array([getattr(r, cfg.loss) for r in rs], dtype=float)
-        points[arch] = (n, y)
-        best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+        points[arch] = (n, y)  # plotted even when too few to fit
+        try:
+            best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+        except ValueError as e:  # too few points or sizes left (selection, under-trained runs left out)
+            notes.append(f"L(N) for {arch}: no fit ({e})")
+            continue
         fits[arch], boots[arch] = best, boot
         if exactly_determined(len(rs), POWER_LAW_PARAMS):
             notes.append(_exact_note(f"L(N) for {arch}", len(rs), POWER_LAW_PARAMS))
@@ -115,21 +130,32 @@ def _joint_points(cfg: ScalingConfig, rs: list[RunRecord], mode: str):
     return n, d, y
 
 
-def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
+def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[str]] = None) -> dict:
     cfg.validate()
-    done = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
-    if not done:
+    finished = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
+    if not finished:
         raise ValueError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
+    sel = select_runs(finished, cfg.select, cfg.loss)
+    notes = list(notes or [])
+    done = [r for r in finished if r.run_dir in sel.selected and (cfg.include_undertrained or not r.under_trained)]
+    note = under_trained_note(finished, sel, cfg.include_undertrained)
+    if note:
+        notes.append(note)
+    if not done:
+        raise ValueError(f"sweep_dir={cfg.sweep_dir}: no run left to fit ({note})")
     budget = cfg.tokens or max({r.tokens for r in done}, key=lambda t: (len({_n(r, cfg.params) for r in done
                                                                              if r.tokens == t}), t))
     at_budget = [r for r in done if r.tokens == budget]
     if not at_budget:
         raise ValueError(f"tokens={budget}: no finished run has this budget")
-    notes: list[str] = []
-    points, fits, boots, table = _power_fits(cfg, at_budget, notes)
-    result: dict = {"config": asdict(cfg), "runs": len(done), "power_law_tokens": budget, "power_law": table,
-                    "ratios": {}, "notes": notes}
-    base = baseline().arch
+    points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes)
+    gaps, gap_notes = paired_gaps(finished, sel, baseline().arch, cfg.loss)
+    result: dict = {"config": asdict(cfg), "runs": len(finished), "fit_runs": len(done), "power_law_tokens": budget,
+                    "power_law": table, "ratios": {}, "notes": notes + gap_notes,
+                    "selection": selection_dict(sel), "gaps": [gap_dict(g) for g in gaps],
+                    "runs_table": run_rows(finished, sel, {r.run_dir for r in done}, cfg.loss)}
+    notes = result["notes"]
+    base = baseline_series(sel, fits, baseline().arch)
     others = [a for a in fits if a != base] if base in fits else []
     key = {a: ("" if len(others) == 1 else f"{a}:") for a in others}
     exact = {f.arch for f in table if f.alpha.exact}  # archs whose L(N) is exactly determined
@@ -144,7 +170,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
         mode = "final" if len(budgets) > 1 else "curves"
     joint, joint_boot, joint_exact = {}, {}, set()
     if mode != "none":
-        for arch, rs in _by_arch(done).items():
+        for arch, rs in _by_series(done, sel).items():
             n, d, y = _joint_points(cfg, rs, mode)
             try:
                 joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
@@ -159,7 +185,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
                                                              cfg.level, a in joint_exact) for k in ("alpha", "beta")}}
                        for a, j in joint.items()}
     for a in (o for o in others if base in joint and o in joint):
-        ref = max(_by_arch(done)[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
+        ref = max(_by_series(done, sel)[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
         n_ref, d_ref = _n(ref, cfg.params), ref.tokens  # inside the data: the largest size at the largest budget
         t, dd = joint[base], joint[a]
         samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
@@ -172,13 +198,13 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord]) -> dict:
         result["ratios"][f"{key[a]}params_from_joint_at_N={int(n_ref)},D={d_ref}"] = _interval(
             ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact)
     result["ratio_archs"] = [base] + others
-    result["_plot"] = (points, fits, joint, done, mode)
+    result["_plot"] = (points, fits, joint, done, mode, sel)
     return result
 
 
 def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    points, fits, joint, done, mode = result.pop("_plot")
+    points, fits, joint, done, mode, sel = result.pop("_plot")
     label = {"block": "parameters N (non-embedding, no output head)", "nonembedding": "non-embedding parameters",
              "total": "total parameters"}[cfg.params]
     files = [loss_vs_params(points, fits, out / "loss_vs_params.png", label, f"{cfg.title}: L(N)")]
@@ -186,7 +212,7 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
     for r in sorted(done, key=lambda r: (-(r.tokens or 0), r.seed or 0)):
         d, y = val_curve(r.run_dir)
         if len(d):
-            curves.setdefault((r.arch, _n(r, cfg.params)), (d, y))
+            curves.setdefault((sel.series[r.run_dir], _n(r, cfg.params)), (d, y))
     if curves:
         files.append(loss_vs_tokens(curves, joint, out / "loss_vs_tokens.png",
                                     f"{cfg.title}: learning curves, L(N, D) fit ({mode})"))
@@ -210,25 +236,32 @@ def _jsonable(o):
 def render(result: dict) -> str:
     cfg = result["config"]
     lvl = f"{cfg['level']:.0%}"
-    lines = [f"Fits over {result['runs']} finished runs; N = {cfg['params']} parameters, loss = {cfg['loss']}; "
-             f"[{lvl} residual-bootstrap intervals].", "",
+    lines = [f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
+             f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].", "",
              f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:", "",
-             "| arch | points | E | A | alpha |", "|---|---|---|---|---|"]
+             "| series | points | E | A | alpha |", "|---|---|---|---|---|"]
     for f in result["power_law"]:
         lines.append(f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |")
     if result["joint"]:
         lines += ["", f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:", "",
-                  "| arch | E | A | alpha | B | beta |", "|---|---|---|---|---|---|"]
+                  "| series | E | A | alpha | B | beta |", "|---|---|---|---|---|---|"]
         for arch, j in result["joint"].items():
             law = j["law"]
             lines.append(f"| {arch} | {law['E']:.4g} | {law['A']:.4g} | {j['alpha']} | {law['B']:.4g} | {j['beta']} |")
     if result["ratios"]:
         base, *others = result["ratio_archs"]
         names = " and ".join(variants()[a].label if a in variants() else a for a in others)
-        lines += ["", f"{names} / {variants()[base].label} at equal loss (paper, Diff at 3B-13B: 62.2% of the "
-                  "parameters, 63.7% of the tokens):", "", "| ratio | value [interval] |", "|---|---|"]
+        ref = variants()[base].label if base in variants() else base
+        lines += ["", f"{names} / {ref} at equal loss (paper, Diff at 3B-13B: 62.2% of the parameters, 63.7% of the "
+                  "tokens):", "", "| ratio | value [interval] |", "|---|---|"]
         for name, iv in result["ratios"].items():
             lines.append(f"| {name} | {iv} |")
+    select = cfg.get("select") if result.get("selection", {}).get("select") else None
+    for part in (choices_markdown(result["selection"]) if "selection" in result else [],
+                 gaps_markdown(result.get("gaps", []), select), runs_markdown(result.get("runs_table", []), select)):
+        lines += [""] + part if part else []
+    if any(row["bigram"] is not None for row in result.get("runs_table", [])):
+        lines += ["", BASELINES_NOTE]
     for note in result.get("notes", []):
         lines.append(f"\nnote: {note}")
     return "\n".join(lines) + "\n"
@@ -241,11 +274,11 @@ def main() -> None:
     @hydra_app("scaling")
     def app(node) -> None:
         cfg = build(ScalingConfig, node, "scaling")
-        result = fit_sweep(cfg, collect(cfg.sweep_dir))
+        notes: list[str] = []
+        result = fit_sweep(cfg, collect(cfg.sweep_dir, select=cfg.select, notes=notes), notes)
         files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
-        for note in result.get("notes", []):
-            if "exactly determined" in note:
-                print(f"diffllm scaling fit: warning: {note}", file=sys.stderr)
+        for note in result["selection"]["warnings"] + result.get("notes", []):
+            print(f"diffllm scaling fit: warning: {note}", file=sys.stderr)
         print(files[-1].read_text(), end="")
         print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
 

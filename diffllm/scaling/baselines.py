@@ -1,0 +1,146 @@
+"""Reference baselines for a run: the unigram and count-based bigram cross-entropy (nats/token) of the validation
+windows its trainer scores, with counts taken from exactly the training windows it consumed up to its budget.
+
+Both score the same target positions as `lm_loss`: in a window w of seq_len + 1 tokens, the targets w[1:] with the
+contexts w[:-1]. Counts come from the training windows the same way: c(b) over targets, c(a, b) over (context,
+target) pairs, c(a) = sum_b c(a, b). With V the tokenizer's vocabulary and N the training targets:
+
+    unigram  p(b)   = (c(b) + 1) / (N + V)                                   (add-one)
+    bigram   p(b|a) = (c(a, b) + K p(b)) / (c(a) + K),   K = BIGRAM_K        (interpolated with the unigram)
+
+The training windows are rebuilt from the run's config.yaml and tokenizer.json with the data pipeline itself
+(diffllm/data: the same streams, seed and layout as its TrainLoader: rank r's micro-batch k comes from its
+DataLoader worker k mod workers, whose slot serves its streams round-robin); the validation windows are
+`build_val_batches` with the trainer's batch size and count. The numbers are cached in <sweep_dir>/.baselines/ by a
+key of the data config, the tokenizer, the token budget and the data layout (the seed is in the data config).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+
+BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)
+MAX_TOKENS = 50_000_000  # larger budgets are not counted here (minutes of reading and packing per 50M tokens)
+VERSION = 1  # bump when the definition changes: old cache entries are then ignored
+BASELINES_NOTE = ("Baselines (nats/token, on the validation windows the trainer scores; counts from the run's own "
+                  f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
+                  f"p_uni(b)) / (c(a) + {BIGRAM_K:g}). A run whose final_val_loss does not beat its bigram is marked "
+                  "under-trained.")
+
+
+@dataclass(frozen=True)
+class Baselines:
+    unigram: float
+    bigram: float
+    train_tokens: int  # training targets counted
+    val_tokens: int  # validation targets scored
+    vocab: int
+    k: float = BIGRAM_K
+
+
+def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = BIGRAM_K) -> Baselines:
+    """train: (n, T+1) training windows; val: (m, T+1) validation windows (any integer dtype). Float64 throughout."""
+    train, val = np.asarray(train, dtype=np.int64), np.asarray(val, dtype=np.int64)
+    ctx, tgt = train[:, :-1].ravel(), train[:, 1:].ravel()
+    uni = np.bincount(tgt, minlength=vocab).astype(np.float64)
+    p_uni = (uni + 1.0) / (len(tgt) + vocab)  # (V,)
+    pairs, pair_counts = np.unique(ctx * vocab + tgt, return_counts=True)  # sorted (context, target) ids
+    c_ctx = np.bincount(ctx, minlength=vocab).astype(np.float64)
+    a, b = val[:, :-1].ravel(), val[:, 1:].ravel()
+    key = a * vocab + b
+    at = np.minimum(np.searchsorted(pairs, key), len(pairs) - 1)
+    c_ab = np.where(pairs[at] == key, pair_counts[at], 0).astype(np.float64)
+    p_bi = (c_ab + k * p_uni[b]) / (c_ctx[a] + k)
+    return Baselines(float(-np.log(p_uni[b]).mean()), float(-np.log(p_bi).mean()), int(len(tgt)), int(len(b)),
+                     int(vocab), float(k))
+
+
+def stream_windows(workers: int, world_size: int, n_streams: int, batches_per_rank: int) -> Counter:
+    """{stream: micro-batches it served} when every rank drew `batches_per_rank` micro-batches (the TrainLoader's
+    layout: slot g = rank x workers + worker serves streams g, g + S, ... round-robin, S = world_size x workers)."""
+    slots = world_size * workers
+    served: Counter = Counter()
+    for rank in range(world_size):
+        for w in range(workers):
+            g = rank * workers + w
+            mine = list(range(g, n_streams, slots))
+            n = len(range(w, batches_per_rank, workers))  # this worker's share of the rank's micro-batches
+            for j, s in enumerate(mine):
+                served[s] += len(range(j, n, len(mine)))
+    return served
+
+
+def _layout(config: dict, summary: dict):
+    """(DataConfig, Budget, val batch size, val batches) of a run from its config.yaml and summary."""
+    from ..config import build
+    from ..data import DataConfig
+    from ..train.config import TrainerConfig, plan_budget
+
+    data = build(DataConfig, config["data"], "data")
+    trainer = build(TrainerConfig, config["trainer"], "trainer")
+    budget = plan_budget(trainer, data.seq_len, int(summary.get("world_size") or 1))
+    return data, budget, trainer.val_batch_size or budget.micro_batch_size, trainer.val_batches
+
+
+def training_windows(data, tok, budget) -> np.ndarray:
+    """(n, T+1) every training window the run consumed, all ranks, in stream order (counts do not need the order)."""
+    from ..data.loader import resolve_sources
+    from ..data.stream import Stream
+
+    sources = resolve_sources(data)
+    workers = max(1, data.num_workers)
+    n_streams = data.num_streams or budget.world_size * workers
+    served = stream_windows(workers, budget.world_size, n_streams, budget.steps * budget.grad_accum)
+    windows = []
+    for s, batches in sorted(served.items()):
+        stream = Stream(sources, tok, data, s, n_streams, epochs=data.epochs)
+        windows += [stream.next_window() for _ in range(batches * budget.micro_batch_size)]
+    return np.stack(windows)
+
+
+def validation_windows(data, tok, batch: int, n_batches: int) -> np.ndarray:
+    from ..data import build_val_batches
+
+    return np.concatenate([b.numpy() for b in build_val_batches(data, tok, batch, n_batches)])
+
+
+def cache_key(config: dict, tok_fingerprint: str, budget, val: tuple[int, int]) -> str:
+    data = json.loads(json.dumps(config["data"]))
+    data.get("tokenizer", {}).pop("path", None)  # the run's own copy; the tokenizer counts by its fingerprint
+    for k in ("worker_timeout_s", "resume", "ignore_fingerprint"):
+        data.pop(k, None)
+    key = {"version": VERSION, "k": BIGRAM_K, "data": data, "tokenizer": tok_fingerprint,
+           "budget": dataclasses.asdict(budget), "val": list(val)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_baselines(run_dir: Path, cache: Path) -> Baselines:
+    """The run's baselines, from `cache` when present; a run whose data cannot be read: a one-line ValueError."""
+    from ..runs import Run, write_atomic
+
+    run = Run(run_dir)
+    config, summary = run.config() or {}, run.summary() or {}
+    if "data" not in config or "trainer" not in config:
+        raise ValueError(f"{run_dir}: no config.yaml with data and trainer (a run from before runs kept one)")
+    data, budget, batch, n_val = _layout(config, summary)
+    if budget.tokens > MAX_TOKENS:
+        raise ValueError(f"a budget of {budget.tokens:,} tokens is more than the baselines count "
+                         f"(diffllm.scaling.baselines.MAX_TOKENS = {MAX_TOKENS:,})")
+    tok = run.tokenizer()
+    path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (batch, n_val))}.json"
+    if path.is_file():
+        try:
+            return Baselines(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError):
+            pass  # a damaged entry is recomputed
+    b = cross_entropies(training_windows(data, tok, budget), validation_windows(data, tok, batch, n_val),
+                        tok.vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(dataclasses.asdict(b)) + "\n")
+    return b
+

@@ -1,0 +1,298 @@
+"""Best-of-grid selection over a collected sweep, the series it leaves, and the paired gaps to the baseline arch.
+
+A run's axes (RunRecord.axes: the dotted config keys that differ between the runs of one (model, tokens) group) are
+split in two: the `select` axis (e.g. optim.lr), chosen per group, and the rest, which with the arch name a *series*
+(e.g. `diff λ_init=0.8`: Diff with model.lambda_init=0.8, its own curve). For each (series, size, budget) the selected
+value is the one with the lowest mean loss over its seeds; a value at the edge (min or max) of those tried is warned
+about: the optimum may lie outside the grid. Gaps pair each non-baseline series with the baseline arch's series (the
+Transformer) at the same preset size and budget, seed by seed, each side at its own selected value.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from ..sweep.collect import RunRecord
+
+DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
+SHORT = {"model.lambda_init": "λ_init"}  # short labels for series and markdown; others: the last dotted component
+NULL = {"model.lambda_init": "formula"}  # what a null value means, per key (others: "null")
+
+
+def short_label(key: str) -> str:
+    return SHORT.get(key, key.rsplit(".", 1)[-1])
+
+
+def value_label(key: str, value: Any) -> str:
+    if value is None:
+        return NULL.get(key, "null")
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@functools.lru_cache(maxsize=None)
+def size_of(model: str, arch: str) -> str:
+    """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the `size/<size>` base in the defaults
+    list of configs/model/<model>.yaml (presets compose arch/<arch> with size/<size>); else the name after the
+    `<arch>-` prefix; else the name itself."""
+    from omegaconf import OmegaConf
+
+    from ..config import find_config
+
+    path = find_config("model", model)
+    for entry in (OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []) if path else []:
+        if isinstance(entry, str) and entry.startswith("size/"):
+            return entry[len("size/"):].split("@")[0]
+    return model[len(arch) + 1:] if model.startswith(f"{arch}-") else model
+
+
+def _order(v: Any) -> tuple:
+    return (v is None, v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0, str(v))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The selected value of one (series, size, budget) group."""
+
+    series: str
+    size: str
+    model: str
+    tokens: Optional[int]
+    value: Any  # the selected value (None without a select axis)
+    values: tuple  # the values tried, in order
+    mean_loss: tuple  # mean loss over seeds at each value tried (same order)
+    seeds: int  # finished runs at the selected value
+
+    @property
+    def at_edge(self) -> bool:
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
+        return numeric and len(self.values) >= 2 and self.value in (self.values[0], self.values[-1])
+
+
+@dataclass
+class Selection:
+    select: Optional[str]  # the axis chosen over (None: nothing chosen; every run is selected)
+    series: dict[str, str] = field(default_factory=dict)  # run_dir -> series label
+    arch: dict[str, str] = field(default_factory=dict)  # series label -> arch
+    selected: set = field(default_factory=set)  # run_dirs at the selected value of their group
+    choices: list[Choice] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def series_label(r: "RunRecord", axes: list[str]) -> str:
+    """`arch` plus `short=value` for each of `axes` (the non-selected axes that vary within this arch's runs)."""
+    return " ".join([r.arch] + [f"{short_label(k)}={value_label(k, r.axes.get(k))}" for k in axes])
+
+
+@functools.lru_cache(maxsize=None)
+def config_keys() -> frozenset:
+    """Every dotted key of a train config (its typed groups at their defaults)."""
+    from ..config import schema_for, schema_node
+    from ..sweep.collect import flatten
+
+    return frozenset(flatten(schema_node(schema_for("train"))))
+
+
+def check_select(select: Optional[str], axes: set) -> None:
+    """`select` must name an axis of the runs or a train-config key; a typo gets a one-line did-you-mean."""
+    if select is None or select in axes:
+        return
+    keys = config_keys() | axes
+    if select not in keys:
+        near = difflib.get_close_matches(select, sorted(keys), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"select={select}: no run's config has this key{hint}")
+
+
+def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
+                loss: str = "final_val_loss") -> Selection:
+    """Series, selected runs, choices and edge warnings. Only finished runs with a `loss` take part."""
+    axis_names = sorted({k for r in records for k in r.axes})
+    check_select(select, set(axis_names))
+    select_axis = select if select in axis_names else None  # a constant key: nothing to choose
+    done = [r for r in records if r.status == "finished" and getattr(r, loss) is not None]
+    by_arch: dict[str, list] = defaultdict(list)
+    for r in done:
+        by_arch[r.arch].append(r)
+    sel = Selection(select_axis)
+    for arch, rs in by_arch.items():  # series axes: non-selected axes whose value differs within this arch
+        varying = [k for k in axis_names if k != select_axis and len({repr(r.axes.get(k)) for r in rs}) > 1]
+        for r in rs:
+            sel.series[r.run_dir] = series_label(r, varying)
+            sel.arch[sel.series[r.run_dir]] = arch
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in done:
+        groups[(sel.series[r.run_dir], r.model, r.tokens)].append(r)
+    for (series, model, tokens), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
+        at: dict = defaultdict(list)
+        for r in rs:
+            at[r.axes.get(select_axis) if select_axis else None].append(r)
+        values = tuple(sorted(at, key=_order))
+        means = tuple(sum(getattr(r, loss) for r in at[v]) / len(at[v]) for v in values)
+        best = min(range(len(values)), key=lambda i: (means[i], i))
+        choice = Choice(series, size_of(model, rs[0].arch), model, tokens, values[best], values, means,
+                        len(at[values[best]]))
+        sel.choices.append(choice)
+        sel.selected.update(r.run_dir for r in at[values[best]])
+        if choice.at_edge:
+            tried = ", ".join(value_label(select_axis, v) for v in values)
+            sel.warnings.append(f"{series}, {choice.size}, {tokens:,} tokens: the best {select_axis}="
+                                f"{value_label(select_axis, choice.value)} is at the edge of the values tried "
+                                f"({tried}): widen the grid")
+    return sel
+
+
+@dataclass(frozen=True)
+class Gap:
+    """loss(series) - loss(baseline series) per seed at one (size, budget), each side at its selected value."""
+
+    series: str
+    baseline: str
+    size: str
+    tokens: Optional[int]
+    series_value: Any
+    baseline_value: Any
+    seeds: tuple
+    gaps: tuple
+
+    @property
+    def mean(self) -> float:
+        return sum(self.gaps) / len(self.gaps)
+
+    @property
+    def std(self) -> Optional[float]:
+        """Sample standard deviation over seeds (n - 1); None with one seed."""
+        n = len(self.gaps)
+        return math.sqrt(sum((g - self.mean) ** 2 for g in self.gaps) / (n - 1)) if n > 1 else None
+
+
+def paired_gaps(records: list["RunRecord"], sel: Selection, baseline_arch: str,
+                loss: str = "final_val_loss") -> tuple[list[Gap], list[str]]:
+    """Gaps of every non-baseline series to every baseline series at each shared (size, budget), paired by seed;
+    notes for points where the two sides share no seed."""
+    runs = {r.run_dir: r for r in records}
+    choice = {(c.series, c.size, c.tokens): c for c in sel.choices}
+    chosen: dict[tuple, dict] = defaultdict(dict)  # (series, size, tokens) -> seed -> loss at the selected value
+    for d in sel.selected:
+        r = runs[d]
+        c = choice[(sel.series[d], size_of(r.model, r.arch), r.tokens)]
+        chosen[(c.series, c.size, c.tokens)][r.seed] = getattr(r, loss)
+    bases = sorted(s for s, a in sel.arch.items() if a == baseline_arch)
+    others = sorted(s for s, a in sel.arch.items() if a != baseline_arch)
+    gaps, notes = [], []
+    for s in others:
+        for b in bases:
+            for (series, size, tokens), losses in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
+                if series != s or (b, size, tokens) not in chosen:
+                    continue
+                ref = chosen[(b, size, tokens)]
+                seeds = tuple(sorted(set(losses) & set(ref), key=lambda x: (x is None, x or 0)))
+                if not seeds:
+                    notes.append(f"{s} vs {b} at {size}, {tokens:,} tokens: no seed in common; no gap")
+                    continue
+                gaps.append(Gap(s, b, size, tokens, choice[(s, size, tokens)].value, choice[(b, size, tokens)].value,
+                                seeds, tuple(losses[x] - ref[x] for x in seeds)))
+    return gaps, notes
+
+
+def gap_dict(g: Gap) -> dict:
+    return {"series": g.series, "baseline": g.baseline, "size": g.size, "tokens": g.tokens,
+            "series_value": g.series_value, "baseline_value": g.baseline_value, "seeds": list(g.seeds),
+            "gaps": list(g.gaps), "mean": g.mean, "min": min(g.gaps), "max": max(g.gaps), "std": g.std}
+
+
+def selection_dict(sel: Selection) -> dict:
+    return {"select": sel.select, "warnings": list(sel.warnings),
+            "choices": [{"series": c.series, "size": c.size, "model": c.model, "tokens": c.tokens, "value": c.value,
+                         "values": list(c.values), "mean_loss": list(c.mean_loss), "seeds": c.seeds,
+                         "at_edge": c.at_edge} for c in sel.choices]}
+
+
+def baseline_series(sel: Selection, fits: dict, baseline_arch: str) -> Optional[str]:
+    """The series ratios are taken against: the baseline arch's first fitted series."""
+    return next((s for s in fits if sel.arch.get(s) == baseline_arch), None)
+
+
+def under_trained_note(finished: list["RunRecord"], sel: Selection, include: bool) -> Optional[str]:
+    flagged = [r for r in finished if r.under_trained and r.run_dir in sel.selected]
+    if not flagged:
+        return None
+    what = "kept in the fits (include_undertrained=true)" if include else \
+        "left out of the fits (include_undertrained=true keeps them)"
+    names = ", ".join(f"{sel.series[r.run_dir]} {size_of(r.model, r.arch)} seed {r.seed}" for r in flagged[:4])
+    return (f"{len(flagged)} selected run(s) do not beat the bigram baseline (under-trained), {what}: {names}"
+            + (", ..." if len(flagged) > 4 else ""))
+
+
+def run_rows(finished: list["RunRecord"], sel: Selection, fitted: set, loss: str) -> list[dict]:
+    """Every finished run for the fits.md table: its series, size, budget, seed, selected value, loss, baselines and
+    whether it was fitted."""
+    rows = []
+    for r in sorted(finished, key=lambda r: (sel.series[r.run_dir], _preset_order(r), r.tokens or 0, r.seed or 0,
+                                             _order(r.axes.get(sel.select)) if sel.select else ())):
+        rows.append({"series": sel.series[r.run_dir], "size": size_of(r.model, r.arch), "tokens": r.tokens,
+                     "seed": r.seed, "value": r.axes.get(sel.select) if sel.select else None,
+                     "loss": getattr(r, loss), "unigram": r.unigram_loss, "bigram": r.bigram_loss,
+                     "selected": r.run_dir in sel.selected, "under_trained": bool(r.under_trained),
+                     "fitted": r.run_dir in fitted, "run_dir": r.run_dir})
+    return rows
+
+
+def _preset_order(r: "RunRecord") -> int:
+    return r.block_params or r.total_params or 0
+
+
+def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
+    def f(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.4f}"
+
+    col = f" {short_label(select)} |" if select else ""
+    lines = [f"Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):", "",
+             f"| series | size | tokens | seed |{col} loss | unigram | bigram | mark |",
+             "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|"]
+    for w in rows:
+        mark = ", ".join(m for m, on in (("*", w["selected"]), ("under-trained", w["under_trained"]),
+                                         ("fitted", w["fitted"])) if on)
+        val = f" {value_label(select, w['value'])} |" if select else ""
+        lines.append(f"| {w['series']} | {w['size']} | {w['tokens']:,} | {w['seed']} |{val} {f(w['loss'])} | "
+                     f"{f(w['unigram'])} | {f(w['bigram'])} | {mark} |")
+    return lines
+
+
+def gaps_markdown(gaps: list[dict], select: Optional[str]) -> list[str]:
+    """The gap table: one row per (series, baseline, size, budget)."""
+    if not gaps:
+        return []
+    what = f" at its own best {select}" if select else ""
+    lines = [f"Paired gaps, loss(series) - loss(baseline) per seed, each side{what} (negative: the series is "
+             "better); spread = min..max over seeds, std = sample std (n - 1):", "",
+             "| series | baseline | size | tokens | seeds | gap per seed | mean | min..max | std |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g in gaps:
+        per = ", ".join(f"{x:+.4f}" for x in g["gaps"])
+        std = "-" if g["std"] is None else f"{g['std']:.4f}"
+        lines.append(f"| {g['series']} | {g['baseline']} | {g['size']} | {g['tokens']:,} | {len(g['seeds'])} | "
+                     f"{per} | {g['mean']:+.4f} | {g['min']:+.4f}..{g['max']:+.4f} | {std} |")
+    return lines
+
+
+def choices_markdown(sel: dict) -> list[str]:
+    """The selection table (from selection_dict): mean loss at every value tried, the chosen one in bold."""
+    select = sel["select"]
+    if select is None:
+        return []
+    label = short_label(select)
+    lines = [f"Best-of-grid over {select}: mean final loss over seeds at each {label} tried (selected in bold; "
+             "fits use the selected runs):", "", f"| series | size | tokens | {label}: mean loss | seeds |",
+             "|---|---|---|---|---|"]
+    for c in sel["choices"]:
+        cells = ", ".join((f"**{value_label(select, v)}: {m:.4f}**" if v == c["value"] else
+                           f"{value_label(select, v)}: {m:.4f}") for v, m in zip(c["values"], c["mean_loss"]))
+        edge = " (edge)" if c["at_edge"] else ""
+        lines.append(f"| {c['series']} | {c['size']} | {c['tokens']:,} | {cells}{edge} | {c['seeds']} |")
+    lines += [f"\nWARNING: {w}" for w in sel["warnings"]]
+    return lines

@@ -1,0 +1,155 @@
+"""Best-of-grid selection, edge warnings, seed-paired gaps, reference baselines and the under-trained flag, on a
+synthetic sweep whose losses the test chooses (and whose baselines the test computes on its own, from the trainer's
+own loader) — through `collect`, `write_tables` and `fit_sweep` as `diffllm sweep collect` / `scaling fit` run them."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from diffllm.scaling.baselines import BIGRAM_K
+from diffllm.scaling.report import ScalingConfig, fit_sweep, render
+from diffllm.scaling.select import select_runs, size_of
+from diffllm.sweep.collect import collect, read_csv, write_tables
+from tests.scaling.synthetic import expected_baselines, tokenizer, write_corpus, write_run
+
+LRS = (0.001, 0.002, 0.004)
+SIZES = ("micro-1", "micro-2", "micro-3")
+SEEDS = (1, 2)
+# series -> (arch, lambda_init, best lr per size); the loss is base + 0.05 * log2(lr / best)^2 + seed jitter
+SERIES = {"transformer": ("transformer", None, {"micro-1": 0.002, "micro-2": 0.004, "micro-3": 0.002}),
+          "diff λ_init=formula": ("diff", None, {"micro-1": 0.001, "micro-2": 0.002, "micro-3": 0.002}),
+          "diff λ_init=0.8": ("diff", 0.8, {"micro-1": 0.002, "micro-2": 0.002, "micro-3": 0.002})}
+UNDER_TRAINED = ("diff λ_init=formula", "micro-1")  # every lr there scores above the bigram
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    corpus = root / "corpus"
+    write_corpus(corpus)
+    tok = tokenizer(corpus)
+    bigram = {s: expected_baselines(corpus, s, tok, BIGRAM_K) for s in SEEDS}
+    losses = {}
+    for series, (arch, lam, best) in SERIES.items():
+        for i, size in enumerate(SIZES):
+            for lr in LRS:
+                for seed in SEEDS:
+                    base = bigram[seed][1] - 1.0 + 0.3 / (i + 1) + (0.02 if arch == "diff" else 0.0) + 0.01 * seed
+                    if (series, size) == UNDER_TRAINED:
+                        base = bigram[seed][1] + 0.05
+                    loss = base + 0.05 * ((lr / best[size]) ** 0.5 - 1) ** 2 * 10 + 0.003 * (lr == 0.001) * seed
+                    labels = f"lr={lr:g}" + ("" if arch == "transformer" else f",lambda_init={lam}")
+                    run = write_run(root / "runs", f"{arch}-{size}", seed, loss, tok, corpus, lr, lam, labels)
+                    losses[str(run)] = (series, size, lr, seed, loss)
+    return root, bigram, losses
+
+
+def _best(losses):
+    """(series, size) -> lr with the lowest mean loss over seeds, computed here from the chosen losses."""
+    means = defaultdict(list)
+    for series, size, lr, seed, loss in losses.values():
+        means[(series, size, lr)].append(loss)
+    best = {}
+    for (series, size, lr), ls in means.items():
+        m = statistics.mean(ls)
+        if (series, size) not in best or m < best[(series, size)][1]:
+            best[(series, size)] = (lr, m)
+    return {k: v[0] for k, v in best.items()}
+
+
+def test_collect_axes_baselines_selection(sweep, capsys):
+    root, bigram, losses = sweep
+    records = collect(root / "runs")
+    assert len(records) == len(losses) == 54
+    assert set(records[0].axes) == {"optim.lr", "model.lambda_init"}  # not seed, data.seed, run_dir, paths
+    for r in records:
+        seed = r.seed
+        assert r.unigram_loss == pytest.approx(bigram[seed][0], rel=1e-12)
+        assert r.bigram_loss == pytest.approx(bigram[seed][1], rel=1e-12)
+        series, size, lr, _, loss = losses[r.run_dir]
+        assert r.axes["optim.lr"] == lr and r.under_trained == ((series, size) == UNDER_TRAINED)
+    best = _best(losses)
+    for r in records:
+        series, size, lr, _, _ = losses[r.run_dir]
+        assert r.selected == (lr == best[(series, size)])
+    assert len(list((root / "runs" / ".baselines").glob("*.json"))) == 2  # one per data seed
+    csv_path, md_path = write_tables(records, root / "runs", root / "out")
+    assert read_csv(csv_path) == records
+    md = md_path.read_text()
+    edges = sorted(k for k, lr in best.items() if lr in (min(LRS), max(LRS)))
+    assert edges == [("diff λ_init=formula", "micro-1"), ("transformer", "micro-2")]
+    err = capsys.readouterr().err
+    for series, size in edges:
+        line = f"{series}, {size}, 640 tokens: the best optim.lr={best[(series, size)]:g} is at " \
+               f"the edge of the values tried (0.001, 0.002, 0.004): widen the grid"
+        assert f"WARNING: {line}" in md and f"warning: {line}" in err
+    assert md.count("widen the grid") == 2
+    assert "| seed | λ_init | lr |" in md and "(under-trained)" in md and "**0.004:" in md
+
+
+def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
+    root, bigram, losses = sweep
+    cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    best = _best(losses)
+    fitted = {(f.arch, f.points) for f in result["power_law"]}
+    assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 4)}  # micro-1 left out
+    assert result["fit_runs"] == 16 and result["runs"] == 54
+    assert any("2 selected run(s) do not beat the bigram baseline (under-trained), left out" in n
+               for n in result["notes"])
+    at = {(s, size, lr, seed): loss for s, size, lr, seed, loss in losses.values()}
+    gaps = {(g["series"], g["size"]): g for g in result["gaps"]}
+    assert len(gaps) == 6 and {g["baseline"] for g in gaps.values()} == {"transformer"}
+    for (series, size), g in gaps.items():
+        per_seed = [at[(series, size, best[(series, size)], s)] - at[("transformer", size, best[("transformer", size)], s)]
+                    for s in SEEDS]
+        assert g["seeds"] == list(SEEDS) and g["gaps"] == pytest.approx(per_seed, abs=1e-12)
+        assert g["mean"] == pytest.approx(statistics.mean(per_seed), abs=1e-12)
+        assert g["std"] == pytest.approx(statistics.stdev(per_seed), abs=1e-12)
+        assert (g["min"], g["max"]) == pytest.approx((min(per_seed), max(per_seed)), abs=1e-12)
+    md = render(result)
+    assert "Paired gaps" in md and "| diff λ_init=0.8 | transformer | micro-2 | 640 | 2 |" in md
+    assert "widen the grid" in md and "bigram p(b|a)" in md
+    kept = fit_sweep(ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", include_undertrained=True),
+                     collect(cfg.sweep_dir))
+    assert {(f.arch, f.points) for f in kept["power_law"]} >= {("diff λ_init=formula", 6)}
+    records = [r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)]
+    short = fit_sweep(cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
+    assert "diff λ_init=formula" not in {f.arch for f in short["power_law"]}
+    assert any(n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points")
+               for n in short["notes"])
+
+
+def test_without_selection_every_lr_is_its_own_series(sweep):
+    root, _, _ = sweep
+    sel = select_runs(collect(root / "runs", baselines=False), select=None)
+    assert len(set(sel.series.values())) == 9 and "transformer lr=0.002" in sel.series.values()
+    assert "diff λ_init=0.8 lr=0.004" in sel.series.values() and not sel.warnings
+    with pytest.raises(ValueError, match=r"select=optim\.lrr: no run's config has this key \(did you mean optim\.lr\?\)"):
+        select_runs(collect(root / "runs", baselines=False), select="optim.lrr")
+
+
+@pytest.mark.slow
+def test_scaling_fit_cli_prints_warnings(sweep):
+    root, _, _ = sweep
+    out = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={root}/runs", "reps=20",
+                          "joint=none", f"out={root}/fit"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("widen the grid") == 2 and "under-trained" in out.stderr
+    fits = json.loads((root / "fit" / "fits.json").read_text())
+    assert fits["selection"]["select"] == "optim.lr" and len(fits["gaps"]) == 6
+
+
+def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):
+    """The size is the preset's size/<size> base, so a user preset with another name pairs with the packaged one."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my-diff-2.yaml").write_text(
+        "defaults:\n  - arch/diff@_here_\n  - size/micro-2@_here_\n  - _self_\nname: my-diff-2\n")
+    monkeypatch.setenv("DIFFLLM_CONFIG_PATH", str(tmp_path))
+    assert size_of("my-diff-2", "diff") == size_of("transformer-micro-2", "transformer") == "micro-2"
+    assert size_of("diff-nopreset-9", "diff") == "nopreset-9" and size_of("odd", "diff") == "odd"

@@ -1,0 +1,85 @@
+"""`sweep collect` axes: the config keys that differ within a (model, tokens) group become columns (bookkeeping left
+out), round-trip through runs.csv, and show by short label in runs.md; on two real tiny runs as well."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diffllm.scaling.baselines import BIGRAM_K
+from diffllm.sweep.collect import RunRecord, find_axes, flatten, read_csv, to_csv, to_markdown
+from tests.scaling.synthetic import hand_baselines
+
+
+def test_flatten_and_axes_leave_bookkeeping_out():
+    a = {"optim": {"lr": 0.002, "betas": [0.9, 0.95]}, "seed": 1, "run_dir": "/s/a", "data": {
+        "seed": 1, "sources": [{"path": "/x/a.txt"}], "tokenizer": {"path": "/s/a/tokenizer.json"}},
+        "model": {"lambda_init": None}, "trainer": {"resume": "auto"}, "logging": {"name": "a"}}
+    b = {"optim": {"lr": 0.004, "betas": [0.9, 0.95]}, "seed": 2, "run_dir": "/s/b", "data": {
+        "seed": 2, "sources": [{"path": "/y/a.txt"}], "tokenizer": {"path": "/s/b/tokenizer.json"}},
+        "model": {"lambda_init": 0.8}, "trainer": {"resume": "/s/b/checkpoints/step8"}, "logging": {"name": "b"}}
+    assert flatten(a)["optim.betas"] == (0.9, 0.95) and flatten(a)["data.sources.0.path"] == "/x/a.txt"
+    assert find_axes({("m", 1): [flatten(a), flatten(b)]}) == ["model.lambda_init", "optim.lr"]
+    c = {**a, "optim": {"lr": 0.002, "betas": [0.9, 0.99]}}  # another group: betas differ there only
+    assert find_axes({("m", 1): [flatten(a), flatten(b)], ("n", 1): [flatten(a), flatten(c)]}) == [
+        "model.lambda_init", "optim.betas", "optim.lr"]
+
+
+def _record(run_dir: str, **axes) -> RunRecord:
+    return RunRecord(run_dir, "diff-micro-1", "diff", 1, 10, 8, 6, 640, 1.0, 5.0, 5.1, 2.0, 1, "finished",
+                     6.0, 5.2, False, True, axes)
+
+
+def test_axis_columns_round_trip(tmp_path):
+    records = [_record("/r/a", **{"optim.lr": 0.002, "model.lambda_init": None, "optim.betas": (0.9, 0.95),
+                                  "optim.schedule": "cosine", "trainer.compile": True}),
+               _record("/r/b", **{"optim.lr": 1e-05, "model.lambda_init": 0.8, "optim.betas": (0.9, 0.99),
+                                  "optim.schedule": "wsd", "trainer.compile": False})]
+    text = to_csv(records)
+    assert text.splitlines()[0].endswith("selected,model.lambda_init,optim.betas,optim.lr,optim.schedule,"
+                                         "trainer.compile")
+    (tmp_path / "runs.csv").write_text(text)
+    assert read_csv(tmp_path / "runs.csv") == records
+    md = to_markdown(records, select=None)
+    assert "| model | arch | seed | λ_init | betas | lr | schedule | compile |" in md
+    assert "| diff-micro-1 | diff | 1 | formula | (0.9, 0.95) | 0.002 | cosine | True |" in md
+
+
+@pytest.mark.slow
+def test_two_real_tiny_runs(tmp_path):
+    """Two real 8-step runs at two learning rates: collect finds the one axis, computes the baselines from the
+    Shakespeare windows the trainer read (checked against the trainer's own loader here) and selects the better lr."""
+    from diffllm.config import build
+    from diffllm.data import DataConfig, build_train_loader, build_val_batches
+    from diffllm.runs import Run
+    from diffllm.sweep.collect import collect
+
+    for lr in (0.002, 0.008):
+        run = tmp_path / "transformer-micro-1" / "16K" / f"lr={lr:g}" / "seed1"
+        out = subprocess.run([sys.executable, "-m", "diffllm.train", "model=transformer-micro-1", "trainer.tokens=16384",
+                              f"run_dir='{run}'", "data.tokenizer.vocab_size=1024", "data.seq_len=128",
+                              "trainer.global_batch_tokens=2048", "trainer.micro_batch_size=16", "trainer.zero_stage=0",
+                              "trainer.val_batches=4", "trainer.save_every_steps=0", "optim.warmup_steps=2",
+                              f"optim.lr={lr}", "logging.wandb=disabled", "seed=1", "data.seed=1"],
+                             capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                               "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stderr[-2000:]
+    records = collect(tmp_path)
+    assert [r.axes for r in records] == [{"optim.lr": 0.002}, {"optim.lr": 0.008}]
+    best = min(records, key=lambda r: r.final_val_loss)
+    assert [r.selected for r in records] == [r is best for r in records]
+    run = Run(records[0].run_dir)
+    data, tok = build(DataConfig, run.config()["data"], "data"), run.tokenizer()
+    loader = build_train_loader(data, tok, 0, 1, 16)
+    train = np.concatenate([next(loader).numpy() for _ in range(8)])
+    loader.close()
+    val = np.concatenate([b.numpy() for b in build_val_batches(data, tok, 16, 4)])
+    uni, bi = hand_baselines(train.tolist(), val.tolist(), tok.vocab_size, BIGRAM_K)
+    assert (records[0].unigram_loss, records[0].bigram_loss) == pytest.approx((uni, bi), rel=1e-12)
+    assert records[1].bigram_loss == records[0].bigram_loss  # same data, tokens and seed: one cache entry
+    assert len(list((tmp_path / ".baselines").glob("*.json"))) == 1
+    assert "| transformer-micro-1 | transformer | 1 | 0.002 |" in to_markdown(records, tmp_path)
+    assert Path(records[0].run_dir).name == "seed1"
