@@ -1,6 +1,7 @@
 """Scaling plots (matplotlib, PNG, log axes): final loss vs parameters with the L(N) fits, and validation loss vs
-tokens (learning curves) with the L(N, D) fit at each size; every arch side by side in each figure, in the label and
-colour its attention variant carries (diffllm/model/variant.py)."""
+tokens (learning curves) with the L(N, D) fit at each size; every series side by side in each figure, in the label and
+colour its attention variant carries (diffllm/model/variant.py). A series is an arch or an arch with axis values
+(`diff λ_init=0.8`): series of one arch share its colour and differ in line style and marker."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,14 +16,33 @@ import numpy as np  # noqa: E402
 from ..model.variant import variants  # noqa: E402
 
 
-def _color(arch: str) -> str:
-    v = variants().get(arch)
+STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))  # (line style, marker) per series of one arch
+
+
+def _arch(series: str) -> str:
+    return series.split(" ", 1)[0]
+
+
+def _color(series: str) -> str:
+    v = variants().get(_arch(series))
     return v.color if v else "k"
 
 
-def _label(arch: str) -> str:
-    v = variants().get(arch)
-    return v.label if v else arch
+def _label(series: str) -> str:
+    v = variants().get(_arch(series))
+    rest = series.split(" ", 1)[1:]
+    return " ".join([v.label if v else _arch(series), *rest])
+
+
+def _styles(series: list[str]) -> dict[str, tuple[str, str]]:
+    """Each series' (line style, marker): the k-th series of an arch gets STYLES[k]."""
+    seen: dict[str, int] = {}
+    out = {}
+    for s in sorted(series):
+        k = seen.get(_arch(s), 0)
+        seen[_arch(s)] = k + 1
+        out[s] = STYLES[k % len(STYLES)]
+    return out
 
 
 def _plain_loss_axis(ax) -> None:
@@ -33,16 +53,18 @@ def _plain_loss_axis(ax) -> None:
 
 def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict, path: Path, xlabel: str,
                    title: str) -> Path:
-    """points: arch -> (N, loss); fits: arch -> PowerLaw."""
+    """points: series -> (N, loss); fits: series -> PowerLaw."""
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
     lo = min(n.min() for n, _ in points.values()) / 1.3
     hi = max(n.max() for n, _ in points.values()) * 1.3
     grid = np.geomspace(lo, hi, 200)
+    styles = _styles(list(points))
     for arch, (n, loss) in points.items():
-        ax.scatter(n, loss, color=_color(arch), label=f"{_label(arch)} runs", zorder=3, s=22)
+        line, marker = styles[arch]
+        ax.scatter(n, loss, color=_color(arch), marker=marker, label=f"{_label(arch)} runs", zorder=3, s=22)
         f = fits.get(arch)
         if f is not None:
-            ax.plot(grid, f(grid), color=_color(arch), lw=1.5,
+            ax.plot(grid, f(grid), color=_color(arch), lw=1.5, ls=line,
                     label=f"{_label(arch)}: {f.E:.3f} + {f.A:.3g}·N^-{f.alpha:.3f}")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="final validation loss", title=title)
     _plain_loss_axis(ax)
@@ -56,16 +78,18 @@ def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict,
 
 def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], joint: dict, path: Path,
                    title: str) -> Path:
-    """curves: (arch, N) -> (tokens, val loss); joint: arch -> JointLaw (drawn at each N)."""
+    """curves: (series, N) -> (tokens, val loss); joint: series -> JointLaw (drawn at each N)."""
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
     sizes = sorted({n for _, n in curves})
     shades = {n: 0.35 + 0.65 * i / max(len(sizes) - 1, 1) for i, n in enumerate(sizes)}
+    styles = _styles(list({a for a, _ in curves}))
     for (arch, n), (d, loss) in sorted(curves.items()):
         color = matplotlib.colors.to_rgba(_color(arch), shades[n])
-        ax.scatter(d, loss, color=color, s=10, zorder=3)
+        line, marker = styles[arch]
+        ax.scatter(d, loss, color=color, marker=marker, s=10, zorder=3)
         if joint.get(arch) is not None:
             grid = np.geomspace(d.min(), d.max(), 100)
-            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, label=f"{_label(arch)} N={n:,.0f}")
+            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, ls=line, label=f"{_label(arch)} N={n:,.0f}")
     ax.set(xscale="log", yscale="log", xlabel="training tokens", ylabel="validation loss", title=title)
     _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)

@@ -57,8 +57,9 @@ def main() -> None:
 def collect_main() -> None:
     @hydra_app("sweep")
     def app(cfg: DictConfig) -> None:
-        records = collect(cfg.sweep_dir)
-        csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir)
+        select = cfg.get("select")
+        records = collect(cfg.sweep_dir, select=select)
+        csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir, select=select)
         print(Path(md_path).read_text(), end="")
         print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
 

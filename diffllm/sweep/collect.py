@@ -45,6 +45,8 @@ class RunRecord:
     bigram_loss: Optional[float] = None
     under_trained: Optional[bool] = None  # final_val_loss does not beat bigram_loss
     selected: Optional[bool] = None  # at the best-of-grid value of its (series, size, budget) group
+    lambda_min: Optional[float] = None  # Diff: the min over layers of lambda at the last metrics record
+    lambda_lowest: Optional[float] = None  # Diff: the lowest lambda_min of any record (negative: a map was added)
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
 
 
@@ -120,6 +122,20 @@ def _preset_in_path(run_dir: Path) -> str:
     return next((part for part in reversed(run_dir.parts) if part in names), run_dir.name)
 
 
+def lambda_stats(run_dir: Path) -> tuple[Optional[float], Optional[float]]:
+    """(last, lowest) lambda_min of the run's metrics.jsonl records (the trainer's Diff diagnostics); Nones without."""
+    path = run_dir / METRICS_FILE
+    values = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            v = json.loads(line).get("lambda_min")
+        except json.JSONDecodeError:  # a line cut short by a kill: the records before it still count
+            continue
+        if v is not None:
+            values.append(v)
+    return (values[-1], min(values)) if values else (None, None)
+
+
 def read_run(run_dir: Path) -> RunRecord:
     """One run's summary (axes are filled in by `collect`, which sees the other runs)."""
     run = Run(run_dir)
@@ -131,7 +147,8 @@ def read_run(run_dir: Path) -> RunRecord:
         block_params=block_params(model, s.get("total_params"), s.get("nonembedding_params")),
         tokens=s.get("tokens"), flops=s.get("flops"), final_train_loss=s.get("final_train_loss"),
         final_val_loss=s.get("final_val_loss"), wall_time_s=s.get("wall_time_s"), world_size=s.get("world_size"),
-        status=s.get("status", "unfinished") if s else "unfinished",
+        status=s.get("status", "unfinished") if s else "unfinished", **dict(zip(("lambda_min", "lambda_lowest"),
+                                                                                 lambda_stats(run_dir))),
     )
 
 
@@ -225,7 +242,8 @@ def _preset_size(model: str) -> int:
 
 
 _INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size"}
-_FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss"}
+_FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
+           "lambda_min", "lambda_lowest"}
 _BOOLS = {"under_trained", "selected"}
 
 
@@ -311,7 +329,7 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
 
     axes = axis_names(records)
     cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
-            "final_val_loss", "unigram_loss", "bigram_loss", "wall_time_s", "status"]
+            "final_val_loss", "unigram_loss", "bigram_loss", "lambda_min", "lambda_lowest", "wall_time_s", "status"]
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
     varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
               for a in {r.arch for r in records}}

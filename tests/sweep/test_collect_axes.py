@@ -2,6 +2,7 @@
 out), round-trip through runs.csv, and show by short label in runs.md; on two real tiny runs as well."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def test_flatten_and_axes_leave_bookkeeping_out():
 
 def _record(run_dir: str, **axes) -> RunRecord:
     return RunRecord(run_dir, "diff-micro-1", "diff", 1, 10, 8, 6, 640, 1.0, 5.0, 5.1, 2.0, 1, "finished",
-                     6.0, 5.2, False, True, axes)
+                     6.0, 5.2, False, True, axes=axes)
 
 
 def test_axis_columns_round_trip(tmp_path):
@@ -39,7 +40,7 @@ def test_axis_columns_round_trip(tmp_path):
                _record("/r/b", **{"optim.lr": 1e-05, "model.lambda_init": 0.8, "optim.betas": (0.9, 0.99),
                                   "optim.schedule": "wsd", "trainer.compile": False})]
     text = to_csv(records)
-    assert text.splitlines()[0].endswith("selected,model.lambda_init,optim.betas,optim.lr,optim.schedule,"
+    assert text.splitlines()[0].endswith("selected,lambda_min,lambda_lowest,model.lambda_init,optim.betas,optim.lr,optim.schedule,"
                                          "trainer.compile")
     (tmp_path / "runs.csv").write_text(text)
     assert read_csv(tmp_path / "runs.csv") == records
@@ -83,3 +84,20 @@ def test_two_real_tiny_runs(tmp_path):
     assert len(list((tmp_path / ".baselines").glob("*.json"))) == 1
     assert "| transformer-micro-1 | transformer | 1 | 0.002 |" in to_markdown(records, tmp_path)
     assert Path(records[0].run_dir).name == "seed1"
+
+
+def test_lambda_columns_come_from_the_diff_diagnostics(tmp_path):
+    """lambda_min: the last record's; lambda_lowest: the lowest of any record (a line cut short by a kill is skipped);
+    none for a run whose records carry no lambda (the Transformer)."""
+    from diffllm.sweep.collect import lambda_stats
+
+    diff = tmp_path / "diff"
+    diff.mkdir()
+    records = [{"step": 25, "loss": 5.0, "lambda_min": 0.31}, {"step": 25, "val_loss": 5.1},
+               {"step": 50, "loss": 4.0, "lambda_min": -0.12}, {"step": 75, "loss": 3.5, "lambda_min": 0.05}]
+    (diff / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + '\n{"step": 100, "loss": 3.4, "lamb')
+    assert lambda_stats(diff) == (0.05, -0.12)
+    plain = tmp_path / "transformer"
+    plain.mkdir()
+    (plain / "metrics.jsonl").write_text(json.dumps({"step": 25, "loss": 5.0}) + "\n")
+    assert lambda_stats(plain) == (None, None) == lambda_stats(tmp_path / "missing")
