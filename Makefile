@@ -35,7 +35,7 @@ test-packages:
 	else echo "make: not root with apt-get: the real-SLURM and ssh/pdsh launch tests will skip"; fi
 
 test: install test-packages
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=30 tests
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
