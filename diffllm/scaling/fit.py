@@ -25,7 +25,10 @@ class PowerLaw:
         """The x at which the law reaches `loss` (inf when loss <= E: never)."""
         if loss <= self.E or self.A <= 0:
             return float("inf")
-        return float(((loss - self.E) / self.A) ** (-1.0 / self.alpha))
+        try:  # a nearly flat law (alpha -> 0) needs an x beyond any float: never, in practice
+            return float(((loss - self.E) / self.A) ** (-1.0 / self.alpha))
+        except (OverflowError, ZeroDivisionError):
+            return float("inf")
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,14 @@ def test_exactly_determined_fit_says_so_and_gives_no_interval(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "warning: L(N) for diff: 3 points for 3 parameters: the fit is exactly determined" in done.stderr
     assert json.loads((tmp_path / "out" / "fits.json").read_text())["power_law"][0]["alpha"]["exact"] is True
+
+
+def test_inverse_of_a_nearly_flat_law_is_never_not_an_overflow():
+    """A bootstrap replicate can fit alpha ~ 0: the size that reaches a loss is then beyond any float (inf), as for a
+    loss at or below E; an ordinary law inverts exactly."""
+    from diffllm.scaling.fit import PowerLaw
+
+    assert PowerLaw(3.0, 1.0, 1e-4).inverse(3.5) == float("inf")  # 2**10000
+    assert PowerLaw(3.0, 1.0, 0.0).inverse(3.5) == float("inf")
+    assert PowerLaw(3.0, 1.0, 0.5).inverse(2.9) == float("inf")
+    assert PowerLaw(3.0, 8.0, 0.5).inverse(3.5) == pytest.approx(256.0, rel=1e-12)  # 8 x**-0.5 = 0.5
