@@ -78,10 +78,12 @@ def bookkeeping(key: str, values: list) -> bool:
 
 
 def find_axes(configs: dict[tuple, list[dict]]) -> list[str]:
-    """Flattened keys whose values differ within some (model, tokens) group of run configs, bookkeeping left out."""
+    """Flattened keys whose values differ within some (model, tokens) group of run configs, bookkeeping left out (and
+    keys that not every config of the group has: runs saved by another diffllm version, e.g. before a key existed)."""
     axes = set()
     for flats in configs.values():
-        for key in {k for f in flats for k in f}:
+        # a key only some configs have was added (or dropped) by another diffllm version, not varied by the sweep
+        for key in set.intersection(*(set(f) for f in flats)) if flats else ():
             values = [f.get(key) for f in flats]
             if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1 and not bookkeeping(key, values):
                 axes.add(key)

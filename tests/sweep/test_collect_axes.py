@@ -27,6 +27,8 @@ def test_flatten_and_axes_leave_bookkeeping_out():
     c = {**a, "optim": {"lr": 0.002, "betas": [0.9, 0.99]}}  # another group: betas differ there only
     assert find_axes({("m", 1): [flatten(a), flatten(b)], ("n", 1): [flatten(a), flatten(c)]}) == [
         "model.lambda_init", "optim.betas", "optim.lr"]
+    newer = {**b, "trainer": {"resume": "auto", "eval": {"every": 0}}}  # saved by a diffllm that has trainer.eval
+    assert find_axes({("m", 1): [flatten(a), flatten(newer)]}) == ["model.lambda_init", "optim.lr"]
 
 
 def _record(run_dir: str, **axes) -> RunRecord:
