@@ -109,6 +109,7 @@ class TrainerConfig:
     deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
     inject_nan_at_steps: list = field(default_factory=list)  # fault injection: rank 0's loss becomes NaN there
     inject_stall_at_steps: list = field(default_factory=list)  # fault injection: rank 0 hangs reading data there
+    inject_step_delay_s: float = 0.0  # fault injection: rank 0 sleeps this long per step (a slow node; the numbers stay)
     eval: EvalConfig = field(default_factory=EvalConfig)  # in-loop evaluation (off by default)
 
     def __post_init__(self) -> None:
@@ -129,6 +130,8 @@ class TrainerConfig:
             bad("offload_params", "needs trainer.zero_stage=3")
         if self.offload_optimizer and self.zero_stage == 0:
             bad("offload_optimizer", "needs trainer.zero_stage >= 1")
+        if self.inject_step_delay_s < 0:
+            bad("inject_step_delay_s", f"must be >= 0 seconds, got {self.inject_step_delay_s}")
         for key in ("micro_batch_size", "log_every", "keep_last", "val_batches", "max_nonfinite_in_a_row"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")

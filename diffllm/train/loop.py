@@ -228,6 +228,8 @@ class Trainer:
             self.watchdog.beat("data")
             if step + 1 in self.trainer.inject_stall_at_steps and self.rank == 0:
                 threading.Event().wait()  # fault injection (trainer.inject_stall_at_steps): a read that never returns
+            if self.trainer.inject_step_delay_s and self.rank == 0 and micro == 0:
+                time.sleep(self.trainer.inject_step_delay_s)  # fault injection: a slow node (the other ranks wait)
             batch = next(self.loader).to(self.device)  # (B, T+1)
             self.watchdog.beat("forward/backward")
             loss = lm_loss(self.engine, batch)

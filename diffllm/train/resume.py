@@ -14,6 +14,7 @@ from ..runs import Checkpoint, Run, find_checkpoint
 OPERATIONAL = ("run_dir", "trainer.resume", "trainer.log_every", "trainer.save_every_steps",
                "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes",
                "trainer.round_tokens", "trainer.eval", "trainer.stall_timeout_s", "trainer.inject_stall_at_steps",
+               "trainer.inject_step_delay_s",
                "trainer.val_batch_size", "trainer.compile", "trainer.activation_checkpointing", "model.attn_backend",
                "data.num_workers", "data.worker_timeout_s", "data.tokenizer.path", "logging")
 

@@ -19,12 +19,16 @@ from tests.train.helpers import ENV, comparable, tiny
 
 pytestmark = pytest.mark.slow
 
-STEPS = 400  # of 1024 tokens, 0.1-0.2 s each on CPU: still training when SLURM's signal comes (<= 30 s late)
+STEPS = 400  # of 1024 tokens: 10-80 s on 2 cores, idle or loaded
+SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.inject_step_delay_s): >= 80 s in all, so they are
+# still training when SLURM's signal (<= 30 s after the limit is cut) or scancel comes, however idle the machine
 
 
-def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str) -> tuple[int, Path]:
-    """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file)."""
-    train = tiny(run_dir, 1, f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=40", "trainer.log_every=1")
+def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool = False) -> tuple[int, Path]:
+    """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file). `slow`: rank 0 sleeps
+    SLOW_STEP_S per step (the losses stay those of the plain run)."""
+    train = tiny(run_dir, 1, f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=40", "trainer.log_every=1",
+                 *([f"trainer.inject_step_delay_s={SLOW_STEP_S}"] if slow else []))
     venv = Path(sys.executable).parent  # as a user's `--setup "source .venv/bin/activate"`: torchrun on the PATH
     job = slurm.launch(tmp, "--procs", "2", "--gpus-per-node", "0", "--job-name", name, "--log-dir", str(tmp / "logs"),
                        "--shutdown-timeout-s", "20", "--setup", f"export PATH={venv}:$PATH", *options, *train,
@@ -80,7 +84,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm, unint
     restores the limit and releases it at once. The resumed job completes with every loss (train and validation)
     equal to the uninterrupted job's, bit for bit."""
     run_dir = tmp_path / "run"
-    job, log = submit(slurm, tmp_path, "pre", run_dir, "--time", "10", "--signal-lead-s", "120")
+    job, log = submit(slurm, tmp_path, "pre", run_dir, "--time", "10", "--signal-lead-s", "120", slow=True)
     deadline = time.monotonic() + 300
     while last_step(run_dir) < 3:
         assert time.monotonic() < deadline and not finished(slurm.job(job)), log.read_text()[-3000:]
@@ -107,7 +111,7 @@ def test_scancel_mid_run_leaves_complete_checkpoints(slurm, tmp_path):
     killed after KillWait; either way `latest` names a complete checkpoint, no tmp-step<N> remains, and the job is
     not requeued (it was, before the script told SIGTERM from its own time-limit SIGUSR1)."""
     run_dir = tmp_path / "run"
-    job, log = submit(slurm, tmp_path, "cancel", run_dir, "--time", "10", "--signal-lead-s", "60")
+    job, log = submit(slurm, tmp_path, "cancel", run_dir, "--time", "10", "--signal-lead-s", "60", slow=True)
     deadline = time.monotonic() + 300
     while last_step(run_dir) <= 40:
         assert time.monotonic() < deadline and not finished(slurm.job(job)), log.read_text()[-3000:]
