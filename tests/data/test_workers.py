@@ -11,6 +11,7 @@ import time
 import pytest
 
 from diffllm.data import DataError, build_train_loader
+from diffllm.data.workers import _alive
 from tests.data.helpers import cfg, corpus, take
 from tests.distributed import REPO, base_env
 
@@ -44,6 +45,7 @@ def test_a_stuck_worker_fails_in_time_and_leaves_no_process(tmp_path):
         import os, signal
         from pathlib import Path
         from diffllm.data import DataError, build_train_loader
+from diffllm.data.workers import _alive
         from tests.data.conftest import tok_for_tests
         from tests.data.helpers import cfg, make_docs, write_jsonl
 
@@ -86,14 +88,6 @@ def test_worker_timeout_is_checked():
         cfg([{"path": "x.jsonl"}], worker_timeout_s=-1)
 
 
-def _ended(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_forkserver_whose_training_process_already_ended_leaves(tmp_path):
     """A loaded machine can start the forkserver's preload after its training process has died: it must leave then,
@@ -110,6 +104,6 @@ def test_a_forkserver_whose_training_process_already_ended_leaves(tmp_path):
                          check=True)
     pid = int(res.stdout.split()[0])
     deadline = time.monotonic() + 60
-    while not _ended(pid) and time.monotonic() < deadline:
+    while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _ended(pid) and out.read_text() == ""
+    assert not _alive(pid) and out.read_text() == ""
