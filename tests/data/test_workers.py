@@ -45,7 +45,6 @@ def test_a_stuck_worker_fails_in_time_and_leaves_no_process(tmp_path):
         import os, signal
         from pathlib import Path
         from diffllm.data import DataError, build_train_loader
-from diffllm.data.workers import _alive
         from tests.data.conftest import tok_for_tests
         from tests.data.helpers import cfg, make_docs, write_jsonl
 
