@@ -51,6 +51,27 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path}: not a text file; the file is damaged") from None
 
 
+def read_metrics(run_dir: Union[str, Path]) -> list[dict]:
+    """The records of `<run_dir>/metrics.jsonl` ([] without the file). The trainer appends one line per record, so a
+    kill can leave the last line cut short: that line is left out (its step is recomputed on resume). A bad line
+    anywhere else is a one-line ValueError naming the file and the line: the file is damaged, nothing is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:  # no newline after it: a write cut short
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e.msg}); the file is damaged") from None
+    return records
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """One published checkpoint: the tag folder `dir / tag` and its meta.json."""

@@ -11,7 +11,8 @@ sub-heads 2g, 2g+1 and value head g, as the official flash files do.
 n_heads in the config is the Transformer's h: Diff runs h/2 diff heads of value width 2d (same d, same parameters
 but for the lambda vectors and the subln weight). Backends: eager materialises both maps and multiplies
 (P1 - lambda P2) V once; sdpa/flash make one standard call with 2h query heads and V twice; triton calls the fused
-kernel `diffllm.model.triton_diff.fused_diff_attention` (P V once, like eager).
+kernel `diffllm.model.triton_diff.fused_diff_attention` (one pass, one accumulator per map; its backward multiplies
+by V once, like eager).
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from ..model.variant import baseline, variants
+from ..runs import read_metrics
 from ..sweep.collect import RunRecord, collect
 from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
                   exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
@@ -58,13 +59,8 @@ def _n(r: RunRecord, params: str) -> Optional[int]:
 
 def val_curve(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, val_loss) of every evaluation after step 0, from metrics.jsonl."""
-    path = Path(run_dir) / "metrics.jsonl"
-    pts = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        row = json.loads(line)
-        if row.get("val_loss") is not None and row.get("tokens"):
-            pts.append((row["tokens"], row["val_loss"]))
-    pts = sorted(dict(pts).items())
+    pts = sorted({r["tokens"]: r["val_loss"] for r in read_metrics(run_dir)
+                  if r.get("val_loss") is not None and r.get("tokens")}.items())
     return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ..runs import METRICS_FILE, SUMMARY_FILE, Run
+from ..runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
 from ..scaling.select import DEFAULT_SELECT
 
 
@@ -126,15 +126,7 @@ def _preset_in_path(run_dir: Path) -> str:
 
 def lambda_stats(run_dir: Path) -> tuple[Optional[float], Optional[float]]:
     """(last, lowest) lambda_min of the run's metrics.jsonl records (the trainer's Diff diagnostics); Nones without."""
-    path = run_dir / METRICS_FILE
-    values = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            v = json.loads(line).get("lambda_min")
-        except json.JSONDecodeError:  # a line cut short by a kill: the records before it still count
-            continue
-        if v is not None:
-            values.append(v)
+    values = [r["lambda_min"] for r in read_metrics(run_dir) if r.get("lambda_min") is not None]
     return (values[-1], min(values)) if values else (None, None)
 
 

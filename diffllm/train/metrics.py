@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from ..hardware import peak_tflops  # noqa: F401  (re-exported: the loop looks peaks up here)
+from ..runs import read_metrics, write_atomic  # noqa: F401  (read_metrics re-exported: tests read runs through it)
 
 
 def device_name() -> str:
@@ -62,13 +63,12 @@ class MetricsLog:
         """On resume: drop records of steps after the checkpoint (they are recomputed). Returns how many."""
         if not self.path.exists():
             return 0
-        lines = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
-        keep = [ln for ln in lines if json.loads(ln)["step"] <= step]
-        if len(keep) != len(lines):
-            tmp = self.path.with_name(".metrics.jsonl.tmp")
-            tmp.write_text("".join(ln + "\n" for ln in keep))
-            os.replace(tmp, self.path)
-        return len(lines) - len(keep)
+        text = self.path.read_text()
+        records = read_metrics(self.path.parent)  # a last line cut short by a kill is left out, and dropped here
+        keep = [rec for rec in records if rec["step"] <= step]
+        if len(keep) != len(records) or (text and not text.endswith("\n")):
+            write_atomic(self.path, "".join(json.dumps(rec) + "\n" for rec in keep))
+        return len(records) - len(keep)
 
     def write(self, rec: dict) -> None:
         with open(self.path, "a") as f:
@@ -77,6 +77,3 @@ class MetricsLog:
             self.wandb.log({k: v for k, v in rec.items() if k != "step" and v is not None}, step=rec["step"])
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []

@@ -46,6 +46,30 @@ def test_metrics_log_truncates_after_a_resume_step(tmp_path):
     assert all(json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
 
 
+def test_a_last_line_cut_short_by_a_kill_is_left_out_and_dropped_on_resume(tmp_path):
+    """A kill during the append leaves half a record at the end: readers (sweep collect, scaling, tests polling a live
+    run) skip it, and the resume's truncation removes it, so that the next record does not land after it."""
+    log = MetricsLog(tmp_path)
+    for s in range(1, 4):
+        log.write({"step": s, "loss": 1.0 / s})
+    path = tmp_path / "metrics.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + '{"step": 4, "lo')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    assert log.truncate_after(3) == 0
+    assert path.read_text() == whole
+    log.write({"step": 4, "loss": 0.25})
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_a_damaged_line_inside_metrics_is_a_one_line_error(tmp_path):
+    """Only the last line can be cut short by a kill; a bad line before it is damage, not to be skipped silently."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not valid JSON") as err:
+        read_metrics(tmp_path)
+    assert "\n" not in str(err.value)
+
+
 def test_wandb_mode(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
