@@ -87,9 +87,11 @@ def test_micro_sweep_config_is_a_valid_grid():
         assert r.tokens / (r.tokens // 1536) == 1536 and r.tokens // 1536 >= 1000  # >= 1000 steps
         if not r.model.endswith("-4"):  # >= 20 tokens per block parameter where it fits the CPU budget
             assert r.tokens >= 20 * block[r.model]
-    # 4 learning rates x 2 seeds for every preset, x 2 lambda_init choices for the Diff Transformer
-    assert sum(r.model == "diff-micro-1" for r in runs) == 16 and sum(r.model == "diff2-micro-4" for r in runs) == 8
-    assert len(runs) == 128
+    # 5 learning rates (6 at micro-2: the later glob wins) x 2 seeds for every preset, x 2 lambda_init choices for
+    # the Diff Transformer
+    assert sum(r.model == "diff-micro-1" for r in runs) == 20 and sum(r.model == "diff2-micro-4" for r in runs) == 10
+    assert sum(r.model == "diff-micro-2" for r in runs) == 24 and sum(r.model == "transformer-micro-2" for r in runs) == 12
+    assert len(runs) == 168
 
 
 def test_grid_axes_per_model_and_their_run_dirs(tmp_path):
@@ -180,7 +182,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_dry_run_and_errors(tmp_path):
     out = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true")
     assert out.returncode == 0, out.stderr
-    assert "128 runs: 0 finished (skipped), 128 to run" in out.stdout and out.stdout.count("--multirun") == 48
+    assert "168 runs: 0 finished (skipped), 168 to run" in out.stdout and out.stdout.count("--multirun") == 66
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     missing = _cli("sweep", "collect", f"sweep_dir={tmp_path}/nope")
     assert missing.returncode == 2 and missing.stderr.strip() == (
