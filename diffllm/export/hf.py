@@ -11,7 +11,6 @@ remote code for the rest (LayerNorm or partial-rotary Diff, Diff V2), saying whi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +19,7 @@ from typing import Optional, Union
 import torch
 
 from ..model import ModelConfig
-from ..runs import METRICS_FILE, Run
+from ..runs import Run, read_metrics
 from . import diffllama, llama, remote, stablelm
 
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, remote)}
@@ -116,9 +115,7 @@ def final_val_loss(run: Run) -> Optional[float]:
     summary = run.summary() or {}
     if summary.get("final_val_loss") is not None:
         return float(summary["final_val_loss"])
-    metrics = run.dir / METRICS_FILE
-    vals = [r["val_loss"] for r in map(json.loads, metrics.read_text().splitlines() if metrics.is_file() else [])
-            if r.get("val_loss") is not None]
+    vals = [r["val_loss"] for r in read_metrics(run.dir) if r.get("val_loss") is not None]
     return float(vals[-1]) if vals else None
 
 
