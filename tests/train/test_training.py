@@ -49,7 +49,8 @@ def test_loss_falls_on_two_ranks(reference, stage):
 def test_exact_resume_after_sigkill(reference, stage, tmp_path):
     """SIGKILL mid-run (after at least one checkpoint): under ZeRO-2 both ranks; under ZeRO-3 only rank 1, and the
     surviving rank 0 must end by itself (a dead rank ends the job, it does not hang it). Relaunching the same command
-    continues from the last complete checkpoint, and every later loss equals the uninterrupted run's bit for bit."""
+    continues from the last complete checkpoint, and every later loss equals the uninterrupted run's bit for bit,
+    even when the kill cut the last metrics.jsonl record short."""
     run_dir = tmp_path / "run"
     args = tiny(run_dir, stage)
     run = launch_train(args, 2, tmp_path / "logs1")
@@ -60,6 +61,8 @@ def test_exact_resume_after_sigkill(reference, stage, tmp_path):
         run.kill(ranks=[1])
         assert run.procs[0].wait(timeout=120) != 0, run.output(0)
     killed_at = max(m["step"] for m in read_metrics(run_dir))
+    with open(run_dir / "metrics.jsonl", "a") as f:  # what a kill during the append of a record leaves
+        f.write('{"step": %d, "loss": 5.' % (killed_at + 1))
     resumed = run_train(args, 2, tmp_path / "logs2")
     out = resumed.output(0)
     assert "resumed from checkpoint" in out, out
