@@ -52,13 +52,16 @@ def read_json(path: Path) -> Any:
 
 
 def read_metrics(run_dir: Union[str, Path]) -> list[dict]:
-    """The records of `<run_dir>/metrics.jsonl` ([] without the file). The trainer appends one line per record, so a
-    kill can leave the last line cut short: that line is left out (its step is recomputed on resume). A bad line
-    anywhere else is a one-line ValueError naming the file and the line: the file is damaged, nothing is skipped."""
+    """The records of `<run_dir>/metrics.jsonl` ([] without the file); see `parse_metrics`."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")
+    return parse_metrics(path.read_text(), path) if path.exists() else []
+
+
+def parse_metrics(text: str, path: Path) -> list[dict]:
+    """The records of metrics.jsonl's `text`. The trainer appends one line per record, so a kill can leave the last
+    line cut short: that line is left out (its step is recomputed on resume). A bad line anywhere else is a one-line
+    ValueError naming the file (`path`) and the line: the file is damaged, nothing is skipped."""
+    lines = text.split("\n")
     records = []
     for i, line in enumerate(lines):
         if not line.strip():

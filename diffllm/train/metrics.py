@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from ..hardware import peak_tflops  # noqa: F401  (re-exported: the loop looks peaks up here)
-from ..runs import read_metrics, write_atomic  # noqa: F401  (read_metrics re-exported: tests read runs through it)
+from ..runs import parse_metrics, write_atomic
 
 
 def device_name() -> str:
@@ -64,7 +64,7 @@ class MetricsLog:
         if not self.path.exists():
             return 0
         text = self.path.read_text()
-        records = read_metrics(self.path.parent)  # a last line cut short by a kill is left out, and dropped here
+        records = parse_metrics(text, self.path)  # a last line cut short by a kill is left out, and dropped here
         keep = [rec for rec in records if rec["step"] <= step]
         if len(keep) != len(records) or (text and not text.endswith("\n")):
             write_atomic(self.path, "".join(json.dumps(rec) + "\n" for rec in keep))

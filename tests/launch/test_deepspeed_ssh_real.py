@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from diffllm.runs import read_metrics
 from diffllm.train.dist import free_port
-from diffllm.train.metrics import read_metrics
 from tests.distributed import base_env
 from tests.launch import ssh_hosts as ssh
 from tests.train.helpers import ENV, comparable, tiny

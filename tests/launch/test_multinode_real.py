@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from diffllm.runs import find_checkpoint
+from diffllm.runs import find_checkpoint, read_metrics
 from diffllm.train.dist import free_port
-from diffllm.train.metrics import read_metrics
 from tests.distributed import base_env
 from tests.train.helpers import ENV, STEPS, tiny
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffllm.runs import TAG, find_checkpoint
-from diffllm.train.metrics import read_metrics
+from diffllm.runs import TAG, find_checkpoint, read_metrics
 from tests.distributed import base_env
 from tests.train.helpers import ENV, comparable, tiny
 

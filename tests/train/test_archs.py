@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from diffllm.model import variants
-from diffllm.train.metrics import read_metrics
+from diffllm.runs import read_metrics
 from tests.distributed import launch_train, run_train
 from tests.train.helpers import comparable, tiny
 

@@ -12,11 +12,10 @@ from types import SimpleNamespace
 
 from diffllm.model import DecoderLM, ModelConfig
 from diffllm.model.layers import rotary_cos_sin
+from diffllm.runs import Run, read_metrics
 from diffllm.train.config import LoggingConfig, TrainerConfig
 from diffllm.train.diagnostics import Diagnostics
 from diffllm.train.hooks import MetricsLogger
-from diffllm.train.metrics import read_metrics
-from diffllm.runs import Run
 from tests.distributed import run_train
 from tests.train.helpers import tiny
 

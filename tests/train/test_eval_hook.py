@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffllm.train.metrics import read_metrics
+from diffllm.runs import read_metrics
 from tests.distributed import REPO, base_env, launch_train, run_train
 from tests.train.helpers import STEPS, comparable, tiny
 

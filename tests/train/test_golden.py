@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from diffllm.train.metrics import read_metrics
+from diffllm.runs import read_metrics
 from tests.distributed import run_train
 from tests.train.helpers import TINY
 

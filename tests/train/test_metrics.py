@@ -6,7 +6,8 @@ import json
 import pytest
 
 from diffllm.train.config import LoggingConfig
-from diffllm.train.metrics import MetricsLog, mfu, peak_tflops, progress_line, read_metrics
+from diffllm.runs import read_metrics
+from diffllm.train.metrics import MetricsLog, mfu, peak_tflops, progress_line
 from diffllm.train.tracking import wandb_mode
 
 

@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffllm.runs import Run, find_checkpoint
-from diffllm.train.metrics import read_metrics
+from diffllm.runs import Run, find_checkpoint, read_metrics
 from tests.distributed import launch_train, run_train
 from tests.train.helpers import STEPS, comparable, tiny
 
