@@ -165,8 +165,9 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     if mode == "auto":
         mode = "final" if len(budgets) > 1 else "curves"
     joint, joint_boot, joint_exact = {}, {}, set()
+    series = _by_series(done, sel)
     if mode != "none":
-        for arch, rs in _by_series(done, sel).items():
+        for arch, rs in series.items():
             n, d, y = _joint_points(cfg, rs, mode)
             try:
                 joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
@@ -181,7 +182,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
                                                              cfg.level, a in joint_exact) for k in ("alpha", "beta")}}
                        for a, j in joint.items()}
     for a in (o for o in others if base in joint and o in joint):
-        ref = max(_by_series(done, sel)[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
+        ref = max(series[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
         n_ref, d_ref = _n(ref, cfg.params), ref.tokens  # inside the data: the largest size at the largest budget
         t, dd = joint[base], joint[a]
         samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
