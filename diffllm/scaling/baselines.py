@@ -22,6 +22,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
 
 BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)

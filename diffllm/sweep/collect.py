@@ -22,7 +22,8 @@ from typing import Any, Optional
 import yaml
 
 from ..runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
-from ..scaling.select import DEFAULT_SELECT
+from ..scaling.select import (DEFAULT_SELECT, choices_markdown, select_runs, selection_dict, short_label,
+                              value_label)
 
 
 @dataclass
@@ -162,8 +163,6 @@ def collect(root: str | Path, select: Optional[str] = DEFAULT_SELECT, baselines:
     """Every run under `root`, sorted, with its axes; with `baselines`, its reference baselines (cached in
     <root>/.baselines) and under-trained flag; its `selected` flag from best-of-grid over `select`. Problems that do
     not stop the table (a baseline that cannot be computed) are appended to `notes`."""
-    from ..scaling.select import select_runs
-
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"sweep_dir={root}: no such directory")
@@ -310,8 +309,6 @@ def _rel(run_dir: str, root: str | Path) -> str:
 
 def _axis_label(key: str, value: Any, varies: bool) -> str:
     """A null that never changes within the row's arch is "-" (not applicable: a Transformer's λ_init)."""
-    from ..scaling.select import value_label
-
     return "-" if value is None and not varies else value_label(key, value)
 
 
@@ -319,7 +316,6 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
     """The runs table (axes by short label; `*` marks the runs at their group's best-of-grid value, `under-trained`
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
     from ..scaling.baselines import BASELINES_NOTE
-    from ..scaling.select import choices_markdown, select_runs, selection_dict, short_label
 
     axes = axis_names(records)
     cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
@@ -347,8 +343,6 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
 def write_tables(records: list[RunRecord], root: str | Path, out: str | Path,
                  select: Optional[str] = DEFAULT_SELECT) -> tuple[Path, Path]:
     """runs.csv and runs.md under `out`; best-of-grid edge warnings also go to stderr."""
-    from ..scaling.select import select_runs
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "runs.csv", out / "runs.md"
