@@ -1,6 +1,12 @@
-"""Golden losses (as torchtitan's tests/assets/losses/): the first 20 steps of the tiny CPU run, one process, fp32,
-must give exactly the recorded losses, gradient norms and validation losses. A refactor that changes the numerics
-(the order of a reduction, an extra RNG draw, a changed schedule) fails here, bit for bit.
+"""Golden losses (as torchtitan's tests/assets/losses/): the first 20 steps of the tiny CPU run of each arch
+(transformer-tiny, diff-tiny, diff2-tiny shrunk alike), one process, fp32, against the recorded losses, gradient
+norms, learning rates and validation losses. A refactor that changes the numerics (the order of a reduction, an extra
+RNG draw, a changed schedule) fails here.
+
+Floating point is bit-exact on one machine, not across CPUs: another SIMD kernel set (torch's AVX2 path against
+AVX-512) or another BLAS changes the last bits from the first step on. So each file stores the fingerprint of the
+machine that recorded it (tests/train/golden.py): on a matching machine the check is bit for bit; elsewhere it is a
+stated relative tolerance, and the test says (a warning in pytest's summary) that only the tolerance check ran.
 
 Re-record only for an intended change of numerics, and say so in the commit:
     DIFFLLM_RECORD_GOLDEN=1 python -m pytest -q tests/train/test_golden.py
@@ -9,33 +15,38 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-from diffllm.runs import read_metrics
 from tests.distributed import run_train
-from tests.train.helpers import TINY
-
-pytestmark = pytest.mark.slow
-GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "tiny_cpu_fp32_20steps.json"
-STEPS = 20
-ARGS = [a for a in TINY if not a.startswith("trainer.tokens=")] + [
-    f"trainer.tokens={STEPS * 1024}", "trainer.precision=fp32", "trainer.save_every_steps=0",
-    "trainer.val_every=10"]
+from tests.train.golden import ARCHS, ASSETS, args_for, check_golden, golden_path, run_records
 
 
-def test_first_20_losses_match_the_golden_file_bit_for_bit(tokenizer, tmp_path):
-    run_train(ARGS + [f"run_dir={tmp_path / 'run'}"], 1, tmp_path / "logs", launcher="plain")
-    records = read_metrics(tmp_path / "run")
-    got = {"loss": [r["loss"] for r in records if "loss" in r],
-           "grad_norm": [r["grad_norm"] for r in records if "loss" in r],
-           "lr": [r["lr"] for r in records if "loss" in r],
-           "val_loss": [r["val_loss"] for r in records if "val_loss" in r]}
-    if os.environ.get("DIFFLLM_RECORD_GOLDEN"):
-        GOLDEN.write_text(json.dumps({"args": ARGS, **got}, indent=1) + "\n")
-    golden = json.loads(GOLDEN.read_text())
-    assert golden["args"] == ARGS, "the run's settings changed: re-record the golden file on purpose"
-    assert len(got["loss"]) == STEPS and len(got["val_loss"]) == 3
-    for key in ("loss", "grad_norm", "lr", "val_loss"):
-        assert got[key] == golden[key], key  # exact float equality: JSON round-trips Python floats bit for bit
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ARCHS)
+def test_first_20_steps_match_the_golden_file(preset, tokenizer, tmp_path):
+    args = args_for(preset)
+    run_train(args + [f"run_dir={tmp_path / 'run'}"], 1, tmp_path / "logs", launcher="plain")
+    check_golden(golden_path(preset), args, run_records(tmp_path / "run"),
+                 record=bool(os.environ.get("DIFFLLM_RECORD_GOLDEN")))
+
+
+def _values(path):
+    return {k: v for k, v in json.loads(path.read_text()).items() if k not in ("args", "fingerprint")}
+
+
+def test_two_cpus_recordings_agree_within_the_tolerance_and_not_bit_for_bit():
+    """diff-tiny as recorded on an AVX-512 machine, checked against this machine's file: only the tolerance holds."""
+    other = ASSETS / "diff-tiny_cpu_fp32_20steps.avx512.json"
+    assert _values(other)["loss"] != _values(golden_path("diff-tiny"))["loss"]  # other last bits
+    with pytest.warns(UserWarning, match="not bit for bit"):
+        assert check_golden(other, args_for("diff-tiny"), _values(golden_path("diff-tiny"))) == "tolerance"
+
+
+def test_a_changed_computation_fails_the_tolerance_check():
+    """A loss off by 1e-4 relative at one step (far less than a dropped RNG draw or another schedule gives) fails."""
+    other = ASSETS / "diff-tiny_cpu_fp32_20steps.avx512.json"
+    got = _values(golden_path("diff-tiny"))
+    got["loss"][7] *= 1 + 1e-4
+    with pytest.raises(AssertionError, match=r"loss\[7\]"):
+        check_golden(other, args_for("diff-tiny"), got)
