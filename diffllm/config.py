@@ -96,6 +96,31 @@ def use_search_path() -> None:
     Plugins.instance().register(_UserConfigs)  # Hydra's documented hook for a plugin outside hydra_plugins/
 
 
+def load_group(group: str, name: str) -> DictConfig:
+    """configs/<group>/<name>.yaml as Hydra composes it (its defaults list merged, the user's directories first), the
+    node under its package: what `<group>=<name>` puts into a command's config. A missing option is a ValueError
+    naming the nearest options."""
+    if find_config(group, name) is None:
+        raise ValueError(unknown_option(group, name, group_options(group)))
+    node = _compose_file(f"{group}/{name}")
+    for part in group.split("/"):
+        node = node[part]
+    return node
+
+
+def _compose_file(config_name: str) -> DictConfig:
+    """One config file composed by Hydra along the search path (inside a running Hydra app, with that app's
+    instance, which reads the same search path)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name)
+    use_search_path()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return hydra_compose(config_name=config_name)
+
+
 # ---------------------------------------------------------------------------------------------- typed dataclasses
 def _suggest(key: str, candidates: list[str], dot: str = "") -> str:
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)

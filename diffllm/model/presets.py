@@ -7,7 +7,7 @@ import functools
 
 from omegaconf import OmegaConf
 
-from ..config import CONFIG_DIR, build, fail, group_options, use_search_path
+from ..config import build, fail, group_options, load_group
 from .config import ModelConfig
 
 
@@ -19,16 +19,7 @@ def preset_names() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _composed(name: str) -> dict:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():  # inside a command's @hydra.main, which reads the same CONFIG_DIR
-        node = compose(config_name=f"model/{name}").model
-    else:
-        use_search_path()  # the user's config directories too
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            node = compose(config_name=f"model/{name}").model
-    return OmegaConf.to_container(node, resolve=True)
+    return OmegaConf.to_container(load_group("model", name), resolve=True)
 
 
 def load_preset(name: str) -> ModelConfig:
