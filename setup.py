@@ -1,5 +1,5 @@
 """Packaging beyond pyproject.toml: the top-level configs/ folder (the source of truth) ships inside the package as
-diffllm/configs, so a wheel install finds its configs (diffllm/config.py: CONFIG_DIR)."""
+diffllm/configs, so a wheel install finds its configs (diffllm/config/loading.py: CONFIG_DIR)."""
 from setuptools import find_packages, setup
 
 setup(

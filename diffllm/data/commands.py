@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..apps import hydra_app
+from ..config import hydra_app
 from ..config import build
 from .config import DataConfig
 from .loader import resolve_sources
@@ -15,7 +15,7 @@ from .prepare import prepare_source
 from .tokenizer import default_path, encode_throughput, ensure_tokenizer, train_and_save, train_sources, training_texts
 
 
-@hydra_app("tokenizer")
+@hydra_app("tokenizer", prog="diffllm tokenizer train")
 def train_main(cfg: DictConfig) -> None:
     """Train the byte-level BPE on data.sources, write tokenizer.json, report encode throughput."""
     data = build(DataConfig, cfg.data, "data")  # a bad value or a DataError: one line, exit 2 (hydra_app)
@@ -35,7 +35,7 @@ def train_main(cfg: DictConfig) -> None:
         print(f"use it with          data.tokenizer.path={out}")
 
 
-@hydra_app("data_prepare")
+@hydra_app("data_prepare", prog="diffllm data prepare")
 def prepare_main(cfg: DictConfig) -> None:
     """Pre-tokenize every training (and held-out) source into out/<source>/ for data.prepared_dir=out."""
     data = build(DataConfig, cfg.data, "data")

@@ -71,10 +71,9 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
 
 
 def usage(name: str, cls: type) -> str:
-    """--help: what the command does, each key=default with the meaning its dataclass field's comment gives, and the
-    examples of its registry entry (diffllm/cli.py)."""
-    from ..commands import COMMANDS
-    from ..help import field_comments
+    """--help: what the command does and each key=default with the meaning its dataclass field's comment gives (the
+    dispatcher adds the examples of its registry entry, diffllm/cli/registry.py)."""
+    from ..config.help import field_comments
 
     meaning = field_comments(cls)
     rows = []
@@ -82,11 +81,8 @@ def usage(name: str, cls: type) -> str:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         rows.append((f"{f.name}={default}", meaning.get(f.name, "")))
     width = max(len(k) for k, _ in rows) + 2
-    cmd = COMMANDS.get(name)
     lines = [f"usage: diffllm {name} key=value ...", "", (cls.__doc__ or "").strip(), "", "keys (key=default):"]
     lines += [f"  {k:<{width}}{m}".rstrip() for k, m in rows]
-    if cmd and cmd.examples:
-        lines += ["", "examples:"] + [f"  {e}" for e in cmd.examples]
     return "\n".join(lines)
 
 

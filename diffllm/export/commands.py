@@ -6,7 +6,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from ..apps import hydra_app
+from ..config import hydra_app
 
 
 def _required(cfg: DictConfig, key: str, command: str, example: str) -> str:

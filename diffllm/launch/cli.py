@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..config import CONFIG_DIR, build
+from ..config import build, find_config, group_options, load_group
 from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
 from .commands import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
 from .help import usage
@@ -64,13 +64,12 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
             env[k] = v
         else:
             given[key] = value
-    base = OmegaConf.load(CONFIG_DIR / "launch.yaml")
+    base = OmegaConf.load(find_config("", "launch"))
     launcher = str(given.get("launcher", base.get("launcher", "torchrun")))
-    per_launcher = CONFIG_DIR / "launcher" / f"{launcher}.yaml"
-    if not per_launcher.exists():
+    if find_config("launcher", launcher) is None:
         raise ValueError(f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
-                         f"(known: {', '.join(sorted(p.stem for p in per_launcher.parent.glob('*.yaml')))})")
-    merged = OmegaConf.merge(base, OmegaConf.load(per_launcher), given)
+                         f"(known: {', '.join(group_options('launcher'))})")
+    merged = OmegaConf.merge(base, load_group("launcher", launcher), given)
     if setup:
         merged.setup = list(merged.get("setup") or []) + setup
     if env:

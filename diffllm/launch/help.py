@@ -6,7 +6,7 @@ import dataclasses
 
 from omegaconf import OmegaConf
 
-from ..config import CONFIG_DIR
+from ..config import find_config, load_group
 from .commands import LaunchConfig
 
 MEANING = {
@@ -51,8 +51,8 @@ examples:
 
 
 def _defaults() -> dict:
-    base = OmegaConf.load(CONFIG_DIR / "launch.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(LaunchConfig), base, OmegaConf.load(CONFIG_DIR / "launcher" / "slurm.yaml"))
+    base = OmegaConf.load(find_config("", "launch"))
+    merged = OmegaConf.merge(OmegaConf.structured(LaunchConfig), base, load_group("launcher", "slurm"))
     values = OmegaConf.to_container(merged)
     values["launcher"] = base.get("launcher", "torchrun")
     return values

@@ -268,7 +268,7 @@ def main() -> None:
     from ..apps import hydra_app
     from ..config import build
 
-    @hydra_app("scaling")
+    @hydra_app("scaling", prog="diffllm scaling fit")
     def app(node) -> None:
         cfg = build(ScalingConfig, node, "scaling")
         notes: list[str] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..apps import hydra_app
+from ..config import hydra_app
 from ..config import CONFIG_PATH_ENV, build
 from ..launch.commands import shell
 from .collect import collect, write_tables

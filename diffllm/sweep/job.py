@@ -12,7 +12,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..apps import hydra_app
+from ..config import hydra_app
 from ..launch.commands import LaunchConfig, tool, torchrun_argv
 from ..runs import Run
 

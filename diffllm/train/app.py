@@ -8,7 +8,7 @@ import sys
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from ..apps import hydra_app
+from ..config import hydra_app
 from .config import TrainConfig
 from .dist import strip_local_rank
 from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, Trainer  # noqa: F401 - documented below

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from diffllm.cli import COMMANDS
+from diffllm.cli.registry import COMMANDS
 
 # Main keys each command's help must show with its default (key=default).
 MAIN_KEYS = {

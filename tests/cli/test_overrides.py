@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from diffllm.cli import COMMANDS
+from diffllm.cli.registry import COMMANDS
 from diffllm.config import build, compose, schema_for
 from diffllm.data.config import DataConfig, SourceConfig
 from diffllm.model.config import ModelConfig

@@ -48,7 +48,7 @@ def test_wheel_ships_configs_and_runs_info(tmp_path):
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DIFFLLM_CONFIGS", "DIFFLLM_CONFIG_PATH")}
     where = _run([py, "-c", "import diffllm.config as c; print(c.__file__); print(c.CONFIG_DIR)"], cwd=work, env=env)
-    assert where.stdout.splitlines() == [f"{site}/diffllm/config.py", f"{site}/diffllm/configs"]
+    assert where.stdout.splitlines() == [f"{site}/diffllm/config/__init__.py", f"{site}/diffllm/configs"]
     info = _run([venv / "bin" / "diffllm", "info", "model=diff-3b"], cwd=work, env=env)
     assert info.stdout.startswith("preset               diff-3b (diff: Diff Transformer)\n") and "parameters           " in info.stdout
     assert "usage: diffllm info" in _run([venv / "bin" / "diffllm", "info", "--help"], cwd=work, env=env).stdout

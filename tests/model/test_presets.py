@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from diffllm.config import compose
-from diffllm.info import table
+from diffllm.model.info import table
 from diffllm.model import variants
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset, preset_names

@@ -1,6 +1,7 @@
-"""`@hydra_app("<config>")`: how every Hydra command runs: --help from diffllm/help.py, the config search path, the
-typed configs built before the command body, and every bad input (a composition error or the command's own
-ValueError) as one line on stderr with exit code 2. Above config.py and help.py, below the commands."""
+"""`@hydra_app("<config>")`: how every Hydra command runs: --help from help.py, the config search path, the typed
+configs built before the command body, and every bad input (a composition error or the command's own ValueError) as
+one line on stderr with exit code 2. Below the commands: `diffllm <command>` (diffllm/cli/) calls the apps, and so do
+`python -m diffllm.train`, torchrun and a sweep's multirun jobs directly."""
 from __future__ import annotations
 
 import functools
@@ -12,33 +13,24 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import (CONFIG_DIR, check_typed, explain, fail, plus_to_force, register_schema, set_env, take_config_dirs,
-                     use_search_path)
+from .loading import (CONFIG_DIR, check_typed, explain, fail, plus_to_force, register_schema, set_env,
+                      take_config_dirs, use_search_path)
 
 
-def program(config_name: str) -> str:
-    """`diffllm train` for the messages: the dispatcher's argv[0], else the command registered on this config."""
-    if sys.argv and sys.argv[0].startswith("diffllm "):
-        return sys.argv[0]
-    from .commands import command_for_config
-
-    cmd = command_for_config(config_name)
-    return f"diffllm {cmd.name}" if cmd else f"diffllm {config_name}"
-
-
-def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """`@hydra_app("train")`: a Hydra app on configs/train.yaml along the search path. `-h/--help` prints the
-    command's help; an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
+def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """`@hydra_app("train")`: a Hydra app on configs/train.yaml along the search path, named `prog` in its messages
+    (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys; an unknown
+    key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
 
     def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         @functools.wraps(task)
         def run() -> Any:
-            prog = program(config_name)
+            name = sys.argv[0] if sys.argv and sys.argv[0].startswith("diffllm ") else prog or f"diffllm {config_name}"
             argv = sys.argv[1:]
             if "-h" in argv or "--help" in argv:
-                from .help import command_help
+                from .help import config_help
 
-                print(command_help(config_name, prog))
+                print(config_help(config_name, name))
                 raise SystemExit(0)
             argv = take_config_dirs(argv)
             schema = register_schema(config_name)
@@ -52,13 +44,13 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                 try:
                     check_typed(cfg, schema)
                 except ValueError as e:
-                    fail(prog, str(e))
+                    fail(name, str(e))
                 try:
                     return task(cfg)
                 except ValueError as e:  # the command's own bad-input errors: one line naming the culprit, exit 2
                     if user_full_error == "1":
                         raise
-                    fail(prog, str(e))
+                    fail(name, str(e))
                 finally:
                     os.environ["HYDRA_FULL_ERROR"] = "1"
 
@@ -71,7 +63,7 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
 
                 if user_full_error == "1" or not isinstance(e, (HydraException, OmegaConfBaseException)):
                     raise
-                fail(prog, explain(e, config_name, argv))
+                fail(name, explain(e, config_name, argv))
             finally:
                 set_env("HYDRA_FULL_ERROR", user_full_error)
 

@@ -1,15 +1,16 @@
-"""`diffllm <command> [key=value ...]`: the dispatcher over the command registry (diffllm/commands.py). Hydra
-commands get their --help from diffllm/help.py."""
+"""`diffllm <command> [key=value ...]`: the dispatcher over the command registry (registry.py): it finds the command,
+answers --help (help.py), checks `group=option` arguments before the command's heavy imports, and calls its entry."""
 from __future__ import annotations
 
 import difflib
 import os
 import sys
-from .commands import COMMANDS, load
+
+from .registry import COMMANDS
 
 
 def overview() -> str:
-    from . import __version__
+    from .. import __version__
 
     width = max(map(len, COMMANDS)) + 2
     lines = [f"diffllm {__version__}: pretrain Transformers and Differential Transformers, and compare them.", "",
@@ -23,7 +24,7 @@ def overview() -> str:
 
 def resolve(argv: list[str]) -> tuple[str, list[str]]:
     """(command name, its arguments); SystemExit(2) with a "did you mean" for an unknown command."""
-    from .config import fail
+    from ..config import fail
 
     for n in (2, 1):
         name = " ".join(argv[:n])
@@ -58,30 +59,30 @@ def dispatch(argv: list[str]) -> None:
         print(overview())
         return
     if argv[0] in ("-V", "--version"):
-        from . import __version__
+        from .. import __version__
 
         print(f"diffllm {__version__}")
         return
     if argv[0] == "help":
         return dispatch(argv[1:] + ["--help"] if argv[1:] else [])
-    from .config import check_group_options, config_groups, fail, take_config_dirs
+    from ..config import check_group_options, config_groups, fail, take_config_dirs
 
     name, rest = resolve(argv)
     cmd = COMMANDS[name]
     rest = take_config_dirs(rest)  # into $DIFFLLM_CONFIG_PATH: the command and every process it starts see it
     prog = f"diffllm {name}"
-    if cmd.config is not None:
-        if "-h" in rest or "--help" in rest:
-            from .help import command_help
+    if "-h" in rest or "--help" in rest:
+        from .help import command_help
 
-            print(command_help(cmd.config, prog))
-            return
+        print(command_help(cmd, rest))
+        return
+    if cmd.config is not None:
         try:  # before the command's (heavy) imports: a mistyped preset answers at once
             check_group_options(rest, config_groups(cmd.config))
         except ValueError as e:
             fail(prog, str(e))
     sys.argv = [prog] + rest  # Hydra (or the command's own parser) reads sys.argv
-    load(cmd.entry)()
+    cmd.entry()()
 
 
 if __name__ == "__main__":

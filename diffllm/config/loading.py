@@ -1,6 +1,6 @@
-"""Config plumbing shared by every command: the config search path, typed dataclasses from config nodes, the dataclass
-defaults under the YAML (every field settable by its plain name), and one-line messages for bad overrides (exit code
-2). The Hydra app wrapper that uses them is diffllm/apps.py.
+"""Config loading, the one path for every command: the config search path, composing a command's config or one group
+file, typed dataclasses from config nodes, the dataclass defaults under the YAML (every field settable by its plain
+name), and one-line messages for bad overrides (exit code 2). The Hydra app wrapper that uses them is app.py.
 
 Search path, first match wins: each directory of $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` on any
 command prepends to it, so the processes a command starts see it too), then ./configs of the current directory, then
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import inspect
 import os
 import re
@@ -22,12 +23,25 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-_PACKAGED = Path(__file__).resolve().parent / "configs"  # a wheel install; a checkout keeps them in <repo>/configs
+_PACKAGED = Path(__file__).resolve().parents[1] / "configs"  # a wheel install; a checkout keeps them in <repo>/configs
 CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS")
                   or (_PACKAGED if _PACKAGED.is_dir() else _PACKAGED.parents[1] / "configs"))
 CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
+
+# The typed configs each command config holds: group ("" = root keys) -> "module:Dataclass". Plain data, resolved when a
+# config is composed, so that this bottom module imports none of the modules that own the dataclasses.
+_MODEL = "diffllm.model.config:ModelConfig"
+_DATA = "diffllm.data.config:DataConfig"
+_TRAIN = {"model": _MODEL, "data": _DATA, "trainer": "diffllm.train.config:TrainerConfig",
+          "optim": "diffllm.train.config:OptimConfig", "logging": "diffllm.train.config:LoggingConfig"}
+SCHEMAS: dict[str, dict[str, str]] = {
+    "info": {"model": _MODEL}, "tokenizer": {"data": _DATA}, "data_prepare": {"data": _DATA}, "train": _TRAIN,
+    "plan": {"model": _MODEL, "": "diffllm.scaling.planner:PlanConfig"},
+    "sweep": {"sweep": "diffllm.sweep.grid:SweepConfig"}, "scaling": {"": "diffllm.scaling.report:ScalingConfig"},
+    "export": {}, "import": {},
+}
 
 
 # ---------------------------------------------------------------------------------------------------- search path
@@ -179,11 +193,12 @@ def schema_node(schema: dict[str, type]) -> dict[str, Any]:
 
 
 def schema_for(config_name: str) -> dict[str, type]:
-    """The typed configs a command's config holds, from its registration in diffllm/commands.py ({} if none)."""
-    from .commands import command_for_config, load
-
-    cmd = command_for_config(config_name)
-    return {group: load(target) for group, target in (cmd.schema if cmd else {}).items()}
+    """The typed configs configs/<config_name>.yaml holds (SCHEMAS; {} if none)."""
+    out = {}
+    for group, target in SCHEMAS.get(config_name, {}).items():
+        module, attr = target.split(":")
+        out[group] = getattr(importlib.import_module(module), attr)
+    return out
 
 
 def register_schema(config_name: str) -> dict[str, type]:

@@ -1,4 +1,5 @@
-"""`diffllm <command> --help`: usage, the config groups and every key with its default and meaning, and examples.
+"""A Hydra command's --help: usage, the config groups and every key with its default and meaning (the command's
+summary and examples come from the CLI registry, diffllm/cli/, which passes them in).
 The meanings are the config files' own comments (`key: value  # meaning`), else the dataclass field's comment
 (`name: type = default  # meaning`): the configs are the one source, nothing here repeats them."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
-from .config import compose, config_groups, find_config, group_options, schema_for, search_path
+from .loading import compose, config_groups, find_config, group_options, schema_for, search_path
 
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*)\s*:(.*)$")
 _FIELD = re.compile(r"^    ([A-Za-z_]\w*)\s*:[^#]*?#\s*(.+)$")
@@ -96,11 +97,10 @@ def _rows(node: DictConfig, prefix: str, nested: set[str]) -> list[tuple[str, st
     return rows
 
 
-def command_help(config_name: str, prog: str) -> str:
-    """The whole --help text of the command running configs/<config_name>.yaml."""
-    from .commands import COMMANDS, command_for_config
-
-    cmd = COMMANDS.get(prog.replace("diffllm ", "", 1)) or command_for_config(config_name)
+def config_help(config_name: str, prog: str, summary: str = "", examples: tuple[str, ...] = (),
+                subcommands: tuple[str, ...] = ()) -> str:
+    """The whole --help text of the command `prog` running configs/<config_name>.yaml; `subcommands` are lines
+    `diffllm <name> (<summary>)`."""
     top = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
     cfg = compose(config_name)
     groups = config_groups(config_name)
@@ -112,12 +112,11 @@ def command_help(config_name: str, prog: str) -> str:
         comments.update(yaml_comments(find_config(group, option), f"{group}."))
 
     lines = [f"usage: {prog} [--config-dir DIR] [group=option ...] [key=value ...]", ""]
-    if cmd:
-        lines += [cmd.summary[0].upper() + cmd.summary[1:] + ".", ""]
+    if summary:
+        lines += [summary[0].upper() + summary[1:] + ".", ""]
     lines += [ln for ln in header(top)] + [""] if header(top) else []
-    subs = [n for n in COMMANDS if cmd and n.startswith(cmd.name + " ")]
-    if subs:
-        lines += ["subcommands: " + ", ".join(f"diffllm {n} ({COMMANDS[n].summary})" for n in subs), ""]
+    if subcommands:
+        lines += ["subcommands: " + ", ".join(subcommands), ""]
     if groups:
         lines.append("config groups (group=option; configs/<group>/<option>.yaml):")
         for group, option in groups.items():
@@ -138,8 +137,8 @@ def command_help(config_name: str, prog: str) -> str:
         meaning = comments.get(key, "")
         wrapped = len(text) >= width and meaning
         lines.append(f"  {text}\n  {'':<{width}}{meaning}" if wrapped else f"  {text:<{width}}{meaning}".rstrip())
-    if cmd and cmd.examples:
-        lines += ["", "examples:"] + [f"  {e}" for e in cmd.examples]
+    if examples:
+        lines += ["", "examples:"] + [f"  {e}" for e in examples]
     lines += ["", "Config search path (first match wins): $DIFFLLM_CONFIG_PATH (colon-separated; --config-dir DIR "
               "prepends), ./configs, the packaged configs:", "  " + ", ".join(map(str, search_path())),
               "Hydra's grammar works too: +key=value adds a key, ~key deletes one, -m key=a,b sweeps, --cfg job prints "

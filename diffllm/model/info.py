@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .apps import hydra_app
-from .config import build
-from .model import ModelConfig
-from .model.accounting import model_stats
-from .model.presets import load_preset, preset_names
+from ..config import build, hydra_app
+from .accounting import model_stats
+from .config import ModelConfig
+from .presets import load_preset, preset_names
 
 
 def _fmt(n: float) -> str:

@@ -1,0 +1,29 @@
+"""`diffllm <command> --help`: a Hydra command's keys (diffllm/config/help.py) with its registry entry's summary,
+subcommands and examples; a command that parses its own argv prints its usage, then the entry's examples."""
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+
+from .registry import COMMANDS, Command
+
+
+def command_help(cmd: Command, argv: list[str]) -> str:
+    if cmd.config is not None:
+        from ..config.help import config_help
+
+        subs = tuple(f"diffllm {n} ({c.summary})" for n, c in COMMANDS.items() if n.startswith(cmd.name + " "))
+        return config_help(cmd.config, f"diffllm {cmd.name}", cmd.summary, cmd.examples, subs)
+    sys.argv = [f"diffllm {cmd.name}"] + argv
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            cmd.entry()()  # the command's own usage
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise
+    text = out.getvalue().rstrip("\n")
+    if cmd.examples and "\nexamples:" not in text:  # launch's usage lists its own
+        text += "\n\nexamples:\n" + "\n".join(f"  {e}" for e in cmd.examples)
+    return text

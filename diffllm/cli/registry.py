@@ -1,0 +1,186 @@
+"""The command registry: one entry per `diffllm` command (its entry function, config, one-line summary and examples).
+Each entry imports its command's module only when that command runs, so `diffllm --help` stays light; follow an
+entry's import to find the command (`diffllm train` -> `_train` -> diffllm/train/app.py `main`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+Entry = Callable[[], Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command. A new one is one entry in _REGISTRY; a Hydra command's configs/<config>.yaml lists
+    `- <config>_schema` first in its defaults (its typed configs: diffllm/config/loading.py SCHEMAS)."""
+
+    entry: Entry  # returns the command's main(): a Hydra app (config.hydra_app) or a function that parses its argv
+    summary: str  # the one line in `diffllm --help`
+    config: Optional[str] = None  # configs/<config>.yaml; None: the command parses its own argv (--help goes to it)
+    examples: tuple[str, ...] = ()
+    name: str = ""
+
+
+# ------------------------------------------------------------------------------ entries: import only when run
+def _info():
+    from ..model.info import main
+    return main
+
+
+def _tokenizer_train():
+    from ..data.commands import train_main
+    return train_main
+
+
+def _data_prepare():
+    from ..data.commands import prepare_main
+    return prepare_main
+
+
+def _train():
+    from ..train.app import main
+    return main
+
+
+def _plan():
+    from ..scaling.planner import main
+    return main
+
+
+def _launch():
+    from ..launch.cli import main
+    return main
+
+
+def _sweep():
+    from ..sweep.cli import main
+    return main
+
+
+def _sweep_collect():
+    from ..sweep.cli import collect_main
+    return collect_main
+
+
+def _scaling_fit():
+    from ..scaling.report import main
+    return main
+
+
+def _generate():
+    from ..eval.generate import main
+    return main
+
+
+def _eval_ppl():
+    from ..eval.ppl import main
+    return main
+
+
+def _eval_needle():
+    from ..eval.needle import main
+    return main
+
+
+def _eval_attention():
+    from ..eval.attention import main
+    return main
+
+
+def _eval_outliers():
+    from ..eval.outliers import main
+    return main
+
+
+def _eval_lm_eval():
+    from ..eval.harness import main
+    return main
+
+
+def _eval_compare():
+    from ..eval.compare import main
+    return main
+
+
+def _export():
+    from ..export.commands import export_main
+    return export_main
+
+
+def _import():
+    from ..export.commands import import_main
+    return import_main
+
+
+_REGISTRY: dict[str, Command] = {
+    "info": Command(
+        _info, "parameters, training FLOPs per token and weight memory of a model preset", "info",
+        ("diffllm info model=diff-3b", "diffllm info model=transformer-830m seq_len=4096", "diffllm info all=true")),
+    "tokenizer train": Command(
+        _tokenizer_train, "train the byte-level BPE tokenizer on a data config's sources",
+        "tokenizer",
+        ("diffllm tokenizer train", "diffllm tokenizer train data.tokenizer.vocab_size=1024 out=tok/tokenizer.json",
+         "diffllm tokenizer train data=mine   # ./configs/data/mine.yaml")),
+    "data prepare": Command(
+        _data_prepare, "pre-tokenize a data config into shards for data.prepared_dir",
+        "data_prepare",
+        ("diffllm data prepare", "diffllm data prepare data=mine out=prepared/mine workers=2",
+         "diffllm train data.prepared_dir=prepared/shakespeare   # then train from the shards")),
+    "train": Command(
+        _train, "train a model (DeepSpeed ZeRO); relaunching resumes from run_dir", "train",
+        ("diffllm train", "diffllm train model=transformer-tiny trainer.tokens=1M run_dir=runs/t-tiny",
+         "diffllm train model.lambda_init=0.5 model.attn_backend=eager data.seq_len=128")),
+    "plan": Command(
+        _plan, "memory per GPU under ZeRO 0-3, the largest micro-batch, time to a budget",
+        "plan",
+        ("diffllm plan model=diff-3b nodes=2 gpus_per_node=8 gpu=h100 tokens=1T", "diffllm plan gpus=true",
+         "diffllm plan model=diff-13.1b zero_stage=3 activation_checkpointing=true")),
+    "launch": Command(
+        _launch, "run `diffllm train` under torchrun, deepspeed or SLURM (argparse options)",
+        examples=("diffllm launch --procs 8 model=diff-3b", "diffllm launch --launcher slurm --nodes 4 --dry-run")),
+    "sweep": Command(
+        _sweep, "run a grid of training runs (presets x budgets x hyperparameter axes x seeds) through Hydra multirun",
+        "sweep",
+        ("diffllm sweep dry_run=true", "diffllm sweep sweep=paper launcher=submitit_slurm",
+         "diffllm sweep --config-dir my_configs sweep=mine   # my_configs/sweep/mine.yaml, also seen by the jobs")),
+    "sweep collect": Command(
+        _sweep_collect, "tabulate a sweep's run summaries into runs.csv and runs.md", "sweep",
+        ("diffllm sweep collect", "diffllm sweep collect sweep_dir=runs/sweep/paper out=reports")),
+    "scaling fit": Command(
+        _scaling_fit, "fit scaling laws to a collected sweep: ratios at equal loss, plots",
+        "scaling",
+        ("diffllm scaling fit sweep_dir=runs/sweep/micro", "diffllm scaling fit params=total joint=none reps=100")),
+    "generate": Command(
+        _generate, "continue a prompt with a trained model (KV cache; greedy or sampled)",
+        examples=('diffllm generate run=runs/diff-tiny prompt="ROMEO:" max_new_tokens=60',
+                  'diffllm generate run=runs/diff-tiny prompt="ROMEO:" temperature=0.8 top_k=50 seed=1 stop=["\\n\\n"]')),
+    "eval ppl": Command(
+        _eval_ppl, "loss, perplexity and bits per byte of a run, per held-out source",
+        examples=("diffllm eval ppl run=runs/diff-tiny", "diffllm eval ppl run=runs/diff-tiny data=my_texts/*.txt")),
+    "eval needle": Command(
+        _eval_needle, "multi-needle retrieval: accuracy by needles x depth x length, heatmap",
+        examples=("diffllm eval needle run=runs/diff-tiny mode=synthetic",
+                  "diffllm eval needle run=runs/diff-tiny mode=text lengths=[256,512]")),
+    "eval attention": Command(
+        _eval_attention, "attention mass on the answer needle vs the rest of the context, per layer",
+        examples=("diffllm eval attention run=runs/diff-tiny",)),
+    "eval outliers": Command(
+        _eval_outliers, "top-k activation and attention-logit magnitudes; loss with quantised logits",
+        examples=("diffllm eval outliers run=runs/diff-tiny",)),
+    "eval lm-eval": Command(
+        _eval_lm_eval, "lm-evaluation-harness tasks through the native adapter (offline, local tasks)",
+        examples=("diffllm eval lm-eval run=runs/diff-tiny tasks=[plays_cloze]",)),
+    "eval compare": Command(
+        _eval_compare, "one table (and plots) of every eval result for several runs",
+        examples=("diffllm eval compare runs=[runs/diff-tiny,runs/transformer-tiny]",)),
+    "export": Command(
+        _export, "write a run's checkpoint as a Hugging Face model directory", "export",
+        examples=("diffllm export run=runs/diff-tiny out=hf/diff-tiny",
+                  "diffllm export run=runs/diff-tiny step=64 out=hf/diff-tiny-64 format=remote dtype=bfloat16")),
+    "import": Command(
+        _import, "turn a Hugging Face model directory into a run at step 0", "import",
+        examples=("diffllm import hf/stablelm-3b-4e1t out=runs/stablelm-cont",
+                  "diffllm train model.init_from=runs/stablelm-cont run_dir=runs/stablelm-cont-1   # then train on")),
+}
+COMMANDS: dict[str, Command] = {name: Command(**{**c.__dict__, "name": name}) for name, c in _REGISTRY.items()}
+
