@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -37,11 +41,44 @@ def test_text_field_that_is_not_text(tmp_path, tok):
     assert "n.jsonl: field 'text' holds int64, not text" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "n.jsonl")}]), tok))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files without read permission")
-def test_unreadable_file(tmp_path, tok):
-    path = write_jsonl(tmp_path / "locked.jsonl", make_docs("u", 3, 0))
-    path.chmod(0)
-    assert f"{path}: cannot read (Permission denied)" in error_of(lambda: build_train_loader(cfg([{"path": str(path)}]), tok, 0, 1, 1))
+def as_unprivileged(fn) -> str:
+    """fn() in a forked child that runs as `nobody` when this process is root (as `make test` is in CI), so that a
+    file without read permission is really unreadable; returns the child's error message."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, run, send the one-line message back
+        os.close(read)
+        msg = "no error"
+        try:
+            if os.geteuid() == 0:
+                nobody = pwd.getpwnam("nobody")
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+            fn()
+        except ValueError as e:
+            msg = str(e)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the test
+            msg = f"unexpected {type(e).__name__}: {e}"
+        os.write(write, msg.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        msg = f.read().decode()
+    os.waitpid(pid, 0)
+    return msg
+
+
+def test_unreadable_file(tok):
+    work = Path(tempfile.mkdtemp(prefix="diffllm-unreadable-"))
+    try:
+        work.chmod(0o755)  # traversable by the unprivileged child; the file itself is not readable
+        path = write_jsonl(work / "locked.jsonl", make_docs("u", 3, 0))
+        path.chmod(0)
+        msg = as_unprivileged(lambda: build_train_loader(cfg([{"path": str(path)}]), tok, 0, 1, 1))
+        assert f"{path}: cannot read (Permission denied)" in msg and "\n" not in msg, msg
+    finally:
+        shutil.rmtree(work)
 
 
 def test_file_that_vanishes(tmp_path, tok):
