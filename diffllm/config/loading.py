@@ -14,8 +14,9 @@ import inspect
 import os
 import re
 import sys
+import typing
 from pathlib import Path
-from typing import Any, Iterator, Optional, TypeVar
+from typing import Any, Iterator, List, Optional, TypeVar
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.plugins import Plugins
@@ -168,6 +169,37 @@ def build(cls: type[T], node: Any, prefix: str) -> T:
     obj = cls(**typed)
     _call_validate(obj, prefix)
     return obj
+
+
+def from_key_values(cls: type[T], argv: list[str], prefix: str) -> T:
+    """`key=value ...` (Hydra-style) into the dataclass `cls`. Strings are taken verbatim (a prompt may hold `:` or
+    `#`); other fields are YAML values (`runs=[a,b]`, `n_needles=[1,2]`, `seed=3`). Errors name the key."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    for arg in argv:
+        key, eq, raw = arg.partition("=")
+        key = key.lstrip("+")
+        if not eq:
+            raise ValueError(f"{arg!r}: expected key=value (keys: {', '.join(names)})")
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {near[0]}?" if near else f" (keys: {', '.join(names)})"
+            raise ValueError(f"{prefix}.{key}: unknown key{hint}")
+        value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
+        if typing.get_origin(hints[key]) in (list, List) and not isinstance(value, list) and value is not None:
+            value = [raw if typing.get_args(hints[key]) == (str,) else value]  # stop=. is stop=[.]
+        values[key] = value
+    return build(cls, values, prefix)
+
+
+def _yaml(raw: str, where: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        raise ValueError(f"{where}: cannot parse {raw!r}") from None
 
 
 def field_defaults(cls: type) -> dict[str, Any]:

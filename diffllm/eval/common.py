@@ -1,59 +1,23 @@
-"""What every evaluation shares: key=value command lines into typed configs, one-line errors, loading a run, and the
+"""What every evaluation shares: its command line (key=value into a typed config, diffllm.config), one-line errors, loading a run, and the
 batched, gradient-free scorer (log-probabilities of target tokens) that perplexity, needles and lm-eval all use."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import sys
-import typing
 from pathlib import Path
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 import torch.nn.functional as F
+
+from ..config import from_key_values
 
 T = TypeVar("T")
 
 
 class EvalError(ValueError):
     """Bad evaluation input: the message is one line naming the key or file and the problem."""
-
-
-def parse_args(cls: type[T], argv: list[str], prefix: str) -> T:
-    """`key=value ...` (Hydra-style) into the dataclass `cls`. Strings are taken verbatim (a prompt may hold `:` or
-    `#`); other fields are YAML values (`runs=[a,b]`, `n_needles=[1,2]`, `seed=3`). Errors name the key."""
-    from ..config import build
-
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values: dict[str, Any] = {}
-    for arg in argv:
-        key, eq, raw = arg.partition("=")
-        key = key.lstrip("+")
-        if not eq:
-            raise EvalError(f"{arg!r}: expected key=value (keys: {', '.join(names)})")
-        if key not in names:
-            near = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean {near[0]}?" if near else f" (keys: {', '.join(names)})"
-            raise EvalError(f"{prefix}.{key}: unknown key{hint}")
-        value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
-        if typing.get_origin(hints[key]) in (list, List) and not isinstance(value, list) and value is not None:
-            value = [raw if typing.get_args(hints[key]) == (str,) else value]  # stop=. is stop=[.]
-        values[key] = value
-    try:
-        return build(cls, values, prefix)
-    except ValueError as e:
-        raise EvalError(str(e)) from None
-
-
-def _yaml(raw: str, where: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(raw) if raw != "" else None
-    except yaml.YAMLError:
-        raise EvalError(f"{where}: cannot parse {raw!r}") from None
 
 
 def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[str]] = None) -> None:
@@ -63,7 +27,7 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
         print(usage(name, cls))
         return
     try:
-        body(parse_args(cls, argv, name.split()[-1]))
+        body(from_key_values(cls, argv, name.split()[-1]))
     except (ValueError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
         from ..config import fail
 
