@@ -236,8 +236,7 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
-    from ..apps import hydra_app
-    from ..config import build
+    from ..config import build, hydra_app
     from ..hardware import gpu_table
 
     check_model_overrides(sys.argv[1:], "diffllm plan")

@@ -265,8 +265,7 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    from ..apps import hydra_app
-    from ..config import build
+    from ..config import build, hydra_app
 
     @hydra_app("scaling", prog="diffllm scaling fit")
     def app(node) -> None:
