@@ -139,7 +139,8 @@ class TrainLoader:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
         return iter(torch.utils.data.DataLoader(
             ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.worker_init,
-            collate_fn=workers.as_is, multiprocessing_context=workers.context(), timeout=self.cfg.worker_timeout_s))
+            collate_fn=workers.as_is, multiprocessing_context=workers.context(preload=(__name__,)),
+            timeout=self.cfg.worker_timeout_s))
 
     def close(self) -> None:
         """Stop the worker processes (also done at garbage collection and at interpreter exit)."""

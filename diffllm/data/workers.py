@@ -5,7 +5,8 @@ Why not plain fork: by the time the first batch is asked for, the training proce
 W&B, tokenizer pools). os.fork() copies a process whose other threads may hold interpreter or library locks, and the
 child can deadlock before it runs a line (seen: a worker stuck in PyOS_AfterFork_Child, its rank waiting forever for
 a batch). A forkserver is a fresh single-threaded interpreter started once per training process (fork + exec); it
-imports the data stack once (this module is its preload), and every worker is forked from it, so a worker starts in
+imports the data stack once (this module and the one that runs in the workers, named by the caller, are its
+preload), and every worker is forked from it, so a worker starts in
 milliseconds after the first and never inherits a thread. Nothing outlives the training process, however it ends
 (a watchdog's os._exit, SIGKILL): the kernel kills the forkserver when the training process ends and each worker
 when its forkserver does (die_with_parent). DataLoader's own parent watchdog cannot do this: a worker's parent is the
@@ -51,12 +52,13 @@ def worker_init(_: object = None) -> None:
     die_with_parent()
 
 
-def context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context for DataLoader workers: a forkserver that preloads the data stack."""
+def context(preload: tuple[str, ...] = ()) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for DataLoader workers: a forkserver that imports this module (first: see
+    `_preload`), then the modules named in `preload` (what the workers run, e.g. diffllm.data.loader)."""
     from multiprocessing import forkserver
 
     ctx = multiprocessing.get_context(START_METHOD)
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload([__name__, *preload])
     os.environ[_FORKSERVER_OF] = str(os.getpid())  # only the forkserver's environment keeps it
     try:
         forkserver.ensure_running()  # a no-op once started: one forkserver per training process
@@ -84,13 +86,12 @@ def stop(workers: list) -> None:
 
 def _preload(trainer: int) -> None:
     """Runs when the forkserver imports this module: end with the training process (pid `trainer`; first, so that
-    one dying during the imports leaves nothing behind), ignore stop signals, load what every worker needs."""
+    one dying during the imports leaves nothing behind), ignore stop signals, load what every worker needs (the
+    forkserver then imports the caller's modules: `context(preload)`)."""
     die_with_parent(trainer)
     ignore_stop_signals()
     import datasets  # noqa: F401 - about 2 s, paid once per training process instead of once per worker
     import torch.utils.data  # noqa: F401
-
-    from . import loader  # noqa: F401
 
 
 def _alive(pid: int) -> bool:

@@ -94,10 +94,9 @@ def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], i
 
 def eval_sources(run_config: Optional[dict], data: Any) -> list:
     """Resolved sources to score: the `val` sources of a data config (by name or the run's own), or files."""
-    from ..config import build, find_config, group_options
+    from ..config import build, find_config, group_options, load_group
     from ..data import DataConfig
     from ..data.loader import resolve_sources
-    from omegaconf import OmegaConf
 
     if data is None:
         node = (run_config or {}).get("data")
@@ -105,8 +104,8 @@ def eval_sources(run_config: Optional[dict], data: Any) -> list:
             raise EvalError("data: the run has no config.yaml to take its held-out sources from; pass data=<config "
                             "name or files>")
         cfg = build(DataConfig, node, "data")
-    elif isinstance(data, str) and (found := find_config("data", data)) is not None:  # along the search path
-        cfg = build(DataConfig, OmegaConf.load(found), f"data={data}")
+    elif isinstance(data, str) and find_config("data", data) is not None:  # along the search path, as data=<name>
+        cfg = build(DataConfig, load_group("data", data), f"data={data}")
     else:
         paths = [data] if isinstance(data, str) else list(data)
         if isinstance(data, str) and "/" not in data and "." not in data:

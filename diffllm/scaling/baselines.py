@@ -19,11 +19,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..results import RunRecord
 
 BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)
 MAX_TOKENS = 50_000_000  # larger budgets are not counted here (minutes of reading and packing per 50M tokens)
@@ -145,3 +149,22 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
     write_atomic(path, json.dumps(dataclasses.asdict(b)) + "\n")
     return b
 
+
+
+def add_baselines(records: list["RunRecord"], root: Path, notes: list[str]) -> None:
+    """Each finished run's unigram/bigram losses (cached in <root>/.baselines) and under-trained flag (runs without a
+    config.yaml: none); a run whose baselines cannot be computed is noted in `notes`, the others go on."""
+    failed: dict[str, list[str]] = defaultdict(list)
+    for r in records:
+        if r.status != "finished" or not (Path(r.run_dir) / "config.yaml").is_file():
+            continue
+        try:
+            b = run_baselines(Path(r.run_dir), Path(root) / ".baselines")
+        except ValueError as e:  # the data cannot be read here: the table goes on without this run's baselines
+            failed[str(e)].append(r.run_dir)
+            continue
+        r.unigram_loss, r.bigram_loss = b.unigram, b.bigram
+        if r.final_val_loss is not None:
+            r.under_trained = r.final_val_loss >= b.bigram
+    for why, dirs in failed.items():
+        notes.append(f"baselines not computed for {len(dirs)} run(s) (first: {dirs[0]}): {why}")

@@ -19,11 +19,11 @@ from typing import Optional
 import numpy as np
 
 from ..model.variant import baseline, variants
+from ..results import RunRecord, collect
 from ..runs import read_metrics
-from ..sweep.collect import RunRecord, collect
 from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
                   exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
-from .baselines import BASELINES_NOTE
+from .baselines import BASELINES_NOTE, add_baselines
 from .plots import loss_vs_params, loss_vs_tokens
 from .select import (DEFAULT_SELECT, Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
                      paired_gaps, run_rows, runs_markdown, select_runs, selection_dict, under_trained_note)
@@ -271,7 +271,9 @@ def main() -> None:
     def app(node) -> None:
         cfg = build(ScalingConfig, node, "scaling")
         notes: list[str] = []
-        result = fit_sweep(cfg, collect(cfg.sweep_dir, select=cfg.select, notes=notes), notes)
+        runs = collect(cfg.sweep_dir)
+        add_baselines(runs, Path(cfg.sweep_dir), notes)
+        result = fit_sweep(cfg, runs, notes)
         files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
         for note in result["selection"]["warnings"] + result.get("notes", []):
             print(f"diffllm scaling fit: warning: {note}", file=sys.stderr)

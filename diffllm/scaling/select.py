@@ -16,8 +16,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from omegaconf import OmegaConf
+
+from ..config import search_path
+from ..results import flatten
+
 if TYPE_CHECKING:
-    from ..sweep.collect import RunRecord
+    from ..results import RunRecord
 
 DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
 SHORT = {"model.lambda_init": "λ_init"}  # short labels for series and markdown; others: the last dotted component
@@ -36,18 +41,27 @@ def value_label(key: str, value: Any) -> str:
 
 @functools.lru_cache(maxsize=None)
 def size_of(model: str, arch: str) -> str:
-    """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the `size/<size>` base in the defaults
-    list of configs/model/<model>.yaml (presets compose arch/<arch> with size/<size>); else the name after the
-    `<arch>-` prefix; else the name itself."""
-    from omegaconf import OmegaConf
+    """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the configs/model/size/<size> base whose
+    fields the composed preset carries (presets compose arch/<arch> with size/<size>; the most specific match); else
+    the name after the `<arch>-` prefix; else the name itself."""
+    from ..config import find_config, load_group
 
-    from ..config import find_config
-
-    path = find_config("model", model)
-    for entry in (OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []) if path else []:
-        if isinstance(entry, str) and entry.startswith("size/"):
-            return entry[len("size/"):].split("@")[0]
+    if find_config("model", model) is not None:
+        preset = OmegaConf.to_container(load_group("model", model), resolve=True)
+        sizes = [(len(fields), name) for name, fields in _sizes(tuple(search_path())).items()
+                 if fields and all(preset.get(k) == v for k, v in fields.items())]
+        if sizes:
+            return max(sizes, key=lambda s: (s[0], s[1]))[1]
     return model[len(arch) + 1:] if model.startswith(f"{arch}-") else model
+
+
+@functools.lru_cache(maxsize=None)
+def _sizes(path: tuple) -> dict[str, dict]:
+    """{size: its fields} of every configs/model/size/<size>.yaml along the search path `path` (the cache key)."""
+    from ..config import group_options, load_group
+
+    return {name: OmegaConf.to_container(load_group("model/size", name), resolve=True)
+            for name in group_options("model/size")}
 
 
 def _order(v: Any) -> tuple:
@@ -92,7 +106,6 @@ def series_label(r: "RunRecord", axes: list[str]) -> str:
 def config_keys() -> frozenset:
     """Every dotted key of a train config (its typed groups at their defaults)."""
     from ..config import schema_for, schema_node
-    from ..sweep.collect import flatten
 
     return frozenset(flatten(schema_node(schema_for("train"))))
 
@@ -106,6 +119,13 @@ def check_select(select: Optional[str], axes: set) -> None:
         near = difflib.get_close_matches(select, sorted(keys), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise ValueError(f"select={select}: no run's config has this key{hint}")
+
+
+def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT) -> None:
+    """Each record's `selected` flag: at its group's best-of-grid value (None for runs no group holds: unfinished)."""
+    sel = select_runs(records, select)
+    for r in records:
+        r.selected = (r.run_dir in sel.selected) if r.run_dir in sel.series else None
 
 
 def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,

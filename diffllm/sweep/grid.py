@@ -15,6 +15,7 @@ from typing import Any
 from ..counts import parse_count
 from ..model.accounting import model_stats
 from ..model.presets import load_preset
+from ..results import kaplan_n
 from ..runs import Run as RunDir
 
 JOB_MODULE = "diffllm.sweep.job"
@@ -130,7 +131,7 @@ def budgets(cfg: SweepConfig, model: str, vocab_size: int | None = None) -> list
                 mc.vocab_size = vocab_size
             s = model_stats(mc)
             n = {"total": s.total_params, "nonembedding": s.nonembedding_params,
-                 "block": s.nonembedding_params - (0 if mc.tie_embeddings else s.embedding_params)}[cfg.params]
+                 "block": kaplan_n(s, mc.tie_embeddings)}[cfg.params]
             raw += [int(k * n) for k in cfg.tokens_per_param]
     step = max(cfg.round_tokens_to, 1)
     return sorted({-(-t // step) * step for t in raw})

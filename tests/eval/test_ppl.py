@@ -64,6 +64,14 @@ def test_default_data_is_the_runs_held_out_sources(runs, tmp_path):
     assert res["seq_len"] == 64  # the run's data.seq_len
 
 
+def test_data_config_with_a_defaults_list(runs, tmp_path):
+    """data=shakespeare-needle composes its base (shakespeare@_here_) as `diffllm train data=...` does: its held-out
+    plays are those of the base, which the file itself does not list."""
+    main([f"run={runs('transformer')}", "data=shakespeare-needle", "max_tokens=200", f"out={tmp_path}"])
+    res = json.loads((tmp_path / "ppl.json").read_text())
+    assert list(res["sources"]) == ["plays-heldout"] and res["sources"]["plays-heldout"]["tokens"] == 200
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run={empty}"], "no checkpoints"),
     (["run={missing}"], "no such directory"),

@@ -6,14 +6,17 @@ import csv
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 from diffllm.config import compose
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset
-from diffllm.sweep.collect import collect, read_csv, to_csv, write_tables
+from diffllm.results import read_csv, to_csv
+from diffllm.sweep.collect import collect, write_tables
 from diffllm.sweep.grid import SweepConfig, budgets, multirun_commands, plan_runs, shard_runs, token_label
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _summary(run_dir: Path, model: str, loss: float, status: str = "finished", **extra) -> None:
     s = model_stats(load_preset(model))
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": asdict(load_preset(model))}))  # its model config
     (run_dir / "summary.json").write_text(json.dumps({
         "model": model, "arch": load_preset(model).arch, "total_params": s.total_params,
         "nonembedding_params": s.nonembedding_params, "tokens": 131072, "flops": 1e12, "final_train_loss": loss + 0.1,

@@ -4,6 +4,7 @@ summary.json (losses chosen by the test) and metrics.jsonl; plus an independent 
 and unigram baselines from the trainer's own TrainLoader and validation batches."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -50,7 +51,7 @@ def write_run(root: Path, model: str, seed: int, loss: float, tok: Tokenizer, co
     run.mkdir(parents=True)
     (run / "tokenizer.json").write_text(tok.tk.to_str())
     preset = load_preset(model)
-    config = {"model": {"name": model, "arch": preset.arch, "d_model": preset.d_model, "lambda_init": lambda_init},
+    config = {"model": {**dataclasses.asdict(preset), "lambda_init": lambda_init},
               "data": data_node(corpus, seed, str(run / "tokenizer.json")),
               "trainer": {"tokens": TOKENS, "global_batch_tokens": BATCH_TOKENS, "micro_batch_size": MICRO,
                           "val_batches": VAL_BATCHES, "resume": "auto"},

@@ -6,18 +6,20 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
+import yaml
 
 from diffllm.model.presets import load_preset
 from diffllm.model.accounting import model_stats
 from diffllm.scaling.fit import (JointLaw, PowerLaw, bootstrap_power_law, fit_joint, fit_power_law, interval,
                                  ratio_at_equal_loss)
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render, write_report
-from diffllm.sweep.collect import collect
+from diffllm.results import collect
 
 N = np.geomspace(1e5, 2e6, 6)
 
@@ -58,7 +60,8 @@ def test_ratio_closed_form():
 
 
 def _synthetic_sweep(root: Path, laws: dict[str, JointLaw], budget: int = 524288, noise: float = 0.002) -> None:
-    """Run dirs as the trainer writes them (summary.json + metrics.jsonl), losses drawn from `laws`."""
+    """Run dirs as the trainer writes them (config.yaml's model, summary.json, metrics.jsonl), losses drawn from
+    `laws`."""
     rng = np.random.default_rng(0)
     for arch, law in laws.items():
         for size in (1, 2, 3, 4):
@@ -73,6 +76,7 @@ def _synthetic_sweep(root: Path, laws: dict[str, JointLaw], budget: int = 524288
                 lines = [{"step": 0, "tokens": 0, "val_loss": 7.0}] + [
                     {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)} for t, v in zip(tokens, losses)]
                 (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+                (run / "config.yaml").write_text(yaml.safe_dump({"model": asdict(load_preset(model))}))
                 (run / "summary.json").write_text(json.dumps({
                     "model": model, "arch": arch, "total_params": s.total_params,
                     "nonembedding_params": s.nonembedding_params, "tokens": budget, "flops": 1.0,

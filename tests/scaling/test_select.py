@@ -14,7 +14,8 @@ import pytest
 from diffllm.scaling.baselines import BIGRAM_K
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
 from diffllm.scaling.select import select_runs, size_of
-from diffllm.sweep.collect import collect, read_csv, write_tables
+from diffllm.results import read_csv
+from diffllm.sweep.collect import collect, write_tables
 from tests.scaling.synthetic import expected_baselines, tokenizer, write_corpus, write_run
 
 LRS = (0.001, 0.002, 0.004)

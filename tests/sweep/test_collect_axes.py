@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diffllm.results import RunRecord, find_axes, flatten, lambda_stats, read_csv, to_csv
 from diffllm.scaling.baselines import BIGRAM_K
-from diffllm.sweep.collect import RunRecord, find_axes, flatten, read_csv, to_csv, to_markdown
+from diffllm.sweep.collect import to_markdown
 from tests.scaling.synthetic import hand_baselines
 
 
@@ -91,8 +92,6 @@ def test_two_real_tiny_runs(tmp_path):
 def test_lambda_columns_come_from_the_diff_diagnostics(tmp_path):
     """lambda_min: the last record's; lambda_lowest: the lowest of any record (a line cut short by a kill is skipped);
     none for a run whose records carry no lambda (the Transformer)."""
-    from diffllm.sweep.collect import lambda_stats
-
     diff = tmp_path / "diff"
     diff.mkdir()
     records = [{"step": 25, "loss": 5.0, "lambda_min": 0.31}, {"step": 25, "val_loss": 5.1},

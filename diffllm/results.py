@@ -1,0 +1,257 @@
+"""Run records of many runs: every run directory under a folder read into one `RunRecord` (its summary, its axes,
+its Kaplan N from its own saved model config), and the runs.csv they round-trip through. `diffllm sweep collect`
+tabulates them (diffllm/sweep/collect.py); `diffllm scaling fit` analyses them (diffllm/scaling/).
+
+A run's *axes* are the dotted config keys (config.yaml) whose values differ between the runs of its (model, tokens)
+group, bookkeeping left out (run_dir, seeds, resume, paths). The reference baselines and the best-of-grid flag are
+filled in by their owners (diffllm/scaling/baselines.py `add_baselines`, diffllm/scaling/select.py `mark_selected`).
+This module imports nothing of train/, sweep/ or scaling/."""
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from .runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
+
+
+@dataclass
+class RunRecord:
+    run_dir: str
+    model: str
+    arch: str
+    seed: Optional[int]
+    total_params: Optional[int]
+    nonembedding_params: Optional[int]
+    block_params: Optional[int]  # non-embedding minus an untied output head: Kaplan's N (of the run's own config)
+    tokens: Optional[int]
+    flops: Optional[float]
+    final_train_loss: Optional[float]
+    final_val_loss: Optional[float]
+    wall_time_s: Optional[float]
+    world_size: Optional[int]
+    status: str
+    unigram_loss: Optional[float] = None  # reference baselines on the run's validation windows (nats/token)
+    bigram_loss: Optional[float] = None
+    under_trained: Optional[bool] = None  # final_val_loss does not beat bigram_loss
+    selected: Optional[bool] = None  # at the best-of-grid value of its (series, size, budget) group
+    lambda_min: Optional[float] = None  # Diff: the min over layers of lambda at the last metrics record
+    lambda_lowest: Optional[float] = None  # Diff: the lowest lambda_min of any record (negative: a map was added)
+    axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
+
+
+COLUMNS = [f.name for f in fields(RunRecord) if f.name != "axes"]
+BOOKKEEPING = {"run_dir", "seed", "data.seed", "trainer.resume", "model.name", "data.tokenizer.path",
+               "model.init_from", "data.prepared_dir", "logging.name", "logging.tags"}
+PATHY = ("path", "dir", "run_dir", "prepared_dir")
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{"optim": {"lr": 0.002}} -> {"optim.lr": 0.002}; list items as <key>.<index> (so a source's fields count)."""
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, list) and any(isinstance(v, (dict, list)) for v in node):
+        items = ((str(i), v) for i, v in enumerate(node))
+    else:
+        return {prefix: tuple(node) if isinstance(node, list) else node}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def bookkeeping(key: str, values: list) -> bool:
+    """Keys that differ between runs without being a hyperparameter: seeds, where things are, how to resume."""
+    if key in BOOKKEEPING or any(part in PATHY or part.endswith(("_dir", "_path")) for part in key.split(".")):
+        return True
+    return any(isinstance(v, str) and ("/" in v or v.startswith(("pkg:", "~"))) for v in values)
+
+
+def find_axes(configs: dict[tuple, list[dict]]) -> list[str]:
+    """Flattened keys whose values differ within some (model, tokens) group of run configs, bookkeeping left out (and
+    keys that not every config of the group has: runs saved by another diffllm version, e.g. before a key existed)."""
+    axes = set()
+    for flats in configs.values():
+        # a key only some configs have was added (or dropped) by another diffllm version, not varied by the sweep
+        for key in set.intersection(*(set(f) for f in flats)) if flats else ():
+            values = [f.get(key) for f in flats]
+            if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1 and not bookkeeping(key, values):
+                axes.add(key)
+    return sorted(axes)
+
+
+def _seed(summary: dict, run: Run, config: dict) -> Optional[int]:
+    if summary.get("seed") is not None:
+        return int(summary["seed"])
+    if config.get("seed") is None and (run.dir / ".hydra" / "config.yaml").exists():  # a run of older diffllm
+        config = yaml.safe_load((run.dir / ".hydra" / "config.yaml").read_text()) or {}
+    if config.get("seed") is not None:
+        return int(config["seed"])
+    m = re.search(r"seed(\d+)", run.dir.name)
+    return int(m.group(1)) if m else None
+
+
+def kaplan_n(stats, tied: bool) -> int:
+    """Kaplan's N from a ModelStats: non-embedding parameters without the output head (an untied head is the size of
+    the embedding table; a tied one is the table itself, already left out)."""
+    return stats.nonembedding_params - (0 if tied else stats.embedding_params)
+
+
+def block_params(model_config: Optional[dict]) -> Optional[int]:
+    """Kaplan's N of the model a run saved in its config.yaml (None without one, or one this diffllm cannot read)."""
+    from .config import build
+    from .model.accounting import model_stats
+    from .model.config import ModelConfig
+
+    if not model_config:
+        return None
+    try:
+        cfg = build(ModelConfig, model_config, "model")
+        return kaplan_n(model_stats(cfg), cfg.tie_embeddings)
+    except (ValueError, TypeError):  # a config of another diffllm version, or a model this one cannot build
+        return None
+
+
+def _preset_in_path(run_dir: Path) -> str:
+    """A run without a summary yet: the preset named by a folder on its path (sweeps use <model>/<tokens>/seed<s>)."""
+    from .model.presets import preset_names
+
+    names = set(preset_names())
+    return next((part for part in reversed(run_dir.parts) if part in names), run_dir.name)
+
+
+def lambda_stats(run_dir: Path) -> tuple[Optional[float], Optional[float]]:
+    """(last, lowest) lambda_min of the run's metrics.jsonl records (the trainer's Diff diagnostics); Nones without."""
+    values = [r["lambda_min"] for r in read_metrics(run_dir) if r.get("lambda_min") is not None]
+    return (values[-1], min(values)) if values else (None, None)
+
+
+def read_run(run_dir: Path) -> RunRecord:
+    """One run's summary (axes are filled in by `collect`, which sees the other runs)."""
+    run = Run(run_dir)
+    s = run.summary() or {}  # a damaged summary.json: a one-line ValueError naming it
+    config = run.config() or {}
+    model = s.get("model") or _preset_in_path(run_dir)
+    return RunRecord(
+        run_dir=str(run_dir), model=model, arch=s.get("arch") or _preset_arch(model),
+        seed=_seed(s, run, config), total_params=s.get("total_params"),
+        nonembedding_params=s.get("nonembedding_params"), block_params=block_params(config.get("model")),
+        tokens=s.get("tokens"), flops=s.get("flops"),
+        final_train_loss=s.get("final_train_loss"), final_val_loss=s.get("final_val_loss"),
+        wall_time_s=s.get("wall_time_s"), world_size=s.get("world_size"),
+        status=s.get("status", "unfinished") if s else "unfinished", **dict(zip(("lambda_min", "lambda_lowest"),
+                                                                                 lambda_stats(run_dir))),
+    )
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Directories holding a run: a summary.json, a metrics.jsonl or a checkpoints/ folder."""
+    marks = (SUMMARY_FILE, METRICS_FILE, "checkpoints")
+    found = {p.parent for m in marks for p in root.rglob(m) if "checkpoints" not in p.parent.parts}
+    return sorted(found)
+
+
+def collect(root: str | Path) -> list[RunRecord]:
+    """Every run under `root` with its axes, sorted by arch, preset size, budget, seed and directory."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"sweep_dir={root}: no such directory")
+    records = [read_run(d) for d in run_dirs(root)]
+    if not records:
+        raise ValueError(f"sweep_dir={root}: no runs found (no summary.json, metrics.jsonl or checkpoints/ below)")
+    flats = {r.run_dir: flatten(Run(r.run_dir).config() or {}) for r in records}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if flats[r.run_dir]:
+            groups[(r.model, r.tokens)].append(flats[r.run_dir])
+    axes = find_axes(groups)
+    for r in records:
+        r.axes = {k: flats[r.run_dir].get(k) for k in axes}
+    return sorted(records, key=lambda r: (r.arch, _preset_size(r.model), r.tokens or 0, r.seed or 0, r.run_dir))
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_arch(model: str) -> str:
+    """A run without a summary yet: the arch its preset names ("unknown" for a name that is no preset)."""
+    from .model.presets import load_preset
+
+    try:
+        return load_preset(model).arch
+    except ValueError:
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_size(model: str) -> int:
+    """Sort key: the preset's parameter count (works for runs that have no summary yet)."""
+    from .model.accounting import model_stats
+    from .model.presets import load_preset
+
+    try:
+        return model_stats(load_preset(model)).total_params
+    except ValueError:
+        return 0
+
+
+# ------------------------------------------------------------------------------------------------------- runs.csv
+_INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size"}
+_FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
+           "lambda_min", "lambda_lowest"}
+_BOOLS = {"under_trained", "selected"}
+
+
+def _parse(key: str, value: str) -> object:
+    if value == "" and key in _INTS | _FLOATS | _BOOLS:
+        return None
+    if key in _BOOLS:
+        return value == "True"
+    return int(float(value)) if key in _INTS else float(value) if key in _FLOATS else value
+
+
+def _axis_cell(value: Any) -> str:
+    """An axis value in the CSV: empty for null, JSON for numbers and lists, strings as they are."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+def _axis_value(cell: str) -> Any:
+    if cell == "":
+        return None
+    try:
+        v = json.loads(cell)
+    except json.JSONDecodeError:
+        return cell
+    return tuple(v) if isinstance(v, list) else v
+
+
+def axis_names(records: list[RunRecord]) -> list[str]:
+    return sorted({k for r in records for k in r.axes})
+
+
+def to_csv(records: list[RunRecord]) -> str:
+    """One row per run: the RunRecord fields, then one column per axis named by its dotted key."""
+    axes = axis_names(records)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, COLUMNS + axes, lineterminator="\n")
+    writer.writeheader()
+    for r in records:
+        row = {k: v for k, v in asdict(r).items() if k != "axes"}
+        writer.writerow({**row, **{k: _axis_cell(r.axes.get(k)) for k in axes}})
+    return out.getvalue()
+
+
+def read_csv(path: str | Path) -> list[RunRecord]:
+    """The table `to_csv` wrote, typed again (columns that are no RunRecord field are axes)."""
+    with open(path, newline="") as f:
+        return [RunRecord(**{k: _parse(k, v) for k, v in row.items() if k in COLUMNS},
+                          axes={k: _axis_value(v) for k, v in row.items() if k not in COLUMNS})
+                for row in csv.DictReader(f)]
