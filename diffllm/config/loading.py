@@ -75,6 +75,18 @@ def config_groups(config_name: str) -> dict[str, str]:
             for k, v in e.items() if not k.startswith("override")}
 
 
+def group_defaults(group: str, name: str) -> dict[str, str]:
+    """{base group: option} of the defaults list of configs/<group>/<name>.yaml along the search path, e.g.
+    {"arch": "diff", "size": "micro-2"} for a model preset (`- size/micro-2@_here_`); {} when there is none."""
+    path = find_config(group, name)
+    out: dict[str, str] = {}
+    for entry in (OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []) if path else []:
+        if isinstance(entry, str) and "/" in entry:
+            base, option = entry.split("@")[0].rsplit("/", 1)
+            out[base] = option
+    return out
+
+
 def take_config_dirs(argv: list[str]) -> list[str]:
     """Remove `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR` and prepend DIR to $DIFFLLM_CONFIG_PATH (in this
     process's environment, so sweep jobs and other child processes inherit it)."""

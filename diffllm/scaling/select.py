@@ -16,9 +16,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import OmegaConf
-
-from ..config import search_path
 from ..results import flatten
 
 if TYPE_CHECKING:
@@ -41,27 +38,13 @@ def value_label(key: str, value: Any) -> str:
 
 @functools.lru_cache(maxsize=None)
 def size_of(model: str, arch: str) -> str:
-    """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the configs/model/size/<size> base whose
-    fields the composed preset carries (presets compose arch/<arch> with size/<size>; the most specific match); else
-    the name after the `<arch>-` prefix; else the name itself."""
-    from ..config import find_config, load_group
+    """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the `size/<size>` base in the defaults
+    list of configs/model/<model>.yaml (presets compose arch/<arch> with size/<size>); else the name after the
+    `<arch>-` prefix; else the name itself."""
+    from ..config import group_defaults
 
-    if find_config("model", model) is not None:
-        preset = OmegaConf.to_container(load_group("model", model), resolve=True)
-        sizes = [(len(fields), name) for name, fields in _sizes(tuple(search_path())).items()
-                 if fields and all(preset.get(k) == v for k, v in fields.items())]
-        if sizes:
-            return max(sizes, key=lambda s: (s[0], s[1]))[1]
-    return model[len(arch) + 1:] if model.startswith(f"{arch}-") else model
-
-
-@functools.lru_cache(maxsize=None)
-def _sizes(path: tuple) -> dict[str, dict]:
-    """{size: its fields} of every configs/model/size/<size>.yaml along the search path `path` (the cache key)."""
-    from ..config import group_options, load_group
-
-    return {name: OmegaConf.to_container(load_group("model/size", name), resolve=True)
-            for name in group_options("model/size")}
+    size = group_defaults("model", model).get("size")
+    return size or (model[len(arch) + 1:] if model.startswith(f"{arch}-") else model)
 
 
 def _order(v: Any) -> tuple:
@@ -271,7 +254,7 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
         return "-" if x is None else f"{x:.4f}"
 
     col = f" {short_label(select)} |" if select else ""
-    lines = [f"Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):", "",
+    lines = ["Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):", "",
              f"| series | size | tokens | seed |{col} loss | unigram | bigram | mark |",
              "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|"]
     for w in rows:
