@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from .commands import LaunchConfig
+from .argv import LaunchConfig
 
 
 def check_train_overrides(overrides: list[str], world_size: int) -> None:

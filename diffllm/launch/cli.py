@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from ..config import build, find_config, group_options, load_group
 from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
-from .commands import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
+from .argv import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
 from .help import usage
 from .hostfile import read_hostfile
 from .remote_env import remote_env, write_env_file

@@ -7,7 +7,7 @@ import dataclasses
 from omegaconf import OmegaConf
 
 from ..config import find_config, load_group
-from .commands import LaunchConfig
+from .argv import LaunchConfig
 
 MEANING = {
     "launcher": "torchrun (c10d rendezvous, no SSH) | deepspeed (hostfile, pdsh/SSH) | slurm (sbatch script)",

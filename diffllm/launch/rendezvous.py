@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from .commands import LaunchConfig
+from .argv import LaunchConfig
 
 _POLL_S = 0.5
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from .commands import LaunchConfig, torchrun_argv
+from .argv import LaunchConfig, torchrun_argv
 
 HEAD = "${HEAD_NODE}"
 PORT = "${RDZV_PORT}"

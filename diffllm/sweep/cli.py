@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from ..config import hydra_app
 from ..config import CONFIG_PATH_ENV, build
-from ..launch.commands import shell
+from ..launch.argv import shell
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs
 

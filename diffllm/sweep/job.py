@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from ..config import hydra_app
-from ..launch.commands import LaunchConfig, tool, torchrun_argv
+from ..launch.argv import LaunchConfig, tool, torchrun_argv
 from ..runs import Run
 
 

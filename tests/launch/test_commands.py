@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffllm.launch.cli import parse_args
-from diffllm.launch.commands import LaunchConfig, deepspeed_argv, torchrun_argv
+from diffllm.launch.argv import LaunchConfig, deepspeed_argv, torchrun_argv
 from diffllm.launch.hostfile import read_hostfile
 from diffllm.launch.slurm import sbatch_script
 
