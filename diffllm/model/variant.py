@@ -151,8 +151,7 @@ def variants() -> dict[str, type[AttentionVariant]]:
     named in $DIFFLLM_VARIANTS)."""
     global _LOADED
     if not _LOADED:  # import every diffllm/model/*attention.py once; their @register fills the table
-        from . import __path__ as here
-
+        here = [os.path.dirname(__file__)]  # this package's folder (not the package: it imports this module)
         for mod in sorted(m.name for m in pkgutil.iter_modules(here) if m.name.endswith("attention")):
             importlib.import_module(f"{__package__}.{mod}")
         _LOADED = True

@@ -12,7 +12,7 @@ class DiffLLMConfig(PretrainedConfig):
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                      "num_key_value_heads": "n_kv_heads", "max_position_embeddings": "max_seq_len"}
 
-    def __init__(self, arch="transformer", preset="custom", d_model=128, n_layers=4, n_heads=4, n_kv_heads=None,
+    def __init__(self, arch=None, preset="custom", d_model=128, n_layers=4, n_heads=4, n_kv_heads=None,
                  ffn_dim=None, vocab_size=8192, norm="rmsnorm", norm_eps=1e-5, rotary_pct=1.0, rope_theta=10000.0,
                  rope_interleaved=False, qkv_bias=False, tie_embeddings=False, init_std=0.02, max_seq_len=2048,
                  **kwargs):
