@@ -5,7 +5,8 @@ position that predicts the first answer token, per layer, averaged over heads an
   answer  the mass on the answer needle's tokens
   noise   the mass on the rest of the context (the haystack and the other needles; the query tokens are neither)
 Transformer rows are softmax rows (they sum to 1). Diff rows are the differential map (A1 - lambda A2) / (1 - lambda):
-they also sum to 1, and entries may be negative (see maps.py).
+they also sum to 1, and entries may be negative. Each variant says how its map is rebuilt (see maps.py) and what it
+reports per layer beside it (Diff: lambda).
 """
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ import numpy as np
 import torch
 
 from .common import EvalError, cli, load_run, out_dir, say, write_json
-from .maps import QK, attention_map, capture
+from .maps import attention_map, capture
 from .needle import Format, build_prompt, haystack_tokens
 
 
 @torch.inference_mode()
 def allocation(model: torch.nn.Module, prompts: list) -> dict:
     """{"answer": [per layer], "noise": [per layer]}: mean attention mass from each prompt's answer position."""
-    arch = model.cfg.arch
     n_layers = len(model.layers)
     answer, noise = np.zeros(n_layers), np.zeros(n_layers)
     for p in prompts:
@@ -31,7 +31,7 @@ def allocation(model: torch.nn.Module, prompts: list) -> dict:
         with capture(model) as got:
             model(torch.tensor([p.ids[: pos + 1]]))
         for i, (layer, (x, cos, sin)) in enumerate(zip(model.layers, got["inputs"])):
-            row = attention_map(arch, layer.attn, x, cos, sin)[0, :, pos].mean(0)  # (T,): mean over heads
+            row = attention_map(layer.attn, x, cos, sin)[0, :, pos].mean(0)  # (T,): mean over heads
             s, e = p.needle
             a = float(row[s:e].sum())
             answer[i] += a
@@ -71,8 +71,6 @@ def run_attention(c: AttentionConfig) -> dict:
     from .report import markdown
 
     run, mcfg, model, tok = load_run(c.run, c.step)
-    if mcfg.arch not in QK:
-        raise EvalError(f"arch={mcfg.arch!r}: attention maps are not implemented for it yet")
     if c.mode not in ("synthetic", "text"):
         raise EvalError(f"mode={c.mode!r}: expected one of ('synthetic', 'text')")
     length = c.length or mcfg.max_seq_len
@@ -82,10 +80,9 @@ def run_attention(c: AttentionConfig) -> dict:
     by_depth = attention_by_depth(model, tok, c.mode, hay, c.n_needles, c.depths, length, c.trials, c.seed)
     res = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
            "mode": c.mode, "length": length, "n_needles": c.n_needles,
-           "normalisation": "softmax rows" if mcfg.variant.baseline else "(A1 - lambda A2) / (1 - lambda)",
-           "by_depth": by_depth}
-    if hasattr(model.layers[0].attn, "lambda_full"):  # Diff: the map is divided by 1 - lambda, large as lambda -> 1
-        res["lambda"] = [float(layer.attn.lambda_full().detach()) for layer in model.layers]
+           "normalisation": mcfg.variant.map_normalisation, "by_depth": by_depth}
+    reports = [layer.attn.report() for layer in model.layers]  # per-layer values the variant reports (Diff: lambda)
+    res.update({key: [r[key] for r in reports] for key in reports[0]})
     rows = [[f"{float(d):g}%", "mean"] + [np.mean(v["answer"]), np.mean(v["noise"])] for d, v in by_depth.items()]
     rows += [[f"{float(d):g}%", f"layer {i}", a, nz] for d, v in by_depth.items()
              for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))]
@@ -94,8 +91,8 @@ def run_attention(c: AttentionConfig) -> dict:
     write_json(folder / "attention.json", res)
     (folder / "attention.md").write_text(table + "\n")
     print(table)
-    if "lambda" in res:
-        say("lambda per layer: " + ", ".join(f"{x:.3f}" for x in res["lambda"]))
+    for key in reports[0]:
+        say(f"{key} per layer: " + ", ".join(f"{x:.3f}" for x in res[key]))
     say(f"wrote {folder}/attention.{{json,md}}")
     return res
 

@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import torch
 
 from .common import EvalError, cli, load_run, out_dir, say, write_json
-from .maps import QK, capture, causal_mask, logits, scores_transformed
+from .maps import capture, causal_mask, logits, scores_transformed
 from .ppl import perplexity
 
 TOPS = (1, 2, 3, 10, 100)
@@ -63,7 +63,6 @@ def absmax_quantiser(bits: int):
 def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
     """{"attention_logits": {...}, "hidden_states": {...}, "hidden_top1_per_layer": [...]} over `batches`
     (token windows (B, T+1)); a plain function for in-loop use."""
-    arch = model.cfg.arch
     logit_x, hidden_x = Extremes(0), Extremes(1)
     per_layer = [0.0] * len(model.layers)
     for tokens in batches:
@@ -72,7 +71,7 @@ def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
         T = tokens.shape[1] - 1
         mask = causal_mask(T)
         for layer, (x, cos, sin) in zip(model.layers, got["inputs"]):
-            pairs, _ = QK[arch](layer.attn, x, cos, sin)
+            pairs, _ = layer.attn.map_parts(x, cos, sin)
             for q, k in pairs:
                 logit_x.add(logits(q, k).abs()[..., mask])
         for i, h in enumerate(got["hidden"]):
@@ -126,8 +125,6 @@ def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_l
 
 def run_outliers(c: OutliersConfig) -> dict:
     run, mcfg, model, tok = load_run(c.run, c.step)
-    if mcfg.arch not in QK:
-        raise EvalError(f"arch={mcfg.arch!r}: attention maps are not implemented for it yet")
     if any(b < 2 for b in c.bits):
         raise EvalError(f"bits={c.bits}: each must be >= 2")
     run_cfg = run.config()

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from ..model import ModelConfig
+from ..model.diff_attention import lambda_init_at
 from .convert import (add_zero_o_bias, check_config, common_config_kwargs, common_model_kwargs, drop_zero_o_bias,
                       from_hf_names, inverse, map_qk, pair_major_order, permute_rows, rotate_half_layout, to_hf_names,
                       unmet)
@@ -71,7 +72,7 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], fold_subln: bool = True
     for i in range(cfg.n_layers):
         p = f"layers.{i}.attn."
         w = sd.pop(p + "subln.weight")  # (2d,)
-        c, ref = cfg.lambda_init_at(i), hf_lambda_init(i)
+        c, ref = lambda_init_at(cfg, i), hf_lambda_init(i)
         scale = (w.double().repeat(h) if fold_subln else torch.ones(w.numel() * h, dtype=torch.float64))
         scale = scale * ((1.0 - c) / (1.0 - ref))  # (h * 2d,) over W_O's input columns
         sd[p + "out_proj.weight"] = (sd[p + "out_proj.weight"].double() * scale).to(sd[p + "out_proj.weight"].dtype)

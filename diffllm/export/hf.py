@@ -3,7 +3,8 @@
     out/
       config.json, model.safetensors, generation_config.json    the model (a native class, or DiffLLMForCausalLM)
       tokenizer.json, tokenizer_config.json                      the run's tokenizer as a PreTrainedTokenizerFast
-      configuration_diffllm.py, modeling_diffllm.py              format=remote only (trust_remote_code)
+      configuration_diffllm.py, modeling_diffllm.py,             format=remote only (trust_remote_code):
+      diffllm_layers.py, diffllm_attention.py                    the model's code, its variant's attention class
       README.md                                                  model card: layout, preset, tokens, final val loss
 
 format=auto takes the native class that represents the model exactly (StableLM, Llama, DiffLlama) and falls back to
@@ -79,11 +80,14 @@ def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[s
         raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    hf_cfg = fmt.hf_config(cfg)
+    if fmt is remote:  # the bundle's own classes: the model the user will load
+        bundle = remote.write_bundle(cfg, out)
+        cls, hf_cfg = bundle.DiffLLMForCausalLM, remote.hf_config(cfg, bundle.DiffLLMConfig)
+    else:
+        cls, hf_cfg = getattr(transformers, fmt.HF_CLASS), fmt.hf_config(cfg)
     if tokenizer is not None:
         hf_cfg.bos_token_id = hf_cfg.eos_token_id = hf_cfg.pad_token_id = tokenizer.eos_id
     hf_cfg.architectures = [fmt.HF_CLASS]
-    cls = remote_class() if fmt is remote else getattr(transformers, fmt.HF_CLASS)
     with torch.device("meta"):
         model = cls(hf_cfg)
     sd = {k: v.detach().float().to(DTYPES[dtype]).contiguous() for k, v in fmt.to_hf(cfg, state_dict).items()}
@@ -103,12 +107,6 @@ def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[s
     if card:
         (out / "README.md").write_text(card)
     return out
-
-
-def remote_class():
-    from .remote.modeling_diffllm import DiffLLMForCausalLM
-
-    return DiffLLMForCausalLM
 
 
 def final_val_loss(run: Run) -> Optional[float]:

@@ -11,6 +11,7 @@ from torch import nn
 from .cache import LayerCache
 from .config import ModelConfig
 from .layers import apply_rotary
+from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
 
 try:  # flash-attn is an optional GPU extra; it cannot be built on CPU machines.
@@ -83,11 +84,32 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
     raise ValueError(f"unknown attention backend {backend!r}")
 
 
+class TransformerRemote(RemoteAttention):
+    """The format=remote export's attention (diffllm/model/remote.py): softmax(Q K^T / sqrt d + mask) V, GQA."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx, config.n_heads, config.n_kv_heads, config.d_model // config.n_heads)
+
+    def forward(self, x, cos, sin, mask, cache):
+        B, T, E = x.shape
+        q, k, v = self.qkv(x, cos, sin)
+        k, v = self.cached(k.transpose(1, 2), v.view(B, T, -1, self.d).transpose(1, 2), cache)  # (B, Hkv, S, d)
+        y = attend(q.transpose(1, 2), k, v, mask)  # (B, H, T, d)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, E))
+
+
+def heads_of(t: torch.Tensor, n: int, d: int) -> torch.Tensor:
+    """(B, T, n * d) -> (B, T, n, d)."""
+    B, T, _ = t.shape
+    return t.view(B, T, n, d)
+
+
 @register
 class Attention(AttentionVariant):
     """Standard causal self-attention: n_heads query heads and n_kv_heads kv heads of dim d = d_model / n_heads."""
 
     arch, label, color, baseline = "transformer", "Transformer", "tab:blue", True
+    remote = TransformerRemote
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
         super().__init__(cfg, depth, backend)
@@ -111,6 +133,19 @@ class Attention(AttentionVariant):
             k, v = cache.update(k, v)  # (B, Hkv, pos + T, d)
         y = causal_attention(q, k, v, self.backend)  # (B, H, T, d)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, E))
+
+    def map_parts(self, x, cos, sin):
+        """[(q (B, H, T, d), k (B, H, T, d))] in fp32, kv heads repeated to the query heads; one map."""
+        q = apply_rotary(heads_of(self.q_proj(x), self.n_heads, self.head_dim), cos, sin, self.interleaved)
+        k = apply_rotary(heads_of(self.k_proj(x), self.n_kv_heads, self.head_dim), cos, sin, self.interleaved)
+        rep = self.n_heads // self.n_kv_heads
+        return [(q.transpose(1, 2).float(), k.transpose(1, 2).float().repeat_interleave(rep, dim=1))], None
+
+    def output_from_maps(self, x, maps, lam):
+        B, T, E = x.shape
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).float()  # (B, Hkv, T, d)
+        y = maps[0] @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, d)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

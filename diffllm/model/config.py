@@ -17,7 +17,7 @@ class ModelConfig:
     2 n_heads query heads of d, n_kv_heads kv heads and n_heads output heads."""
 
     name: str = "custom"
-    arch: str = "transformer"  # a registered variant: transformer | diff | diff2
+    arch: str = "transformer"  # a registered variant: transformer | diff | diff2 | one from $DIFFLLM_VARIANTS
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -35,8 +35,9 @@ class ModelConfig:
     init_std: float = 0.02
     max_seq_len: int = 2048
     attn_backend: str = "sdpa"  # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
-    lambda_init: Optional[float] = None  # Diff only: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
-    lambda_std: float = 0.1  # Diff only: init std of lambda_{q,k}{1,2}
+    # Variant options: read (and checked) only by the variant that documents them, ignored by the others.
+    lambda_init: Optional[float] = None  # diff: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
+    lambda_std: float = 0.1  # diff: init std of lambda_{q,k}{1,2}
     init_from: Optional[str] = None  # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at step 0
 
     def __post_init__(self) -> None:
@@ -90,9 +91,3 @@ class ModelConfig:
     @property
     def padded_vocab_size(self) -> int:
         return math.ceil(self.vocab_size / self.vocab_multiple) * self.vocab_multiple
-
-    def lambda_init_at(self, depth: int) -> float:
-        """lambda_init for the 0-based layer index `depth` (the paper's l-1)."""
-        if self.lambda_init is not None:
-            return float(self.lambda_init)
-        return 0.8 - 0.6 * math.exp(-0.3 * depth)

@@ -17,16 +17,35 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .attention import causal_attention
+from .attention import causal_attention, heads_of
 from .cache import LayerCache
 from .config import ModelConfig
 from .layers import apply_rotary
+from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
+
+
+class Diff2Remote(RemoteAttention):
+    """The format=remote export's Diff V2 attention (diffllm/model/remote.py)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx, 2 * config.n_heads, config.n_kv_heads, config.d_model // config.n_heads)
+        self.lambda_proj = nn.Linear(config.d_model, config.n_heads, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache):
+        B, T, E = x.shape
+        q, k, v = self.qkv(x, cos, sin)  # (B, T, 2h, d), (B, T, g, d), (B, T, g*d)
+        k, v = self.cached(k.transpose(1, 2), v.view(B, T, -1, self.d).transpose(1, 2), cache)  # (B, g, S, d)
+        o = attend(q.transpose(1, 2), k, v, mask).transpose(1, 2)  # (B, T, 2h, d): heads 2i, 2i+1 share a kv head
+        lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)  # (B, T, h, 1)
+        return self.out_proj((o[:, :, 0::2] - lam * o[:, :, 1::2]).reshape(B, T, E))
 
 
 @register
 class Diff2Attention(AttentionVariant):
     arch, label, color = "diff2", "Diff Transformer V2", "tab:green"
+    map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
+    remote = Diff2Remote
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
         super().__init__(cfg, depth, backend)
@@ -54,6 +73,23 @@ class Diff2Attention(AttentionVariant):
         lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)  # (B, T, h, 1)
         attn = o[:, :, 0::2] - lam * o[:, :, 1::2]  # (B, T, h, d)
         return self.out_proj(attn.reshape(B, T, E))
+
+    def map_parts(self, x, cos, sin):
+        """[(q of heads 0, 2, .., k), (q of heads 1, 3, .., k)], each (B, h, T, d) in fp32 (query head j reads kv
+        head j // (2h/g)), and lambda = sigmoid(lambda_proj(x)) as (B, h, T, 1): one per head and query token."""
+        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q = apply_rotary(heads_of(self.q_proj(x), 2 * h, d), cos, sin, self.interleaved).transpose(1, 2).float()
+        k = apply_rotary(heads_of(self.k_proj(x), g, d), cos, sin, self.interleaved).transpose(1, 2).float()
+        k = k.repeat_interleave(2 * h // g, dim=1)  # (B, 2h, T, d): query head j's keys
+        lam = torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
+        return [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])], lam.detach()
+
+    def output_from_maps(self, x, maps, lam):
+        B, T, E = x.shape
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).float()  # (B, g, T, d)
+        v = v.repeat_interleave(2 * self.n_heads // self.n_kv_heads, dim=1)[:, 0::2]  # pair i's kv head: (B, h, T, d)
+        y = (maps[0] - lam * maps[1]) @ v  # (B, h, T, d)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

@@ -16,15 +16,17 @@ by V once, like eager).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from torch import nn
 
-from .attention import causal_attention, causal_probs
+from .attention import causal_attention, causal_probs, heads_of
 from .cache import LayerCache
 from .config import ModelConfig
 from .layers import RMSNorm, apply_rotary
+from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
 
 
@@ -38,9 +40,56 @@ def _fused_diff_attention():
     return fused_diff_attention
 
 
+def lambda_init_at(cfg: ModelConfig, depth: int) -> float:
+    """lambda_init for the 0-based layer index `depth` (the paper's l-1): model.lambda_init when set, else the
+    paper's 0.8 - 0.6 exp(-0.3 depth)."""
+    if cfg.lambda_init is not None:
+        return float(cfg.lambda_init)
+    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
+
+class DiffRemote(RemoteAttention):
+    """The format=remote export's Diff attention (diffllm/model/remote.py): one attend call for both maps, then
+    (1 - lambda_init) RMSNorm(A1 V - lambda A2 V); config.lambda_inits holds each layer's lambda_init."""
+
+    def __init__(self, config, layer_idx):
+        d = config.d_model // config.n_heads
+        super().__init__(config, layer_idx, config.n_heads, config.n_kv_heads, d)
+        self.h, self.g = config.n_heads // 2, config.n_kv_heads // 2  # diff heads, kv groups
+        self.lambda_init = float(config.lambda_inits[layer_idx])
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.zeros(d, dtype=torch.float32)) for _ in range(4))
+        self.subln = RMSNorm(2 * d, eps=1e-5)
+
+    def reset_extra(self):
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            p.data.normal_(0.0, 0.1)
+
+    def forward(self, x, cos, sin, mask, cache):
+        B, T, E = x.shape
+        h, g, d = self.h, self.g, self.d
+        q, k, v = self.qkv(x, cos, sin)  # (B, T, 2h, d), (B, T, 2g, d), (B, T, 2g*d)
+        # adjacent sub-head pairs -> component-major heads [map 1 heads..., map 2 heads...]
+        q = q.view(B, T, h, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * h, T, d)
+        k = k.view(B, T, g, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * g, T, d)
+        k, v = self.cached(k, v.view(B, T, g, 2 * d).transpose(1, 2), cache)  # (B, 2g, S, d), (B, g, S, 2d)
+        l1 = torch.exp(torch.sum(self.lambda_q1.float() * self.lambda_k1.float()))
+        l2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
+        lam = (l1 - l2 + self.lambda_init).type_as(q)
+        # query head c*h + i reads kv head c*g + i // (h/g): the component-c keys of its group; both read the same V
+        out = attend(q, k, torch.cat([v, v], dim=1), mask).view(B, 2, h, T, 2 * d)
+        attn = self.subln(out[:, 0] - lam * out[:, 1]) * (1.0 - self.lambda_init)  # (B, h, T, 2d)
+        return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))
+
+
 @register
 class DiffAttention(AttentionVariant):
+    """Options (ModelConfig fields that only Diff reads): `lambda_init` (None: the paper's depth schedule; a float:
+    that constant) and `lambda_std` (init std of the four lambda vectors)."""
+
     arch, label, color = "diff", "Diff Transformer", "tab:red"
+    map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
+    remote = DiffRemote
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
         super().__init__(cfg, depth, backend)
@@ -48,7 +97,7 @@ class DiffAttention(AttentionVariant):
         self.n_kv_heads = cfg.kv_heads // 2  # kv groups
         self.head_dim = cfg.head_dim  # d: each Q/K sub-head; V heads are 2d
         self.interleaved = cfg.rope_interleaved
-        self.lambda_init = cfg.lambda_init_at(depth)  # a python float, as in the official code
+        self.lambda_init = lambda_init_at(cfg, depth)  # a python float, as in the official code
         kv_dim = 2 * self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
@@ -96,11 +145,58 @@ class DiffAttention(AttentionVariant):
         attn = self.subln(attn) * (1.0 - self.lambda_init)
         return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))
 
+    @torch.no_grad()
+    def init_parameter(self, name: str, p: nn.Parameter, cfg: ModelConfig) -> None:
+        """The lambda vectors ~ N(0, lambda_std); the rest as every other parameter."""
+        if name.startswith("lambda_"):
+            p.normal_(0.0, cfg.lambda_std)
+        else:
+            super().init_parameter(name, p, cfg)
+
+    def map_parts(self, x, cos, sin):
+        """[(q1, k1), (q2, k2)], each (B, h, T, d) in fp32 (diff head i: sub-heads 2i, 2i+1; kv group i // (h/g)),
+        and the layer's lambda."""
+        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q = apply_rotary(heads_of(self.q_proj(x), 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
+        k = apply_rotary(heads_of(self.k_proj(x), 2 * g, d), cos, sin, self.interleaved)  # (B, T, 2g, d)
+        B, T = x.shape[:2]
+        q, k = q.view(B, T, h, 2, d), k.view(B, T, g, 2, d)
+        pairs = [(q[:, :, :, c].transpose(1, 2).float(),
+                  k[:, :, :, c].transpose(1, 2).float().repeat_interleave(h // g, 1)) for c in (0, 1)]
+        return pairs, self.lambda_full().detach().float()
+
+    def output_from_maps(self, x, maps, lam):
+        B, T, E = x.shape
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, 2 * self.head_dim).transpose(1, 2).float()  # (B, g, T, 2d)
+        y = (maps[0] - lam * maps[1]) @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, h, T, 2d)
+        y = self.subln(y) * (1.0 - self.lambda_init)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
+
+    def report(self) -> dict[str, float]:
+        """lambda: the rebuilt map is divided by 1 - lambda, large as lambda -> 1."""
+        return {"lambda": float(self.lambda_full().detach())}
+
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         if cfg.n_heads % 2 or cfg.kv_heads % 2:
             raise ValueError(f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, "
                              f"{cfg.kv_heads})")
+        if not cfg.lambda_std >= 0:
+            raise ValueError(f"model.lambda_std: must be >= 0, got {cfg.lambda_std}")
+
+    @classmethod
+    def remote_config(cls, cfg: ModelConfig) -> dict:
+        return {"lambda_inits": [lambda_init_at(cfg, i) for i in range(cfg.n_layers)]}
+
+    @classmethod
+    def from_remote_config(cls, cfg: ModelConfig, hf_cfg) -> None:
+        """lambda_inits: diffllm's schedule (model.lambda_init null) or one constant."""
+        inits = getattr(hf_cfg, "lambda_inits", None)
+        if inits and any(abs(a - lambda_init_at(cfg, i)) > 0 for i, a in enumerate(inits)):
+            if len(set(inits)) != 1:
+                raise ValueError(f"remote: config.json lambda_inits={inits} is neither diffllm's schedule nor a "
+                                 f"constant")
+            cfg.lambda_init = float(inits[0])
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

@@ -1,23 +1,13 @@
-"""Building blocks shared by both models: norms, rotary embeddings, the SwiGLU MLP."""
+"""Building blocks of the model: norms, rotary embeddings, the SwiGLU MLP (RMSNorm and SwiGLU are defined in
+remote.py, whose torch-only code a format=remote export ships)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .remote import RMSNorm, SwiGLU
 
-class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 and cast back, as the official Diff code does."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.to(torch.promote_types(x.dtype, torch.float32))
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(y.dtype)).type_as(x)
+__all__ = ["RMSNorm", "SwiGLU", "build_norm", "rotary_cos_sin", "apply_rotary"]
 
 
 def build_norm(kind: str, dim: int, eps: float) -> nn.Module:
@@ -50,16 +40,3 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
         x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
         rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return torch.cat((rotated.type_as(x), x_pass), dim=-1)
-
-
-class SwiGLU(nn.Module):
-    """(swish(x W_G) * x W_1) W_2, no bias."""
-
-    def __init__(self, d_model: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

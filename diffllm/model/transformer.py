@@ -9,6 +9,7 @@ from torch import nn
 from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .layers import SwiGLU, build_norm, rotary_cos_sin
+from .variant import init_parameter
 
 
 class Block(nn.Module):
@@ -43,17 +44,17 @@ class DecoderLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """N(0, init_std) for every matrix and embedding (Diff V2's lambda_proj included), zero biases, unit norm
-        weights, Diff's lambda vectors ~ N(0, lambda_std)."""
+        """Every parameter in `named_parameters` order (a tied lm_head once, as the embedding): an attention module's
+        by its variant's `init_parameter` (Diff: its lambda vectors ~ N(0, lambda_std)), the others N(0, init_std)
+        for matrices and embeddings, zero biases, unit norm weights. One pass in that order keeps the random draws
+        in the order of the parameters, whatever the variant."""
+        owner = {id(p): (layer.attn, n) for layer in self.layers for n, p in layer.attn.named_parameters()}
         for name, p in self.named_parameters():
-            if name.rsplit(".", 1)[-1].startswith("lambda_"):
-                p.normal_(0.0, self.cfg.lambda_std)
-            elif p.dim() >= 2:
-                p.normal_(0.0, self.cfg.init_std)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:  # norm weights, the Diff subln weight
-                p.fill_(1.0)
+            if id(p) in owner:
+                attn, local = owner[id(p)]
+                attn.init_parameter(local, p, self.cfg)
+            else:
+                init_parameter(name, p, self.cfg.init_std)
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache)."""

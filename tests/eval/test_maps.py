@@ -34,7 +34,7 @@ def test_maps_reproduce_the_models_attention_output(loaded, arch):
             model(x)
     assert torch.allclose(rebuilt, ref, atol=2e-5), (rebuilt - ref).abs().max()
     for layer, (h, cos, sin) in zip(model.layers, got["inputs"]):
-        m = attention_map(arch, layer.attn, h, cos, sin)  # (B, heads, T, T)
+        m = attention_map(layer.attn, h, cos, sin)  # (B, heads, T, T)
         assert m.shape == (2, cfg.variant.heads(cfg).out, 48, 48)  # one map per output head
         assert torch.allclose(m.sum(-1), torch.ones(()), atol=1e-5)  # normalised rows
         assert (m.triu(1) == 0).all()  # causal
@@ -89,7 +89,7 @@ def test_allocation_shares(loaded, arch):
     pos = p.answers[0][0] - 1
     for i, (layer, (x, cos, sin)) in enumerate(zip(model.layers, cap["inputs"])):
         with torch.no_grad():
-            row = attention_map(arch, layer.attn, x, cos, sin)[0, :, pos].mean(0).double()
+            row = attention_map(layer.attn, x, cos, sin)[0, :, pos].mean(0).double()
         s, e = p.needle
         assert got["answer"][i] == pytest.approx(float(row[s:e].sum()), abs=1e-6)
         assert got["answer"][i] + got["noise"][i] + float(row[p.question :].sum()) == pytest.approx(1.0, abs=1e-5)

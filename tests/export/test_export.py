@@ -1,6 +1,7 @@
 """`diffllm export` on real tiny trained checkpoints of every layout: the exported model's logits in transformers
 equal ours, transformers' greedy `generate()` equals our greedy decoding token for token, the tokenizer round-trips
-text, and skipping the DiffLlama head permutation or the subln fold breaks the logits."""
+text, and skipping the DiffLlama head permutation or the subln fold breaks the logits. Every registered variant has
+a layout here (a new variant without one fails `test_every_registered_variant_has_a_layout`)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import torch
 
 from diffllm.export import diffllama
 from diffllm.export.hf import export_run
+from diffllm.model import variants
 from diffllm.runs import Run
 from tests.export.helpers import LAYOUTS, TEXT, greedy
 
@@ -23,8 +25,6 @@ def exported(runs, tmp_path_factory):
     made = {}
 
     def get(layout: str, fmt: str):
-        if layout not in runs:
-            pytest.skip(f"{layout}: arch not registered in diffllm.model yet")
         if (layout, fmt) not in made:
             out = tmp_path_factory.mktemp(f"{layout}-{fmt}")
             done = export_run(runs[layout], out, format=fmt)
@@ -34,6 +34,19 @@ def exported(runs, tmp_path_factory):
         return made[layout, fmt]
 
     return get
+
+
+def layout_arch(overrides: list[str]) -> str:
+    """The arch a layout trains: its preset's, or a later model.arch override."""
+    from diffllm.model.presets import load_preset
+
+    arch = load_preset(next(o.split("=", 1)[1] for o in overrides if o.startswith("model="))).arch
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("model.arch=")), arch)
+
+
+def test_every_registered_variant_has_a_layout():
+    covered = {layout_arch(over) for over, _ in LAYOUTS.values()}
+    assert set(variants()) <= covered, f"no export layout for {sorted(set(variants()) - covered)} in helpers.LAYOUTS"
 
 
 def max_logit_diff(ours, hf, ids: torch.Tensor) -> tuple[float, float]:

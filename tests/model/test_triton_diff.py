@@ -119,11 +119,10 @@ def test_bad_lambda_and_dtype():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("triton" not in BACKENDS,
-                    reason="diffllm.model.config does not accept attn_backend=triton yet (the model refactor adds it)")
 def test_diff_tiny_trains_like_sdpa():
     """Whole model: three AdamW steps of diff-tiny on one batch give the same losses with attn_backend=triton as with
-    sdpa (needs the model's dispatch; proved before it landed with a monkeypatched copy of DiffAttention.forward)."""
+    sdpa (the module skips without the triton package; without CUDA it runs in Triton's interpreter)."""
+    assert "triton" in BACKENDS
     from dataclasses import asdict
 
     from diffllm.model.presets import load_preset

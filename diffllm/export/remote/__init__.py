@@ -1,38 +1,88 @@
-"""format=remote: any diffllm model (every arch, norm and rotary) as trust_remote_code files shipped with the export.
+"""format=remote: any diffllm model (every registered arch, norm and rotary) as trust_remote_code files shipped with
+the export.
 
-`configuration_diffllm.py` and `modeling_diffllm.py` import only torch and transformers (a user needs no diffllm);
-`register_for_auto_class` makes `save_pretrained` copy them next to the weights and write `auto_map`. The weights keep
-diffllm's own parameter names, so the export and the import are the identity on the state dict.
+The bundle, written next to the weights (torch and transformers only: a user needs no diffllm):
+    configuration_diffllm.py   DiffLLMConfig (this folder's file, verbatim)
+    modeling_diffllm.py        DiffLLMForCausalLM, generic over the attention class (this folder's file, verbatim)
+    diffllm_layers.py          diffllm/model/remote.py, verbatim: norms, rotary, attend, RemoteAttention
+    diffllm_attention.py       the variant's remote class (`AttentionVariant.remote`), its source below the imports
+                               that remote.py documents, bound to the name ATTENTION
+config.json's `auto_map` points transformers at them. The weights keep diffllm's own parameter names, so the export
+and the import are the identity on the state dict.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
+import inspect
+import sys
+import types
+from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ...model import ModelConfig
+from ...model import ModelConfig, remote as remote_layers
 
 NAME, HF_CLASS, MODEL_TYPE = "remote", "DiffLLMForCausalLM", "diffllm"
+HERE = Path(__file__).parent
+AUTO_MAP = {"AutoConfig": "configuration_diffllm.DiffLLMConfig",
+            "AutoModelForCausalLM": "modeling_diffllm.DiffLLMForCausalLM"}
+HEADER = '''"""The attention of this model's variant, {arch!r} ({label}): {qualname} from {module}, copied by diffllm export."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .diffllm_layers import *  # noqa: F401,F403 - the names a remote attention class may use
+
+'''
 
 
 def why_not(cfg: ModelConfig) -> Optional[str]:
-    return None  # the modeling file follows diffllm's equations for every layout
+    if cfg.variant.remote is None:
+        return f"arch={cfg.arch} has no remote attention class (AttentionVariant.remote)"
+    return None  # the variant's remote class follows diffllm's equations for every layout
 
 
-def hf_config(cfg: ModelConfig):
-    from .configuration_diffllm import DiffLLMConfig
-    from .modeling_diffllm import DiffLLMForCausalLM
+def bundle(cfg: ModelConfig) -> dict[str, str]:
+    """File name -> source of the remote-code bundle for cfg's variant."""
+    v = cfg.variant
+    if v.remote is None:
+        raise ValueError(f"format=remote: {why_not(cfg)}")
+    attention = HEADER.format(arch=v.arch, label=v.label, qualname=v.remote.__qualname__, module=v.remote.__module__)
+    attention += inspect.getsource(v.remote) + f"\n\nATTENTION = {v.remote.__name__}\n"
+    return {"configuration_diffllm.py": (HERE / "configuration_diffllm.py").read_text(),
+            "modeling_diffllm.py": (HERE / "modeling_diffllm.py").read_text(),
+            "diffllm_layers.py": Path(remote_layers.__file__).read_text(),
+            "diffllm_attention.py": attention}
 
-    DiffLLMConfig.register_for_auto_class()
-    DiffLLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    lambda_inits = [cfg.lambda_init_at(i) for i in range(cfg.n_layers)]  # read by Diff (V1) layers only
-    return DiffLLMConfig(
+
+def write_bundle(cfg: ModelConfig, out: Path) -> types.ModuleType:
+    """Write the bundle into `out` and import it (as a package of its own, named after its content): its
+    modeling_diffllm module, whose DiffLLMForCausalLM and DiffLLMConfig the export builds the model with."""
+    files = bundle(cfg)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    digest = hashlib.sha1("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
+    pkg = f"_diffllm_remote_{digest}"
+    if pkg not in sys.modules:  # a package whose folder is `out`: the bundle's relative imports resolve there
+        module = types.ModuleType(pkg)
+        module.__path__ = [str(Path(out).resolve())]
+        sys.modules[pkg] = module
+    return importlib.import_module(f"{pkg}.modeling_diffllm")
+
+
+def hf_config(cfg: ModelConfig, config_class=None):
+    """The DiffLLMConfig of cfg (`config_class`: the bundle's class; default this folder's, for reading back)."""
+    if config_class is None:
+        from .configuration_diffllm import DiffLLMConfig as config_class
+    return config_class(
         arch=cfg.arch, preset=cfg.name, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
         n_kv_heads=cfg.kv_heads, ffn_dim=cfg.ffn_hidden, vocab_size=cfg.padded_vocab_size, norm=cfg.norm,
         norm_eps=cfg.norm_eps, rotary_pct=cfg.rotary_pct, rope_theta=cfg.rope_theta,
         rope_interleaved=cfg.rope_interleaved, qkv_bias=cfg.qkv_bias, tie_embeddings=cfg.tie_embeddings,
-        init_std=cfg.init_std, max_seq_len=cfg.max_seq_len, lambda_inits=lambda_inits,
+        init_std=cfg.init_std, max_seq_len=cfg.max_seq_len, auto_map=dict(AUTO_MAP), **cfg.variant.remote_config(cfg),
     )
 
 
@@ -42,12 +92,8 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 def from_hf(hf_cfg, sd: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     names = {f.name for f in dataclasses.fields(ModelConfig)}
-    skip = ("name", "vocab_multiple", "lambda_init")  # the preset name, the padded vocabulary, lambda_inits below
+    skip = ("name", "vocab_multiple")  # the preset name, the padded vocabulary; variant keys: from_remote_config
     kw = {k: getattr(hf_cfg, k) for k in names if k not in skip and hasattr(hf_cfg, k)}
-    inits = getattr(hf_cfg, "lambda_inits", None)
     cfg = ModelConfig(name=hf_cfg.preset, vocab_multiple=1, **kw)
-    if inits and any(abs(a - cfg.lambda_init_at(i)) > 0 for i, a in enumerate(inits)):
-        if len(set(inits)) != 1:
-            raise ValueError(f"{NAME}: config.json lambda_inits={inits} is neither diffllm's schedule nor a constant")
-        cfg.lambda_init = float(inits[0])
+    cfg.variant.from_remote_config(cfg, hf_cfg)
     return cfg, dict(sd)

@@ -1,0 +1,197 @@
+"""A new attention is one file: a gated-attention Transformer (softmax attention whose output is multiplied per head by
+sigmoid(x W_g)), written to a temporary module and registered through $DIFFLLM_VARIANTS with no other file of the
+package touched, trains, resumes exactly after SIGTERM, evaluates (ppl, needle, attention, outliers), exports as
+remote code that transformers loads with equal logits, and sweeps. The module below is docs/model.md's worked example."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffllm.runs import Run, read_metrics
+from tests.distributed import REPO, base_env, launch_train, run_train
+from tests.train.helpers import TINY, comparable
+
+pytestmark = pytest.mark.slow
+registry = importlib.import_module("diffllm.model.variant")  # the module (diffllm.model.variant is also a function)
+STEPS = 6
+
+TOY = '''"""Gated attention: softmax attention whose output is multiplied per head by sigmoid(x W_g)."""
+import torch
+from torch import nn
+
+from diffllm.model.attention import Attention, causal_attention, heads_of
+from diffllm.model.layers import apply_rotary
+from diffllm.model.remote import RemoteAttention, attend
+from diffllm.model.variant import register
+
+
+class GatedRemote(RemoteAttention):
+    """The format=remote export's class: only torch, nn, F and diffllm/model/remote.py's names."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx, config.n_heads, config.n_kv_heads, config.d_model // config.n_heads)
+        self.gate_proj = nn.Linear(config.d_model, config.n_heads, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache):
+        B, T, E = x.shape
+        q, k, v = self.qkv(x, cos, sin)
+        k, v = self.cached(k.transpose(1, 2), v.view(B, T, -1, self.d).transpose(1, 2), cache)  # (B, Hkv, S, d)
+        y = attend(q.transpose(1, 2), k, v, mask).transpose(1, 2)  # (B, T, H, d)
+        gate = torch.sigmoid(self.gate_proj(x)).unsqueeze(-1)  # (B, T, H, 1)
+        return self.out_proj((gate * y).reshape(B, T, E))
+
+
+@register
+class GatedAttention(Attention):
+    """The Transformer's attention (its projections, kernels, cache and map reconstruction), gated per head."""
+
+    arch, label, color, baseline = "gated", "Gated attention", "tab:purple", False
+    remote = GatedRemote
+
+    def __init__(self, cfg, depth, backend=None):
+        super().__init__(cfg, depth, backend)
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.n_heads, bias=False)
+
+    def gated(self, x, y):
+        """y (B, H, T, d) -> (B, T, E): each head times sigmoid(x W_g)."""
+        B, T, E = x.shape
+        gate = torch.sigmoid(self.gate_proj(x)).unsqueeze(-1)  # (B, T, H, 1)
+        return (gate * y.transpose(1, 2).to(gate.dtype)).reshape(B, T, E)
+
+    def forward(self, x, cos, sin, cache=None):
+        q = apply_rotary(heads_of(self.q_proj(x), self.n_heads, self.head_dim), cos, sin, self.interleaved)
+        k = apply_rotary(heads_of(self.k_proj(x), self.n_kv_heads, self.head_dim), cos, sin, self.interleaved)
+        v = heads_of(self.v_proj(x), self.n_kv_heads, self.head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H*, T, d)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, Hkv, pos + T, d)
+        return self.out_proj(self.gated(x, causal_attention(q, k, v, self.backend)))  # (B, T, E)
+
+    def init_parameter(self, name, p, cfg):
+        if name == "gate_proj.weight":
+            p.zero_()  # every gate starts at 0.5
+        else:
+            super().init_parameter(name, p, cfg)
+
+    def output_from_maps(self, x, maps, lam):
+        B, T, E = x.shape
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).float()
+        y = maps[0] @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, d)
+        return self.out_proj(self.gated(x.float(), y).to(x.dtype))
+
+    @classmethod
+    def attention_params(cls, cfg):
+        return super().attention_params(cfg) + cfg.d_model * cfg.n_heads
+'''
+PRESET = """defaults:
+  - arch/common@_here_
+  - size/tiny@_here_
+  - _self_
+name: gated-tiny
+arch: gated
+rope_interleaved: false
+"""
+SWEEP = """name: toy
+models: [gated-tiny]
+tokens: [4096]
+round_tokens_to: 1024
+seeds: [1]
+overrides: [model.d_model=64, model.n_layers=2, data.seq_len=64, data.tokenizer.vocab_size=1024,
+            trainer.micro_batch_size=4, trainer.global_batch_tokens=1024, trainer.val_batches=2,
+            trainer.save_every_steps=0, optim.warmup_steps=1]
+"""
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """(env for child processes, config dir): the toy module on PYTHONPATH and in $DIFFLLM_VARIANTS, its preset and a
+    sweep in a user config dir; this process sees them too, and forgets the variant afterwards."""
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "gated_attention.py").write_text(TOY)
+    for group, name, text in (("model", "gated-tiny", PRESET), ("sweep", "toy", SWEEP)):
+        (tmp_path / "configs" / group).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "configs" / group / f"{name}.yaml").write_text(text)
+    env = {"DIFFLLM_VARIANTS": "gated_attention", "DIFFLLM_CONFIG_PATH": str(tmp_path / "configs"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "toy"), str(REPO)])}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.syspath_prepend(str(tmp_path / "toy"))
+    yield env, tmp_path / "configs"
+    registry._REGISTRY.pop("gated", None)
+    sys.modules.pop("gated_attention", None)
+
+
+def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy, tmp_path):
+    env, configs = toy
+    assert "gated" in registry.variants() and registry.variant("gated").remote.__name__ == "GatedRemote"
+
+    def args(run_dir):
+        return TINY + ["model=gated-tiny", f"run_dir={run_dir}", f"trainer.tokens={STEPS * 1024}",
+                       "trainer.save_every_steps=0", "trainer.val_every=3", "trainer.zero_stage=0"]
+
+    # train, and resume exactly after SIGTERM
+    ref = tmp_path / "ref"
+    run_train(args(ref), 1, tmp_path / "logs-ref", env=env, launcher="plain")
+    run_dir = tmp_path / "run"
+    run = launch_train(args(run_dir), 1, tmp_path / "logs1", env=env, launcher="plain")
+    run.wait_until(lambda: any(m.get("step", 0) >= 2 for m in read_metrics(run_dir)), timeout=240)
+    run.send(signal.SIGTERM)
+    assert run.wait(120) == [3], run.output(0)
+    assert max(m["step"] for m in read_metrics(run_dir)) < STEPS
+    run_train(args(run_dir), 1, tmp_path / "logs2", env=env, launcher="plain")
+    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref))
+    losses = [m["loss"] for m in read_metrics(ref) if m.get("loss") is not None]
+    assert len(losses) == STEPS and losses[-1] < losses[0]
+    cfg, model, tok = Run(ref).model()
+    assert type(model.layers[0].attn).__name__ == "GatedAttention" and model.layers[0].attn.gate_proj.weight.any()
+
+    # evaluate: the commands, in this process
+    from diffllm.eval import attention, needle, outliers, ppl
+
+    out = tmp_path / "eval"
+    ppl.main([f"run={ref}", "max_tokens=256", f"out={out}"])
+    needle.main([f"run={ref}", "n_needles=[1]", "depths=[0,100]", "lengths=[64]", "trials=1", f"out={out}"])
+    attention.main([f"run={ref}", "depths=[50]", "length=64", "trials=1", f"out={out}"])
+    outliers.main([f"run={ref}", "tokens=128", "bits=[8]", f"out={out}"])
+    assert json.loads((out / "ppl.json").read_text())["arch"] == "gated"
+    assert json.loads((out / "attention.json").read_text())["normalisation"] == "softmax rows"
+    q = json.loads((out / "outliers.json").read_text())["quantised_loss"]
+    assert abs(q["8"] - q["fp32"]) < 0.05
+    from diffllm.eval.maps import scores_transformed
+
+    ids = torch.tensor([tok.encode("ROMEO: But soft, what light through yonder window breaks?")])
+    with torch.no_grad(), scores_transformed(model, None):  # the variant's output rebuilt from its maps
+        assert torch.allclose(model(ids), Run(ref).model()[1](ids), atol=2e-5)
+
+    # export as remote code: no diffllm import in the bundle, equal logits in transformers
+    import transformers
+
+    from diffllm.export.hf import export_run
+
+    done = export_run(ref, tmp_path / "hf", format="auto")
+    assert done.format == "remote"
+    bundle = "".join(p.read_text() for p in (tmp_path / "hf").glob("*.py"))
+    assert "class GatedRemote" in bundle and not re.search(r"^\s*(from|import)\s+diffllm\b", bundle, re.M)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-5
+
+    # sweep: one real tiny run from the user's sweep config, then collect
+    sweep_dir = tmp_path / "sweep"
+    cli_env = base_env(env)
+    for cmd in (["sweep", "sweep=toy", f"sweep_dir={sweep_dir}"], ["sweep", "collect", f"sweep_dir={sweep_dir}"]):
+        res = subprocess.run([sys.executable, "-m", "diffllm.cli", *cmd], capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path, env=cli_env)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summaries = list(sweep_dir.rglob("summary.json"))
+    assert len(summaries) == 1 and json.loads(summaries[0].read_text())["arch"] == "gated"
+    assert "gated" in res.stdout + "".join(p.read_text() for p in sweep_dir.glob("*.md"))
