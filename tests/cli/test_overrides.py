@@ -10,11 +10,12 @@ from diffllm.cli.registry import COMMANDS
 from diffllm.config import build, compose, schema_for
 from diffllm.data.config import DataConfig, SourceConfig
 from diffllm.model.config import ModelConfig
+from diffllm.model.diff_attention import lambda_init_at
 from diffllm.train.config import TrainerConfig
 
 
 @pytest.mark.parametrize("override, typed, group, check", [
-    ("model.lambda_init=0.5", ModelConfig, "model", lambda c: c.lambda_init == 0.5 and c.lambda_init_at(7) == 0.5),
+    ("model.lambda_init=0.5", ModelConfig, "model", lambda c: c.lambda_init == 0.5 and lambda_init_at(c, 7) == 0.5),
     ("model.attn_backend=eager", ModelConfig, "model", lambda c: c.attn_backend == "eager"),
     ("data.tokenizer.min_frequency=5", DataConfig, "data", lambda c: c.tokenizer.min_frequency == 5),
     ("data.tokenize_chars=4096", DataConfig, "data", lambda c: c.tokenize_chars == 4096),
