@@ -8,8 +8,10 @@
       checkpoints/latest       the tag to resume from (replaced atomically)
       checkpoints/step<N>/     DeepSpeed's files + our meta.json (step, tokens, world size, ZeRO stage, model config)
 
-The trainer, sweeps, evaluation and export all use this module; it imports nothing from `diffllm.train` (whose import
-sets process-wide environment defaults), so loading a trained model is cheap and side-effect free:
+It is the one reader and writer of these files (the trainer, `diffllm import`, sweeps, evaluation and export all go
+through it; every file is published atomically: written aside, then renamed), and `choose_tokenizer` is the one
+decision of which tokenizer a run uses. It imports nothing from `diffllm.train` (whose import sets process-wide
+environment defaults), so loading a trained model is cheap and side-effect free:
 
     cfg, model, tok = Run("runs/diff-tiny").model()            # the latest checkpoint, fp32 on CPU, eval mode
     cfg, model, tok = Run("runs/diff-tiny/checkpoints/step64").model()
@@ -154,17 +156,21 @@ class Run:
     def write_summary(self, summary: dict) -> None:
         write_atomic(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1) + "\n")
 
-    def write_config(self, config: dict) -> None:
-        """config.yaml: the resolved config, its tokenizer path pointing at the run's own tokenizer.json."""
+    def write_config(self, config: dict, own_tokenizer: bool = True) -> None:
+        """config.yaml: the resolved config, its tokenizer path pointing at the run's own tokenizer.json (a run
+        without one, `own_tokenizer=False`: an import of weights alone, keeps `config` as it is)."""
         import yaml
 
         config = json.loads(json.dumps(config))  # a deep copy of plain containers
-        config.setdefault("data", {}).setdefault("tokenizer", {})["path"] = str(self.dir / TOKENIZER_FILE)
+        if own_tokenizer:
+            config.setdefault("data", {}).setdefault("tokenizer", {})["path"] = str(self.dir / TOKENIZER_FILE)
+        self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
 
     def write_tokenizer(self, text: str) -> None:
         """tokenizer.json (its JSON text), atomically: the run decodes without the cache it came from."""
         path = self.dir / TOKENIZER_FILE
+        self.dir.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text() != text:
             write_atomic(path, text)
 
@@ -184,6 +190,34 @@ class Run:
         print(f"[diffllm.train] {why}: moved the previous run's {', '.join(p.name for p in present)} to {dest}",
               flush=True)
         return dest
+
+    def prepare(self, fresh: Optional[str]) -> None:
+        """Rank 0, before a launch: create the directory, delete interrupted saves, and for a fresh start (`fresh`:
+        why it starts afresh) move an old run's files aside."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"run_dir={self.dir}: cannot create it ({e.strerror})") from None
+        self.remove_partial()
+        if fresh is not None:
+            self.move_aside(fresh)
+
+    def append_metrics(self, rec: dict) -> None:
+        """One record appended to metrics.jsonl (rank 0); a kill mid-line is tolerated by `parse_metrics`."""
+        with open(self.dir / METRICS_FILE, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def truncate_metrics(self, step: int) -> int:
+        """On resume: drop the records of steps after the checkpoint (they are recomputed). Returns how many."""
+        path = self.dir / METRICS_FILE
+        if not path.exists():
+            return 0
+        text = path.read_text()
+        records = parse_metrics(text, path)  # a last line cut short by a kill is left out, and dropped here
+        keep = [rec for rec in records if rec["step"] <= step]
+        if len(keep) != len(records) or (text and not text.endswith("\n")):
+            write_atomic(path, "".join(json.dumps(rec) + "\n" for rec in keep))
+        return len(records) - len(keep)
 
     def config(self) -> Optional[dict]:
         """The run's resolved config (config.yaml), or None for a run written before runs kept one."""
@@ -227,21 +261,58 @@ class Run:
             raise ValueError(f"step={step}: {self.dir} has no checkpoint at that step (steps: {have})")
         return Checkpoint(self.checkpoints_dir, f"step{step}", read_meta(self.checkpoints_dir / f"step{step}"))
 
+    def remove_partial(self) -> None:
+        """Rank 0, at start-up: folders of saves that were interrupted (never published) are deleted."""
+        for p in sorted(self.checkpoints_dir.glob("tmp-*")) if self.checkpoints_dir.is_dir() else []:
+            print(f"checkpoint: removing {p} (a save that never completed)", flush=True)
+            shutil.rmtree(p, ignore_errors=True)
+
+    def publish(self, tmp: str, tag: str, meta: dict) -> Checkpoint:
+        """Rank 0, once every rank has written `checkpoints/<tmp>`: add meta.json, rename it to `tag`, then replace
+        `latest` atomically, so a save killed half-way leaves `latest` at the previous complete checkpoint."""
+        write_atomic(self.checkpoints_dir / tmp / "meta.json", json.dumps(meta, indent=1) + "\n")
+        if (self.checkpoints_dir / tag).exists():  # the same step saved again (e.g. a resumed run stopped at once)
+            shutil.rmtree(self.checkpoints_dir / tag)
+        os.rename(self.checkpoints_dir / tmp, self.checkpoints_dir / tag)
+        write_atomic(self.checkpoints_dir / "latest", tag)
+        return Checkpoint(self.checkpoints_dir, tag, meta)
+
+    def write_weights(self, state_dict: dict, meta: dict) -> Checkpoint:
+        """A checkpoint from plain weights (`diffllm import`): DeepSpeed's ZeRO-0 layout, which `consolidated_state_dict`
+        reads back and `diffllm train` resumes or starts from."""
+        import torch
+
+        tag, tmp = f"step{meta['step']}", f"tmp-step{meta['step']}"
+        (self.checkpoints_dir / tmp).mkdir(parents=True)
+        torch.save({"module": {k: v.contiguous() for k, v in state_dict.items()}}, self.checkpoints_dir / tmp / MODEL_STATES)
+        return self.publish(tmp, tag, meta)
+
+    def publish_universal(self, ckpt: Checkpoint, tmp: Path) -> str:
+        """A universal conversion of `ckpt` written to `tmp` -> `<tag>_universal` and DeepSpeed's `latest_universal`."""
+        out = f"{ckpt.tag}_universal"
+        os.rename(tmp, ckpt.dir / out)
+        write_atomic(ckpt.dir / "latest_universal", out)  # DeepSpeed's convention; it wrote the tmp name
+        return out
+
+    def prune(self, keep_last: int, keep: str) -> None:
+        """Delete all but the newest `keep_last` checkpoints (and their universal conversions); never `keep`."""
+        tags = [f"step{s}" for s in self.steps()]
+        for t in tags[: max(0, len(tags) - keep_last)]:
+            if t != keep:
+                shutil.rmtree(self.checkpoints_dir / t, ignore_errors=True)
+                shutil.rmtree(self.checkpoints_dir / f"{t}_universal", ignore_errors=True)
+
     # ----- a trained model -----------------------------------------------------------------------------------------
     def tokenizer(self):
-        """The run's own tokenizer.json; for an older run, the tokenizer its config points at."""
+        """The tokenizer the run trained with (see `choose_tokenizer`)."""
         from .data import load_tokenizer
 
-        cfg = self.config() or {}
-        tok_cfg = (cfg.get("data") or {}).get("tokenizer") or {}
-        eos = tok_cfg.get("eos_token", "<|endoftext|>")
-        own = self.dir / TOKENIZER_FILE
-        if own.is_file():
-            return load_tokenizer(str(own), eos)
-        if tok_cfg.get("path"):
-            return load_tokenizer(tok_cfg["path"], eos)
-        raise ValueError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory and no data.tokenizer.path in its "
-                         f"config (a run from before runs kept their tokenizer: pass the tokenizer explicitly)")
+        path, _ = choose_tokenizer(self)
+        if path is None:
+            raise ValueError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory and no data.tokenizer.path in its "
+                             f"config (a run from before runs kept their tokenizer: pass the tokenizer explicitly)")
+        tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
+        return load_tokenizer(str(path), tok_cfg.get("eos_token", "<|endoftext|>"))
 
     def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
         """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
@@ -258,6 +329,40 @@ class Run:
             raise ValueError(f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]}")
         return cfg, model.to(device).eval(), (self.tokenizer() if tokenizer else None)
+
+
+def model_tokenizer(path: Union[str, Path]) -> Optional[Path]:
+    """The tokenizer that comes with a model directory (a diffllm run, or a Hugging Face folder): its tokenizer.json,
+    or the folder itself when it holds only an HF tokenizer_config.json; None without one."""
+    folder = Run(path).dir
+    if (folder / TOKENIZER_FILE).is_file():
+        return folder / TOKENIZER_FILE
+    return folder if (folder / "tokenizer_config.json").is_file() else None
+
+
+def choose_tokenizer(run: Run, resume: Optional[Checkpoint] = None, configured: Optional[str] = None,
+                     init_from: Optional[Union[str, Path]] = None) -> tuple[Optional[Path], bool]:
+    """Which tokenizer `run` uses -> (path or None, kept): the one decision, for training, import and reading back.
+
+    1. kept (True): a run directory that holds its tokenizer.json keeps it (a trained, imported or resumed run; a
+       fresh start has moved the old one aside before asking), and a new run from another run's checkpoint `resume`
+       keeps that run's: data.tokenizer may not change it;
+    2. data.tokenizer.path (`configured`), when set;
+    3. a new run from model.init_from: that model's tokenizer (`model_tokenizer`);
+    4. a run read back that is older than runs keeping their tokenizer: the path its config.yaml names;
+    5. None: the configured default (the byte-level BPE trained on the sources, cached)."""
+    owners = [run] + ([Run(resume.dir.parent)] if resume is not None else [])
+    for owner in owners:
+        if (owner.dir / TOKENIZER_FILE).is_file():
+            return owner.dir / TOKENIZER_FILE, True
+    if configured:
+        return Path(configured), False
+    if init_from and resume is None:
+        return model_tokenizer(init_from), False
+    if resume is None:
+        saved = (((run.config() or {}).get("data") or {}).get("tokenizer") or {}).get("path")
+        return (Path(saved) if saved else None), False
+    return None, False
 
 
 def consolidated_state_dict(ckpt: Checkpoint) -> dict:

@@ -28,3 +28,16 @@ def test_zero_where_it_means_something():
     assert parse_count("0", "eval_tokens", minimum=0) == 0
     with pytest.raises(ValueError, match="eval_tokens: must be at least 0, got '-1'"):
         parse_count("-1", "eval_tokens", minimum=0)
+
+
+def test_the_two_parsers_that_disagreed_are_one():
+    """Issue 19: `1_000` (refused by the trainer's old parser) is 1000; `1.0000005M` (which it rounded to a million)
+    is half a token too many: refused, naming the key and the value."""
+    from diffllm.train.config import TrainerConfig, plan_budget
+
+    assert parse_count("1_000", "trainer.tokens") == 1000
+    with pytest.raises(ValueError, match=r"^trainer\.tokens: '1\.0000005M' is not a whole number \(1000000\.5\)$"):
+        parse_count("1.0000005M", "trainer.tokens")
+    assert plan_budget(TrainerConfig(tokens="1_000", global_batch_tokens=1000, micro_batch_size=1), 1000, 1).tokens == 1000
+    with pytest.raises(ValueError, match=r"^trainer\.tokens: '1\.0000005M' is not a whole number"):
+        plan_budget(TrainerConfig(tokens="1.0000005M", global_batch_tokens=1000, micro_batch_size=1), 1000, 1)

@@ -6,7 +6,6 @@ our (ModelConfig, state dict), and a diffllm run directory at step 0 that `diffl
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Union
@@ -14,7 +13,7 @@ from typing import Union
 import torch
 
 from ..model import DecoderLM, ModelConfig
-from ..runs import CONFIG_FILE, MODEL_STATES, TOKENIZER_FILE, Run, consolidated_state_dict, read_json, write_atomic
+from ..runs import Run, choose_tokenizer, consolidated_state_dict, read_json
 from .hf import FORMATS, remote
 
 BY_MODEL_TYPE = {m.MODEL_TYPE: m for m in FORMATS.values()}
@@ -83,28 +82,23 @@ def load_pretrained(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torc
 
 
 def import_hf(src: Union[str, Path], out: Union[str, Path]) -> tuple[ModelConfig, Path]:
-    """Write run directory `out` holding `src`'s weights as checkpoint step 0 (DeepSpeed's ZeRO-0 layout)."""
-    from omegaconf import OmegaConf
-
+    """Write run directory `out` holding `src`'s weights as checkpoint step 0 (DeepSpeed's ZeRO-0 layout) and, when
+    `src` has one, its tokenizer (diffllm.runs writes every file; choose_tokenizer decides the tokenizer)."""
     from ..data import load_tokenizer
 
     src, out = Path(src), Path(out)
-    if (out / "checkpoints").exists():
-        raise ValueError(f"out={out}: already holds checkpoints; choose a new run directory")
+    run = Run(out.resolve())
+    if run.files():
+        what = "checkpoints" if run.checkpoints_dir.exists() else ", ".join(p.name for p in run.files())
+        raise ValueError(f"out={out}: already holds {what}; choose a new run directory")
     cfg, sd = read_hf(src)
-    tok = None
-    if (src / "tokenizer.json").is_file() or (src / "tokenizer_config.json").is_file():
-        tok = load_tokenizer(str(src), "<|endoftext|>")  # the folder's own eos_token wins
-    tag = out / "checkpoints" / "step0"
-    tag.mkdir(parents=True)
-    torch.save({"module": {k: v.contiguous() for k, v in sd.items()}}, tag / MODEL_STATES)
-    meta = {"step": 0, "tokens": 0, "world_size": 1, "zero_stage": 0, "model": asdict(cfg),
-            "imported_from": str(src.resolve())}
-    write_atomic(tag / "meta.json", json.dumps(meta, indent=1) + "\n")
+    tok_path, _ = choose_tokenizer(run, init_from=src)
+    tok = load_tokenizer(str(tok_path), "<|endoftext|>") if tok_path else None  # the folder's own eos_token wins
+    run.write_weights(sd, {"step": 0, "tokens": 0, "world_size": 1, "zero_stage": 0, "model": asdict(cfg),
+                           "imported_from": str(src.resolve())})
     config: dict = {"model": asdict(cfg), "imported_from": str(src.resolve())}
     if tok is not None:
-        tok.save(out / TOKENIZER_FILE)
-        config["data"] = {"tokenizer": {"path": str((out / TOKENIZER_FILE).resolve()), "eos_token": tok.eos_token}}
-    write_atomic(out / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(config)))
-    write_atomic(out / "checkpoints" / "latest", "step0")
+        run.write_tokenizer(tok.tk.to_str())
+        config["data"] = {"tokenizer": {"eos_token": tok.eos_token}}  # its path: the run's own tokenizer.json
+    run.write_config(config, own_tokenizer=tok is not None)
     return cfg, out

@@ -9,7 +9,6 @@ import os
 # nothing measurable on an idle machine. An explicit OMP_WAIT_POLICY is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .config import (Budget, LoggingConfig, OptimConfig, TrainConfig, TrainerConfig, parse_tokens,  # noqa: E402
-                     plan_budget)
+from .config import Budget, LoggingConfig, OptimConfig, TrainConfig, TrainerConfig, plan_budget  # noqa: E402
 
-__all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainConfig", "TrainerConfig", "parse_tokens", "plan_budget"]
+__all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainConfig", "TrainerConfig", "plan_budget"]

@@ -3,13 +3,11 @@ RNG states.
 
 Layout: `step<N>/` (a DeepSpeed tag folder plus our `meta.json`), `latest` (the tag to resume from), and
 `step<N>_universal/` when a resume on a different world size converted one. A save goes to `tmp-step<N>/` first;
-only when every rank has finished writing does rank 0 rename it and then replace `latest` atomically, so a save
-killed half-way leaves `latest` pointing at the previous complete checkpoint.
+only when every rank has finished writing does rank 0 publish it (diffllm.runs: Run.publish renames it and then
+replaces `latest` atomically), so a save killed half-way leaves `latest` pointing at the previous complete checkpoint.
 """
 from __future__ import annotations
 
-import json
-import os
 import random
 import shutil
 import subprocess
@@ -20,23 +18,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..runs import Checkpoint, Run, write_atomic
+from ..runs import Checkpoint, Run
 from .dist import barrier, rank
 
 
 class CheckpointManager:
-    """Saving side of run_dir/checkpoints; finding and reading checkpoints is diffllm.runs' (Run, Checkpoint)."""
+    """Saving side of run_dir/checkpoints: DeepSpeed writes, diffllm.runs publishes (Run.publish, Run.prune)."""
 
     def __init__(self, run_dir: Path, keep_last: int):
         self.run = Run(run_dir)
         self.dir = self.run.checkpoints_dir
         self.keep_last = keep_last
-
-    def remove_partial(self) -> None:
-        """Rank 0, at start-up: folders of saves that were interrupted (never published) are deleted."""
-        for p in sorted(self.dir.glob("tmp-*")) if self.dir.is_dir() else []:
-            print(f"checkpoint: removing {p} (a save that never completed)", flush=True)
-            shutil.rmtree(p, ignore_errors=True)
 
     def save(self, engine, step: int, client_state: dict, meta: dict) -> str:
         """Collective. Every rank writes its shards into tmp-step<N>; rank 0 then publishes and prunes."""
@@ -44,22 +36,24 @@ class CheckpointManager:
         engine.save_checkpoint(str(self.dir), tag=tmp, client_state=client_state, save_latest=False)
         barrier()
         if rank() == 0:
-            write_atomic(self.dir / tmp / "meta.json", json.dumps(meta, indent=1))
-            if (self.dir / tag).exists():  # the same step saved again (e.g. a resumed run stopped at once)
-                shutil.rmtree(self.dir / tag)
-            os.rename(self.dir / tmp, self.dir / tag)
-            write_atomic(self.dir / "latest", tag)
-            self.prune(keep=tag)
+            self.run.publish(tmp, tag, meta)
+            self.run.prune(self.keep_last, keep=tag)
         barrier()
         return tag
 
-    def prune(self, keep: str) -> None:
-        """Delete all but the newest `keep_last` checkpoints (and their universal conversions); never `keep`."""
-        tags = [f"step{s}" for s in self.run.steps()]
-        for t in tags[: max(0, len(tags) - self.keep_last)]:
-            if t != keep:
-                shutil.rmtree(self.dir / t, ignore_errors=True)
-                shutil.rmtree(self.dir / f"{t}_universal", ignore_errors=True)
+    def load(self, engine, res: Checkpoint, universal: bool) -> tuple[dict, str]:
+        """Collective. DeepSpeed loads `res` (through its universal conversion when `universal`) -> (client state,
+        tag); a damaged checkpoint is a one-line ValueError naming it."""
+        tag = self.to_universal(res) if universal else res.tag
+        try:
+            path, client = engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
+        except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
+            raise ValueError(f"{res.dir / tag}: cannot load this checkpoint ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160] if str(e) else ''}); the checkpoint is damaged: resume an "
+                             f"earlier one with trainer.resume=<its step folder>") from None
+        if path is None:
+            raise ValueError(f"{res.dir / tag}: DeepSpeed found no checkpoint files there; the checkpoint is damaged")
+        return client, tag
 
     @staticmethod
     def to_universal(res: Checkpoint) -> str:
@@ -75,8 +69,7 @@ class CheckpointManager:
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"ds_to_universal failed on {res.dir / res.tag}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
-            os.rename(tmp, res.dir / out)
-            write_atomic(res.dir / "latest_universal", out)  # DeepSpeed's convention; it wrote the tmp name
+            Run(res.dir.parent).publish_universal(res, tmp)
         barrier()
         return out
 

@@ -1,10 +1,10 @@
 """Typed configs of the trainer (`trainer`, `optim`, `logging` groups) and the token-budget arithmetic."""
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
+
+from ..counts import parse_count
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -189,28 +189,6 @@ class LoggingConfig:
             raise ValueError(f"logging.wandb: got {self.wandb!r}, expected one of {WANDB_MODES}")
 
 
-_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-
-
-def parse_tokens(value: Any, key: str) -> int:
-    """`20M` -> 20_000_000 (decimal K/M/B/T suffixes); an int passes through; anything else names `key`."""
-    if isinstance(value, bool):
-        raise ValueError(f"{key}: expected a token count like 20M or 10B, got {value!r}")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMBGT]?)\s*", str(value), re.IGNORECASE)
-        if not m:
-            raise ValueError(f"{key}: expected a token count like 20M or 10B, got {value!r}")
-        exact = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
-        n = round(exact)
-        if not math.isclose(n, exact, rel_tol=0, abs_tol=1e-6 * max(1.0, exact)):
-            raise ValueError(f"{key}: {value!r} is not a whole number of tokens")
-    if n < 1:
-        raise ValueError(f"{key}: must be positive, got {value!r}")
-    return n
-
-
 @dataclass(frozen=True)
 class Budget:
     """How a token budget maps onto steps: tokens = steps x global_batch_tokens, exactly."""
@@ -240,8 +218,8 @@ class Budget:
 def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget:
     """Gradient accumulation and step count from the global batch in tokens; a combination that does not divide
     exactly is an error naming the keys and the nearest values that would work."""
-    tokens = parse_tokens(trainer.tokens, "trainer.tokens")
-    batch = parse_tokens(trainer.global_batch_tokens, "trainer.global_batch_tokens")
+    tokens = parse_count(trainer.tokens, "trainer.tokens")
+    batch = parse_count(trainer.global_batch_tokens, "trainer.global_batch_tokens")
     per_micro = trainer.micro_batch_size * seq_len * world_size
     if batch % per_micro:
         lo, hi = max(1, batch // per_micro) * per_micro, (batch // per_micro + 1) * per_micro

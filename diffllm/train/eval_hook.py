@@ -23,7 +23,7 @@ import torch
 from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy, task_prompts
 from ..eval.ppl import eval_sources, perplexity, source_docs, windows
 from .config import EvalConfig
-from .hooks import Hook, MetricsLogger
+from .hooks import Hook
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -104,11 +104,8 @@ class InLoopEval(Hook):
         finally:
             engine.train(was_training)
         rec["eval/time_s"] = round(time.perf_counter() - t0, 3)
-        if trainer.rank == 0:
-            log = next((h.log for h in trainer.hooks if isinstance(h, MetricsLogger)), None)
-            if log is not None:
-                log.write(rec)
-            trainer.say(eval_line(rec))
+        trainer.log(rec)
+        trainer.say(eval_line(rec))
         return rec
 
 

@@ -1,12 +1,18 @@
-"""Hooks around the training loop (as OLMo-core's callbacks): validation, checkpoint saving and metrics live here,
-not inside the loop. A new concern (in-loop evaluation, a watchdog, a profiler) is one small class:
+"""Hooks around the training loop (as OLMo-core's callbacks): validation, checkpoint timing and metrics live here,
+not inside the loop (the summary is summary.py's, fault injection faults.py's, in-loop evaluation eval_hook.py's).
+A new concern (a profiler, generations) is one small class:
 
     class Generations(Hook):
         def on_validate(self, trainer, losses):
-            if trainer.rank == 0:
-                print(trainer.state.step, sample(trainer.engine.module))
+            trainer.log({"step": trainer.state.step, "tokens": trainer.state.tokens,
+                         "sample": sample(trainer.engine.module)})
 
     Trainer(cfg, hooks=[Generations()]).run()   # runs after the built-in hooks, in list order
+
+What a hook may ask of the trainer: `trainer.log(record)` (a metrics.jsonl record, written by rank 0, and W&B),
+`trainer.request_save()` (a checkpoint at the end of this step; `agree=True`: one rank's wish, such as a clock,
+agreed across ranks in the step's one collective), `trainer.call_hooks(event, ...)` (tell every hook of an event),
+`trainer.say(msg)`; and it reads trainer.state, trainer.budget, trainer.engine, trainer.rank.
 
 Every rank calls every hook at the same points, so a hook may run collectives (forward passes under ZeRO-3, an
 all-reduce); work that only rank 0 must do checks `trainer.rank == 0`. A hook must not draw from the global RNGs
@@ -44,6 +50,13 @@ class Hook:
 
     def on_start(self, trainer: "Trainer") -> None:
         """After setup (and a resume), before the first step of this launch."""
+
+    def on_step_start(self, trainer: "Trainer") -> None:
+        """Before each optimizer step reads its first batch (trainer.state.step: the steps done so far)."""
+
+    def on_loss(self, trainer: "Trainer", loss: torch.Tensor) -> torch.Tensor:
+        """Each micro-batch's loss before its backward pass; returns the loss to use (fault injection replaces it)."""
+        return loss
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
         """After each optimizer step. `record`: step, tokens, loss (mean over ranks and micro-batches; None if
@@ -93,8 +106,7 @@ class Validation(Hook):
         trainer.say(f"step {trainer.state.step}: val_loss {main:.4f}" + "".join(
             f", {name} {v:.4f}" for name, v in losses.items() if name != MAIN_VAL))
         if record:
-            for hook in trainer.hooks:
-                hook.on_validate(trainer, losses)
+            trainer.call_hooks("on_validate", losses)
         return losses
 
     @torch.no_grad()
@@ -117,15 +129,28 @@ class Validation(Hook):
 
 
 class Checkpointing(Hook):
-    """Saves every trainer.save_every_steps steps, and when save_every_minutes have passed on any rank (the loop
-    agrees on that in its one collective per step: trainer.save_due). The final and the preemption saves are the
-    loop's own."""
+    """Save timing: asks for a save every trainer.save_every_steps steps, and when trainer.save_every_minutes have
+    passed since the last save on this rank's clock (a wish, agreed across ranks in the step's one collective). The
+    final and the preemption saves are the loop's own."""
+
+    def __init__(self) -> None:
+        self.last_save_t = time.monotonic()
+
+    def on_start(self, trainer: "Trainer") -> None:
+        self.last_save_t = time.monotonic()
+
+    def on_step_start(self, trainer: "Trainer") -> None:
+        minutes = trainer.trainer.save_every_minutes
+        if minutes and time.monotonic() - self.last_save_t >= 60 * minutes:
+            trainer.request_save(agree=True)
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
-        t, step = trainer.trainer, trainer.state.step
-        due = trainer.save_due or (t.save_every_steps and step % t.save_every_steps == 0)
-        if due and step < trainer.budget.steps and not trainer.failing:
-            trainer.save()
+        every = trainer.trainer.save_every_steps
+        if every and trainer.state.step % every == 0:
+            trainer.request_save()
+
+    def on_save(self, trainer: "Trainer", tag: str) -> None:
+        self.last_save_t = time.monotonic()
 
 
 class MetricsLogger(Hook):

@@ -1,7 +1,6 @@
 """Honest throughput metrics: dense bf16 peaks looked up by device name, MFU, the progress line, metrics.jsonl, W&B."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Optional
 import torch
 
 from ..hardware import peak_tflops  # noqa: F401  (re-exported: the loop looks peaks up here)
-from ..runs import parse_metrics, write_atomic
+from ..runs import METRICS_FILE, Run
 
 
 def device_name() -> str:
@@ -53,27 +52,18 @@ def finite_or_none(x: Optional[float]) -> Optional[float]:
 
 
 class MetricsLog:
-    """metrics.jsonl (rank 0), one JSON object per line, plus the same records to W&B when a run is open."""
+    """metrics.jsonl (rank 0; the file is diffllm.runs' Run), plus the same records to W&B when a run is open."""
 
     def __init__(self, run_dir: Path, wandb_run=None):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.run = Run(run_dir)
+        self.path = self.run.dir / METRICS_FILE
         self.wandb = wandb_run
 
     def truncate_after(self, step: int) -> int:
         """On resume: drop records of steps after the checkpoint (they are recomputed). Returns how many."""
-        if not self.path.exists():
-            return 0
-        text = self.path.read_text()
-        records = parse_metrics(text, self.path)  # a last line cut short by a kill is left out, and dropped here
-        keep = [rec for rec in records if rec["step"] <= step]
-        if len(keep) != len(records) or (text and not text.endswith("\n")):
-            write_atomic(self.path, "".join(json.dumps(rec) + "\n" for rec in keep))
-        return len(records) - len(keep)
+        return self.run.truncate_metrics(step)
 
     def write(self, rec: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        self.run.append_metrics(rec)
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in rec.items() if k != "step" and v is not None}, step=rec["step"])
-
-

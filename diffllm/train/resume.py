@@ -1,13 +1,19 @@
-"""Where a run continues from, and what it may not change: trainer.resume (auto | none | a checkpoint path) against
-the run directory's contents, the checkpoint's architecture and ZeRO layout, a finished run's config, and the run's
-own tokenizer. Every check here reads only, so all ranks reach the same verdict before rank 0 changes anything."""
+"""Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
+the engine is built (`plan_resume`: trainer.resume against run_dir, model.init_from, the tokenizer, the ZeRO layout),
+and the checks behind it: the checkpoint's architecture and ZeRO layout, a finished run's config, the run's own
+tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything."""
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..runs import Checkpoint, Run, find_checkpoint
+from ..model import ModelConfig
+from ..runs import Checkpoint, Run, choose_tokenizer, find_checkpoint
+from .dist import barrier
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 # Keys that change how a run is executed or logged, not what it computes: a finished run may be relaunched with
 # other values. (trainer.tokens is compared: a larger budget continues the run, see Trainer.load.)
@@ -96,20 +102,101 @@ def check_finished_unchanged(run: Run, saved_config: dict, config: dict) -> None
                          f"trainer.resume=none to train afresh there")
 
 
-def run_tokenizer_file(run: Run, ckpt: Optional[Checkpoint]) -> Optional[Path]:
-    """The tokenizer.json a resumed run must keep: its own, or (a new run from another run's checkpoint) that run's."""
-    if ckpt is None:
-        return None
-    for owner in (run, Run(ckpt.dir.parent)):
-        path = owner.dir / "tokenizer.json"
-        if path.is_file():
-            return path
-    return None
-
-
 def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> None:
     """A tokenizer passed with data.tokenizer.path must be the one the run was trained with."""
     if configured is not None and configured.fingerprint != kept.fingerprint:
         raise ValueError(f"data.tokenizer.path={configured_path}: not the tokenizer this run was trained with "
                          f"({kept.origin}, vocab {kept.vocab_size}); a resumed run keeps its own tokenizer: drop "
                          f"data.tokenizer.path, or use another run_dir")
+
+
+def note_changes(saved: dict, config: dict, say: Callable[[str], None]) -> None:
+    """A resumed run may change its budget, learning rate, schedule or data: each change is said, not refused."""
+    for group, key in (("trainer", "tokens"), ("trainer", "global_batch_tokens"), ("optim", "lr"),
+                       ("optim", "schedule"), ("optim", "warmup_steps"), ("data", "name")):
+        old, new = saved.get(group, {}).get(key), config[group].get(key)
+        if old != new:
+            say(f"note: {group}.{key} changed since the checkpoint ({old} -> {new}); the run continues with {new}")
+
+
+@dataclass
+class ResumePlan:
+    """Where this launch starts, decided on every rank alike before the engine is built."""
+
+    checkpoint: Optional[Checkpoint]  # the checkpoint to load; None: a fresh start at step 0
+    universal: bool  # load it through DeepSpeed's universal format (the world size or ZeRO stage changed)
+    model: ModelConfig  # what is trained (model.init_from: the pretrained architecture, our runtime keys)
+    weights: Optional[dict]  # model.init_from on a new run: its weights
+    tokenizer: Any  # diffllm.data.Tokenizer
+
+
+def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, say: Callable[[str], None]) -> ResumePlan:
+    """The launch's plan. Rank 0 also tidies run_dir (after every rank found its checkpoint): interrupted saves
+    removed, a fresh start's old files moved aside. `cfg.model`, `cfg.data` and `cfg.resolved` are updated to what
+    is trained (init_from's architecture and tokenizer, the tokenizer's vocabulary)."""
+    mode = cfg.trainer.resume
+    ckpt = resume_point(run, mode)
+    if rank == 0:
+        run.prepare(fresh=None if ckpt is not None else "trainer.resume=none" if mode == "none"
+                    else "no checkpoint to resume from")
+    barrier()
+    model, weights = init_from(cfg, run, ckpt, say)
+    tok = tokenizer(cfg, run, ckpt, rank)
+    if model.init_from is None:
+        model.vocab_size = tok.vocab_size
+    elif tok.vocab_size > model.padded_vocab_size:
+        raise ValueError(f"model.init_from={model.init_from}: its embedding has {model.padded_vocab_size} rows, the "
+                         f"tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)")
+    if ckpt is not None:
+        check_model(ckpt, model)
+    universal = ckpt is not None and needs_universal(ckpt, world_size, cfg.trainer.zero_stage)
+    return ResumePlan(ckpt, universal, model, weights, tok)
+
+
+def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], say: Callable[[str], None]):
+    """model.init_from -> (ModelConfig, weights or None): the architecture (all but the runtime keys) is the
+    pretrained model's; a new run also takes its weights and, unless data.tokenizer.path is set, its tokenizer
+    (choose_tokenizer). A relaunch resumes its own checkpoints as any run does."""
+    src = cfg.model.init_from
+    if not src:
+        return cfg.model, None
+    from ..export import load_pretrained
+
+    runtime = {k: getattr(cfg.model, k) for k in RUNTIME_KEYS}
+    if ckpt is not None:
+        cfg.model = ModelConfig(**{**ckpt.meta["model"], **runtime})
+        return cfg.model, None
+    pretrained, weights = load_pretrained(src)
+    cfg.model = replace(pretrained, **runtime)
+    cfg.resolved["model"] = asdict(cfg.model)  # config.yaml and the checkpoints record what is trained
+    tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src)
+    if cfg.data.tokenizer.path is None and tok_file is not None:
+        cfg.data.tokenizer.path = cfg.resolved["data"]["tokenizer"]["path"] = str(tok_file)
+    say(f"model.init_from={src}: {pretrained.arch}, {pretrained.n_layers} layers, d_model {pretrained.d_model}, vocab "
+        f"{pretrained.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {cfg.data.tokenizer.path}")
+    return cfg.model, weights
+
+
+def tokenizer(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], rank: int):
+    """The run's tokenizer (choose_tokenizer decides which): a kept one is loaded and checked against the config
+    (a changed data.tokenizer setting or another data.tokenizer.path is refused); otherwise the configured one (the
+    default BPE: trained once, by rank 0, and cached)."""
+    from ..data import ensure_tokenizer, load_tokenizer
+
+    tok_cfg = cfg.data.tokenizer
+    kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path)
+    if is_kept:
+        saved = ((run.config() or {}).get("data") or {}).get("tokenizer")
+        now = (cfg.resolved.get("data") or {}).get("tokenizer") or {}
+        changed = changed_keys(saved, now, ignore=("path",)) if saved else []
+        if changed:
+            raise ValueError(f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
+                             f"a resumed run keeps its own {kept}: use another run_dir for a new tokenizer")
+        tok = load_tokenizer(str(kept), tok_cfg.eos_token)
+        check_same_tokenizer(tok, tok_cfg.path, load_tokenizer(tok_cfg.path, tok_cfg.eos_token)
+                             if tok_cfg.path and Path(tok_cfg.path).resolve() != kept.resolve() else None)
+        return tok
+    if rank == 0:
+        tok = ensure_tokenizer(cfg.data)
+    barrier()
+    return tok if rank == 0 else ensure_tokenizer(cfg.data)

@@ -1,14 +1,18 @@
-"""The one dict a resume needs besides DeepSpeed's own files (the run directory itself is diffllm.runs')."""
+"""Everything a resume needs besides DeepSpeed's own files, saved and loaded in one place (`Resumable`): the counters
+(`TrainState`), every rank's data-loader and RNG states, the resolved config, and the checkpoint's meta.json."""
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Optional
+
+from .checkpoint import rng_state, set_rng_state
+from .dist import all_gather_object
 
 
 @dataclass
 class TrainState:
-    """Counters that move with every step. Saved in each checkpoint's client_state together with the data states
-    and RNG states of all ranks, the resolved config and the world size (see Trainer.client_state)."""
+    """Counters that move with every step."""
 
     step: int = 0  # optimizer steps done (skipped non-finite steps included: they consumed their data)
     tokens: int = 0  # training tokens consumed = step x global_batch_tokens
@@ -25,3 +29,42 @@ class TrainState:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":
         return cls(**d)
+
+
+class Resumable:
+    """The resumable state of a launch. A checkpoint holds it twice over: `client_state()` (in DeepSpeed's model
+    states: TrainState, the data states and RNG states of all ranks, the resolved config, the world size, the
+    schedule position) and `meta()` (meta.json: what diffllm.runs reads without torch: step, tokens, world size,
+    ZeRO stage, the model config). `restore()` puts a checkpoint's client state back."""
+
+    def __init__(self, state: TrainState, loader, config: dict, model_cfg, world_size: int, zero_stage: int,
+                 schedule: str, total_steps: int):
+        self.state, self.loader, self.config, self.model_cfg = state, loader, config, model_cfg
+        self.world_size, self.zero_stage, self.schedule, self.total_steps = world_size, zero_stage, schedule, total_steps
+
+    def client_state(self) -> dict:
+        """Collective (every rank's loader and RNG states are gathered)."""
+        return {"diffllm": {
+            "train_state": self.state.to_dict(),
+            "data": all_gather_object(self.loader.state_dict()),  # every rank's view; the loader restores from all
+            "rng": all_gather_object(rng_state()),
+            "config": self.config,
+            "world_size": self.world_size,
+            "schedule": {"name": self.schedule, "step": self.state.step, "total_steps": self.total_steps},
+        }}
+
+    def meta(self) -> dict:
+        s = self.state
+        return {"step": s.step, "tokens": s.tokens, "world_size": self.world_size, "zero_stage": self.zero_stage,
+                "saved_at": time.time(), "model": asdict(self.model_cfg)}
+
+    @staticmethod
+    def saved(client: dict) -> dict:
+        """Our part of a loaded checkpoint's client state."""
+        return client["diffllm"]
+
+    def restore(self, saved: dict, rank: int) -> None:
+        """Counters, the data stream (raises, naming the problem, if it cannot resume exactly) and this rank's RNGs."""
+        self.state = TrainState.from_dict(saved["train_state"])
+        self.loader.load_state_dict(saved["data"])
+        set_rng_state(saved["rng"], rank)

@@ -5,20 +5,21 @@ from __future__ import annotations
 import pytest
 
 from diffllm.config import build, compose
-from diffllm.train.config import OptimConfig, TrainerConfig, parse_tokens, plan_budget
+from diffllm.train.config import OptimConfig, TrainerConfig, plan_budget
 from diffllm.train.engine import deepspeed_config
 
 
-@pytest.mark.parametrize("text, n", [("20M", 20_000_000), ("10B", 10**10), ("1.5K", 1500), (" 2t", 2 * 10**12),
-                                     (4096, 4096), ("4096", 4096), ("1e6", 10**6)])
-def test_parse_tokens(text, n):
-    assert parse_tokens(text, "trainer.tokens") == n
+@pytest.mark.parametrize("tokens, batch", [("1_048_576", "1_024"), ("1.048576M", "1.024K"), (2**20, 1024)])
+def test_budget_counts_go_through_the_one_parser(tokens, batch):
+    b = plan_budget(TrainerConfig(tokens=tokens, global_batch_tokens=batch, micro_batch_size=1), 1024, 1)
+    assert (b.tokens, b.global_batch_tokens, b.steps) == (2**20, 1024, 1024)
 
 
-@pytest.mark.parametrize("bad", ["1.5", "ten", "5X", 0, -3, True])
-def test_parse_tokens_rejects_with_the_key(bad):
-    with pytest.raises(ValueError, match=r"^trainer\.tokens: "):
-        parse_tokens(bad, "trainer.tokens")
+@pytest.mark.parametrize("key, bad, match", [("tokens", "1.0000005M", r"'1.0000005M' is not a whole number \(1000000.5\)$"),
+                                             ("tokens", "ten", "expected a count"), ("global_batch_tokens", 0, "must be positive")])
+def test_budget_refuses_bad_counts_naming_the_key(key, bad, match):
+    with pytest.raises(ValueError, match=rf"^trainer\.{key}: .*{match}"):
+        plan_budget(TrainerConfig(**{key: bad}), 1024, 1)
 
 
 def test_budget_sets_grad_accum_and_steps():

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from diffllm.runs import Run, find_checkpoint, read_meta
+from diffllm.runs import Checkpoint, Run, choose_tokenizer, find_checkpoint, read_meta
 from tests.distributed import run_train
 from tests.train.helpers import STEPS, TINY
 
@@ -86,3 +87,25 @@ def test_paths_that_are_not_runs(tmp_path):
     (tmp_path / "summary.json").write_text("[1,")
     with pytest.raises(ValueError, match=r"summary.json: not valid JSON"):
         Run(tmp_path).summary()
+
+
+def test_choose_tokenizer_is_the_one_decision_in_its_order(tmp_path):
+    """kept (own, then the resumed run's) > data.tokenizer.path > init_from's (a tokenizer.json or an HF folder) >
+    an old run's config path > None (the configured default)."""
+    run, other, hf, hf_slow = (Run(tmp_path / n) for n in ("run", "other", "hf", "hf_slow"))
+    for r in (run, other, hf, hf_slow):
+        r.dir.mkdir()
+    (other.dir / "tokenizer.json").write_text("{}")
+    (hf.dir / "tokenizer.json").write_text("{}")
+    (hf_slow.dir / "tokenizer_config.json").write_text("{}")
+    from_other = Checkpoint(other.checkpoints_dir, "step4", {"step": 4, "model": {}})
+    assert choose_tokenizer(run) == (None, False)
+    assert choose_tokenizer(run, init_from=hf.dir) == (hf.dir / "tokenizer.json", False)
+    assert choose_tokenizer(run, init_from=hf_slow.dir) == (hf_slow.dir, False)
+    assert choose_tokenizer(run, configured="my/tok.json", init_from=hf.dir) == (Path("my/tok.json"), False)
+    assert choose_tokenizer(run, from_other, configured="my/tok.json") == (other.dir / "tokenizer.json", True)
+    assert choose_tokenizer(run, from_other, init_from=hf.dir) == (other.dir / "tokenizer.json", True)
+    run.write_config({"data": {"tokenizer": {"path": "old/tok.json"}}}, own_tokenizer=False)
+    assert choose_tokenizer(run) == (Path("old/tok.json"), False)  # a run from before runs kept their tokenizer
+    run.write_tokenizer("{}")
+    assert choose_tokenizer(run, configured="my/tok.json") == (run.dir / "tokenizer.json", True)
