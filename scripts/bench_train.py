@@ -82,6 +82,9 @@ class Ours:
         from diffllm.config import compose
         from diffllm.train.config import TrainConfig
         from diffllm.train.loop import Trainer
+        from diffllm.train.step import train_step
+
+        self._step = train_step
 
         cfg = compose("train", [f"model={preset}", f"data.seq_len={seq_len}", f"trainer.micro_batch_size={micro}",
                                 f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
@@ -93,7 +96,7 @@ class Ours:
         self.params = self.trainer.stats.total_params
 
     def step(self) -> None:
-        self.trainer.train_step()
+        self._step(self.trainer)
 
 
 def main() -> None:
