@@ -1,8 +1,8 @@
 """Torch-only layers shared by diffllm's model and its `format=remote` export, where this file ships verbatim as
-`diffllm_layers.py` beside `modeling_diffllm.py` (so it imports nothing but torch).
+`diffllm_layers_<h>.py` beside `modeling_diffllm.py` (so it imports nothing but torch).
 
-A variant's remote attention class (`AttentionVariant.remote`) is copied into the export's `diffllm_attention.py`
-with `import torch`, `from torch import nn`, `import torch.nn.functional as F` and `from .diffllm_layers import *`
+A variant's remote attention class (`AttentionVariant.remote`) is copied into the export's `diffllm_attention_<h>.py`
+with `import torch`, `from torch import nn`, `import torch.nn.functional as F` and `from .diffllm_layers_<h> import *`
 above it: it may use those names and the ones below, nothing else. It is built as `cls(config, layer_idx)` (config:
 the export's DiffLLMConfig, i.e. ModelConfig's fields plus the variant's `remote_config` keys) and called as
 `forward(x (B, T, E), cos, sin (B, T, r/2), mask (B, 1, T, S) bool, cache) -> (B, T, E)`, keys cached after rotary

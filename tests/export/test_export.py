@@ -152,3 +152,17 @@ def test_bfloat16_export_holds_our_weights_rounded(runs, tmp_path):
         for p in ours.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     assert max_logit_diff(ours, hf, torch.tensor([tok.encode(TEXT)]))[0] <= 1e-5
+
+
+def test_remote_exports_of_two_variants_in_one_process_keep_their_own_attention(runs, tmp_path):
+    """transformers re-executes a changed modeling file but takes the modules it imports from sys.modules by name:
+    two remote exports in folders of the same name (here `hf`), loaded one after the other, must each run their own
+    variant's attention (before the bundle's module names carried a digest, the second ran the first's)."""
+    for layout in ("diff2", "diff-layernorm-partial", "llama-interleaved-gqa"):
+        out = tmp_path / layout / "hf"
+        out.mkdir(parents=True)
+        export_run(runs[layout], out, format="remote")
+        _, ours, tok = Run(runs[layout]).model()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+        diff, scale = max_logit_diff(ours, hf, torch.tensor([tok.encode(TEXT)[:48]]))
+        assert diff <= 1e-4 * max(scale, 1.0), (layout, diff)

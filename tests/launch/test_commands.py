@@ -194,7 +194,7 @@ def test_several_torchrun_nodes_need_a_master_and_a_rank(args, match):
     (["trainer.tokenz=5"], "trainer.tokenz=5: unknown key (did you mean trainer.tokens?)"),
     (["seeed=1"], "seeed=1: unknown key (did you mean seed?)"),
     (["trainer.zero_stage=7"], "trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
-    (["trainer.tokens=5x"], "trainer.tokens: expected a token count like 20M or 10B, got '5x'"),
+    (["trainer.tokens=5x"], "trainer.tokens: expected a count like 20M, 1.5B or 4096, got '5x'"),
     (["model.d_model=sixty"], "model.d_model"),
 ])
 def test_train_overrides_are_checked_before_anything_runs(overrides, message):

@@ -4,11 +4,14 @@ the export.
 The bundle, written next to the weights (torch and transformers only: a user needs no diffllm):
     configuration_diffllm.py   DiffLLMConfig (this folder's file, verbatim)
     modeling_diffllm.py        DiffLLMForCausalLM, generic over the attention class (this folder's file, verbatim)
-    diffllm_layers.py          diffllm/model/remote.py, verbatim: norms, rotary, attend, RemoteAttention
-    diffllm_attention.py       the variant's remote class (`AttentionVariant.remote`), its source below the imports
+    diffllm_layers_<h>.py      diffllm/model/remote.py, verbatim: norms, rotary, attend, RemoteAttention
+    diffllm_attention_<h>.py   the variant's remote class (`AttentionVariant.remote`), its source below the imports
                                that remote.py documents, bound to the name ATTENTION
-config.json's `auto_map` points transformers at them. The weights keep diffllm's own parameter names, so the export
-and the import are the identity on the state dict.
+<h> is a digest of those two files, also written at the end of configuration_diffllm.py: transformers maps a config
+class it has loaded to the first model class it built for it, and older versions take the modules a modeling file
+imports from sys.modules by name, so two exports of other variants loaded in one process would otherwise share the
+first one's attention. config.json's `auto_map` points transformers at the files. The weights keep
+diffllm's own parameter names, so the export and the import are the identity on the state dict.
 """
 from __future__ import annotations
 
@@ -52,10 +55,21 @@ def bundle(cfg: ModelConfig) -> dict[str, str]:
         raise ValueError(f"format=remote: {why_not(cfg)}")
     attention = HEADER.format(arch=v.arch, label=v.label, qualname=v.remote.__qualname__, module=v.remote.__module__)
     attention += inspect.getsource(v.remote) + f"\n\nATTENTION = {v.remote.__name__}\n"
-    return {"configuration_diffllm.py": (HERE / "configuration_diffllm.py").read_text(),
-            "modeling_diffllm.py": (HERE / "modeling_diffllm.py").read_text(),
-            "diffllm_layers.py": Path(remote_layers.__file__).read_text(),
-            "diffllm_attention.py": attention}
+    layers = Path(remote_layers.__file__).read_text()
+    h = hashlib.sha1((layers + attention).encode()).hexdigest()[:10]
+    named = {"diffllm_layers": f"diffllm_layers_{h}", "diffllm_attention": f"diffllm_attention_{h}"}
+
+    def renamed(text: str) -> str:
+        for old, new in named.items():
+            text = text.replace(f"from .{old} import", f"from .{new} import")
+        return text
+
+    config = (HERE / "configuration_diffllm.py").read_text() + (
+        f"\n# Bundle {h}. Each bundle's config class is its own: once transformers has loaded a remote model, it maps\n"
+        "# that config class to that model class, and would build any later export of another variant with it.\n")
+    return {"configuration_diffllm.py": config,
+            "modeling_diffllm.py": renamed((HERE / "modeling_diffllm.py").read_text()),
+            f"{named['diffllm_layers']}.py": layers, f"{named['diffllm_attention']}.py": renamed(attention)}
 
 
 def write_bundle(cfg: ModelConfig, out: Path) -> types.ModuleType:

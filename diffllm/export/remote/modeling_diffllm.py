@@ -3,7 +3,7 @@ transformers only). Parameter names are diffllm's own, so the exported weights a
 
     block:      Y = X + Attn(Norm(X));  X' = Y + SwiGLU(Norm(Y))            (Norm: RMSNorm | LayerNorm with bias)
     Attn        the model's attention variant: its remote class (AttentionVariant.remote), which the export writes
-                to diffllm_attention.py beside this file; diffllm_layers.py is diffllm/model/remote.py, verbatim
+                to diffllm_attention_<h>.py beside this file; diffllm_layers_<h>.py is diffllm/model/remote.py, verbatim
 
 Rotary: the first rotary_pct of each head, interleaved (pairs 2i, 2i+1) or rotate-half (pairs i, i + r/2), as trained.
 Generation keeps a transformers Cache (keys after rotary), and padding masks come from `attention_mask`.
