@@ -78,7 +78,8 @@ def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict,
 
 def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], joint: dict, path: Path,
                    title: str) -> Path:
-    """curves: (series, N) -> (tokens, val loss); joint: series -> JointLaw (drawn at each N)."""
+    """curves: (series, N) -> (tokens, val loss); joint: series -> JointLaw (drawn at each N). Each series has its
+    colour and marker, each N a shade (darker = larger); every curve is in the legend, fitted or not."""
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
     sizes = sorted({n for _, n in curves})
     shades = {n: 0.35 + 0.65 * i / max(len(sizes) - 1, 1) for i, n in enumerate(sizes)}
@@ -86,14 +87,17 @@ def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]],
     for (arch, n), (d, loss) in sorted(curves.items()):
         color = matplotlib.colors.to_rgba(_color(arch), shades[n])
         line, marker = styles[arch]
-        ax.scatter(d, loss, color=color, marker=marker, s=10, zorder=3)
+        label = f"{_label(arch)} N={n:,.0f}"
         if joint.get(arch) is not None:
             grid = np.geomspace(d.min(), d.max(), 100)
-            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, ls=line, label=f"{_label(arch)} N={n:,.0f}")
+            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, ls=line, marker=marker, markevery=[],
+                    label=f"{label} (points: runs, line: fit)")
+        ax.scatter(d, loss, color=color, marker=marker, s=10, zorder=3,
+                   label=None if joint.get(arch) is not None else label)
     ax.set(xscale="log", yscale="log", xlabel="training tokens", ylabel="validation loss", title=title)
     _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, ncol=2, title="darker = larger N", title_fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -211,8 +211,9 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
         if len(d):
             curves.setdefault((sel.series[r.run_dir], _n(r, cfg.params)), (d, y))
     if curves:
-        files.append(loss_vs_tokens(curves, joint, out / "loss_vs_tokens.png",
-                                    f"{cfg.title}: learning curves, L(N, D) fit ({mode})"))
+        fitted = any(joint.get(series) is not None for series, _ in curves)
+        files.append(loss_vs_tokens(curves, joint, out / "loss_vs_tokens.png", f"{cfg.title}: learning curves"
+                                    + (f", L(N, D) fit ({mode})" if fitted else " (no L(N, D) fit: see fits.md)")))
     (out / "fits.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
     (out / "fits.md").write_text(render(result))
     return files + [out / "fits.json", out / "fits.md"]
@@ -234,11 +235,14 @@ def render(result: dict) -> str:
     cfg = result["config"]
     lvl = f"{cfg['level']:.0%}"
     lines = [f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
-             f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].", "",
-             f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:", "",
-             "| series | points | E | A | alpha |", "|---|---|---|---|---|"]
-    for f in result["power_law"]:
-        lines.append(f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |")
+             f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].", ""]
+    lines += [f"note: {note}" for note in result.get("notes", [])] + ([""] if result.get("notes") else [])
+    if result["power_law"]:
+        lines += [f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:", "",
+                  "| series | points | E | A | alpha |", "|---|---|---|---|---|"]
+        lines += [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |" for f in result["power_law"]]
+    else:
+        lines.append("No L(N) fit was made (the notes above say why).")
     if result["joint"]:
         lines += ["", f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:", "",
                   "| series | E | A | alpha | B | beta |", "|---|---|---|---|---|---|"]
@@ -259,8 +263,6 @@ def render(result: dict) -> str:
         lines += [""] + part if part else []
     if any(row["bigram"] is not None for row in result.get("runs_table", [])):
         lines += ["", BASELINES_NOTE]
-    for note in result.get("notes", []):
-        lines.append(f"\nnote: {note}")
     return "\n".join(lines) + "\n"
 
 

@@ -160,3 +160,19 @@ def test_inverse_of_a_nearly_flat_law_is_never_not_an_overflow():
     assert PowerLaw(3.0, 1.0, 0.0).inverse(3.5) == float("inf")
     assert PowerLaw(3.0, 1.0, 0.5).inverse(2.9) == float("inf")
     assert PowerLaw(3.0, 8.0, 0.5).inverse(3.5) == pytest.approx(256.0, rel=1e-12)  # 8 x**-0.5 = 0.5
+
+
+def test_too_few_points_say_why_first_and_make_no_empty_table(tmp_path):
+    """Two points per series: no L(N) fit (3 parameters). fits.md opens with the reason, not with an empty table."""
+    t = JointLaw(1.5, 60.0, 0.35, 900.0, 0.4)
+    _synthetic_sweep(tmp_path / "sweep", {"transformer": t, "diff": t}, noise=0.001)
+    for arch in ("transformer", "diff"):
+        for size in (3, 4):
+            shutil.rmtree(tmp_path / "sweep" / f"{arch}-micro-{size}")
+        shutil.rmtree(tmp_path / "sweep" / f"{arch}-micro-1" / "524288" / "seed1235")
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=20, joint="none")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    assert result["power_law"] == [] and result["notes"]
+    md = render(result).splitlines()
+    assert md[2].startswith("note: ")  # the reason, right after the header line
+    assert "| series | points | E | A | alpha |" not in md and "No L(N) fit was made (the notes above say why)." in md
