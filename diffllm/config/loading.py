@@ -39,8 +39,8 @@ _TRAIN = {"model": _MODEL, "data": _DATA, "trainer": "diffllm.train.config:Train
           "optim": "diffllm.train.config:OptimConfig", "logging": "diffllm.train.config:LoggingConfig"}
 SCHEMAS: dict[str, dict[str, str]] = {
     "info": {"model": _MODEL}, "tokenizer": {"data": _DATA}, "data_prepare": {"data": _DATA}, "train": _TRAIN,
-    "plan": {"model": _MODEL, "": "diffllm.scaling.planner:PlanConfig"},
-    "sweep": {"sweep": "diffllm.sweep.grid:SweepConfig"}, "scaling": {"": "diffllm.scaling.report:ScalingConfig"},
+    "plan": {"model": _MODEL, "": "diffllm.scaling.config:PlanConfig"},
+    "sweep": {"sweep": "diffllm.sweep.grid:SweepConfig"}, "scaling": {"": "diffllm.scaling.config:ScalingConfig"},
     "export": {}, "import": {},
 }
 

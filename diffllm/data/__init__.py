@@ -1,9 +1,15 @@
-"""Data: tokenizers, streaming of HF datasets packed into windows, rank/worker sharding, exact resumable state."""
-from .config import DataConfig, DataError, SourceConfig, TokenizerConfig, cache_dir
-from .loader import TrainLoader, build_train_loader, build_val_batches, build_val_sets
-from .tokenizer import Tokenizer, ensure_tokenizer, load_tokenizer
+"""Data: tokenizers, streaming of HF datasets packed into windows, rank/worker sharding, exact resumable state.
+The names below load their module (and torch, datasets) on first use, so that reading configs stays light."""
+import importlib
 
-__all__ = [
-    "DataConfig", "DataError", "SourceConfig", "TokenizerConfig", "Tokenizer", "TrainLoader", "build_train_loader",
-    "build_val_batches", "build_val_sets", "cache_dir", "ensure_tokenizer", "load_tokenizer",
-]
+_WHERE = {"DataConfig": "config", "DataError": "config", "SourceConfig": "config", "TokenizerConfig": "config",
+          "cache_dir": "config", "TrainLoader": "loader", "build_train_loader": "loader",
+          "build_val_batches": "loader", "build_val_sets": "loader", "Tokenizer": "tokenizer",
+          "ensure_tokenizer": "tokenizer", "load_tokenizer": "tokenizer"}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):  # PEP 562
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

@@ -1,7 +1,13 @@
-"""Models: one decoder-only LM whose attention variant (registered in variant.py) is chosen by `ModelConfig.arch`."""
-from .cache import KVCache
-from .config import ModelConfig
-from .transformer import Block, DecoderLM
-from .variant import AttentionVariant, variant, variants
+"""Models: one decoder-only LM whose attention variant (registered in variant.py) is chosen by `ModelConfig.arch`.
+The names below load their module (and torch) on first use, so that reading configs and `--help` stay light."""
+import importlib
 
-__all__ = ["KVCache", "ModelConfig", "DecoderLM", "Block", "AttentionVariant", "variant", "variants"]
+_WHERE = {"KVCache": "cache", "ModelConfig": "config", "DecoderLM": "transformer", "Block": "transformer",
+          "AttentionVariant": "variant", "variant": "variant", "variants": "variant"}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):  # PEP 562
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

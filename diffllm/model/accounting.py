@@ -1,12 +1,14 @@
-"""Parameter counts, training FLOPs per token and weight memory, from a model built on the meta device."""
+"""Parameter counts, training FLOPs per token and weight memory, from a model built on the meta device. torch loads
+when a count is asked for, not on import (configs and `--help` import this module)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .config import ModelConfig
-from .transformer import DecoderLM
+
+if TYPE_CHECKING:
+    from .transformer import DecoderLM
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,12 @@ class ModelStats:
         return 2 * self.total_params
 
 
-def meta_model(cfg: ModelConfig) -> DecoderLM:
+def meta_model(cfg: ModelConfig) -> "DecoderLM":
     """The model with shapes only: any size builds in milliseconds."""
+    import torch
+
+    from .transformer import DecoderLM
+
     with torch.device("meta"):
         return DecoderLM(cfg)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from ..counts import parse_count
 from ..hardware import GPU, lookup
@@ -18,34 +17,11 @@ from ..model.accounting import meta_model, model_stats
 from ..model.config import ModelConfig
 from ..model.presets import check_model_overrides
 from .activations import ActivationBytes, activation_bytes
+from .config import PlanConfig
 
 __all__ = ["PlanConfig", "make_plan", "render", "plan_dict"]
 
 GiB = 2**30
-
-
-@dataclass
-class PlanConfig:
-    seq_len: Optional[int] = None  # None -> the preset's max_seq_len
-    global_batch_tokens: str = "4194304"
-    tokens: str = "100B"  # the training budget
-    nodes: int = 1
-    gpus_per_node: int = 8
-    gpu: str = "h100"
-    mfu: float = 0.40  # model FLOPs utilisation assumed for the time estimate
-    zero_stage: Optional[int] = None  # None -> rows for 0, 1, 2, 3
-    activation_checkpointing: Optional[bool] = None  # None -> rows with and without
-    offload: Optional[bool] = None  # None -> rows with and without (optimizer, and for ZeRO-3 also params, to CPU)
-    micro_batch_size: Optional[int] = None  # None -> the largest that fits
-    usable_fraction: float = 0.90  # of GPU memory; the rest for the CUDA context, NCCL buffers, fragmentation
-
-    def validate(self) -> None:
-        if self.nodes < 1 or self.gpus_per_node < 1:
-            raise ValueError(f"nodes={self.nodes}, gpus_per_node={self.gpus_per_node}: need at least one GPU")
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"mfu={self.mfu}: must be in (0, 1]")
-        if self.zero_stage not in (None, 0, 1, 2, 3):
-            raise ValueError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
 
 
 @dataclass(frozen=True)

@@ -25,33 +25,9 @@ from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_
                   exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
 from .baselines import BASELINES_NOTE, add_baselines
 from .plots import loss_vs_params, loss_vs_tokens
-from .select import (DEFAULT_SELECT, Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
+from .config import ScalingConfig
+from .select import (Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
                      paired_gaps, run_rows, runs_markdown, select_runs, selection_dict, under_trained_note)
-
-@dataclass
-class ScalingConfig:
-    sweep_dir: str = "runs/sweep/micro"
-    out: Optional[str] = None  # null: <sweep_dir>/scaling
-    params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
-    loss: str = "final_val_loss"  # final_val_loss | final_train_loss
-    tokens: Optional[int] = None  # the budget L(N) is fitted at (null: the one that covers the most sizes)
-    joint: str = "auto"  # auto | final | curves | none: where L(N, D) gets its points
-    curve_min_fraction: float = 0.25  # learning-curve points before this fraction of the budget are left out
-    reps: int = 400  # bootstrap replicates for L(N); a quarter of it for L(N, D)
-    level: float = 0.9  # interval coverage
-    seed: int = 0
-    title: str = "diffllm scaling"
-    select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
-    include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
-
-    def validate(self) -> None:
-        if self.params not in ("block", "nonembedding", "total"):
-            raise ValueError(f"params={self.params}: expected block, nonembedding or total")
-        if self.loss not in ("final_val_loss", "final_train_loss"):
-            raise ValueError(f"loss={self.loss}: expected final_val_loss or final_train_loss")
-        if self.joint not in ("auto", "final", "curves", "none"):
-            raise ValueError(f"joint={self.joint}: expected auto, final, curves or none")
-
 
 def _n(r: RunRecord, params: str) -> Optional[int]:
     return {"block": r.block_params, "nonembedding": r.nonembedding_params, "total": r.total_params}[params]

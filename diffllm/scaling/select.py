@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..results import flatten
+from .config import DEFAULT_SELECT
 
 if TYPE_CHECKING:
     from ..results import RunRecord
 
-DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
 SHORT = {"model.lambda_init": "λ_init"}  # short labels for series and markdown; others: the last dotted component
 NULL = {"model.lambda_init": "formula"}  # what a null value means, per key (others: "null")
 

@@ -1,0 +1,57 @@
+"""The typed configs of the scaling commands: `diffllm plan` (PlanConfig) and `diffllm scaling fit` (ScalingConfig).
+Plain dataclasses that import nothing heavy, so that composing their configs and `--help` stay light."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
+
+
+@dataclass
+class PlanConfig:
+    seq_len: Optional[int] = None  # None -> the preset's max_seq_len
+    global_batch_tokens: str = "4194304"
+    tokens: str = "100B"  # the training budget
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: str = "h100"
+    mfu: float = 0.40  # model FLOPs utilisation assumed for the time estimate
+    zero_stage: Optional[int] = None  # None -> rows for 0, 1, 2, 3
+    activation_checkpointing: Optional[bool] = None  # None -> rows with and without
+    offload: Optional[bool] = None  # None -> rows with and without (optimizer, and for ZeRO-3 also params, to CPU)
+    micro_batch_size: Optional[int] = None  # None -> the largest that fits
+    usable_fraction: float = 0.90  # of GPU memory; the rest for the CUDA context, NCCL buffers, fragmentation
+
+    def validate(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"nodes={self.nodes}, gpus_per_node={self.gpus_per_node}: need at least one GPU")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"mfu={self.mfu}: must be in (0, 1]")
+        if self.zero_stage not in (None, 0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
+
+
+@dataclass
+class ScalingConfig:
+    sweep_dir: str = "runs/sweep/micro"
+    out: Optional[str] = None  # null: <sweep_dir>/scaling
+    params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
+    loss: str = "final_val_loss"  # final_val_loss | final_train_loss
+    tokens: Optional[int] = None  # the budget L(N) is fitted at (null: the one that covers the most sizes)
+    joint: str = "auto"  # auto | final | curves | none: where L(N, D) gets its points
+    curve_min_fraction: float = 0.25  # learning-curve points before this fraction of the budget are left out
+    reps: int = 400  # bootstrap replicates for L(N); a quarter of it for L(N, D)
+    level: float = 0.9  # interval coverage
+    seed: int = 0
+    title: str = "diffllm scaling"
+    select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
+    include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
+
+    def validate(self) -> None:
+        if self.params not in ("block", "nonembedding", "total"):
+            raise ValueError(f"params={self.params}: expected block, nonembedding or total")
+        if self.loss not in ("final_val_loss", "final_train_loss"):
+            raise ValueError(f"loss={self.loss}: expected final_val_loss or final_train_loss")
+        if self.joint not in ("auto", "final", "curves", "none"):
+            raise ValueError(f"joint={self.joint}: expected auto, final, curves or none")
