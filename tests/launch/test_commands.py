@@ -256,6 +256,22 @@ def test_help_lists_every_option_with_a_default():
             parse_args(["--procs", "2", flag])
 
 
+def test_help_examples_pass_the_preflight_checks(tmp_path):
+    """`launch --help`'s diff-13.1b example ran the CPU trainer's 4,096-token batch on 32 ranks and exited 2."""
+    import shlex
+
+    from diffllm.launch.cli import preflight
+    from diffllm.launch.help import EXAMPLES
+
+    (tmp_path / "hosts").write_text("node-1 slots=8\nnode-2 slots=8\n")
+    lines = [ln.split("#")[0].replace("--hostfile hosts", f"--hostfile {tmp_path}/hosts")
+             for ln in EXAMPLES.splitlines() if ln.strip().startswith("diffllm launch")]
+    assert len(lines) == 4
+    for line in lines:
+        cfg, overrides = parse_args(shlex.split(line)[2:] + ["--dry-run"])
+        preflight(cfg, overrides)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "diffllm.cli", "launch", *args], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
