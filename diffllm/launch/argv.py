@@ -37,8 +37,10 @@ class LaunchConfig:
     qos: Optional[str] = None
     time: str = "24:00:00"
     gpus_per_node: Optional[int] = None  # None: procs; 0: ask for no GPUs (CPU-only clusters)
-    cpus_per_task: Optional[int] = None  # per node (one srun task per node runs torchrun)
-    mem: Optional[str] = None  # per node, e.g. 0 (all) or 500G
+    exclusive: bool = False  # the whole node (configs/launcher/slurm.yaml: true); false: cpus_per_task below
+    cpus_per_task: Optional[int] = None  # per node (one srun task per node runs torchrun); None and not exclusive:
+    # procs x (data.num_workers + 1), a core for each rank and each of its data workers
+    mem: Optional[str] = None  # per node, e.g. 0 (all of it; configs/launcher/slurm.yaml) or 500G
     signal_lead_s: int = 300  # SIGUSR1 this long before the time limit: save, exit 3, requeue
     requeue: bool = True
     log_dir: str = "logs/slurm"

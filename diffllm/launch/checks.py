@@ -3,13 +3,17 @@ configs for this world size, and every hostfile host answers over SSH. Each fail
 from __future__ import annotations
 
 import subprocess
+from typing import TYPE_CHECKING
 
 from .argv import LaunchConfig
 
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
 
-def check_train_overrides(overrides: list[str], world_size: int) -> None:
+
+def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig":
     """Compose configs/train.yaml with the overrides (as `diffllm train` would) and build every typed config, so a
-    bad key or value stops here, not hours later in a queue. Raises ValueError naming the key."""
+    bad key or value stops here, not hours later in a queue. Raises ValueError naming the key; returns the configs."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -22,6 +26,7 @@ def check_train_overrides(overrides: list[str], world_size: int) -> None:
         raise ValueError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
     typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
     plan_budget(typed.trainer, typed.data.seq_len, world_size)
+    return typed
 
 
 def _unknown_key(overrides: list[str]) -> str | None:

@@ -83,18 +83,20 @@ class HelpRequested(Exception):
     pass
 
 
-def preflight(cfg: LaunchConfig, overrides: list[str]) -> None:
-    """Everything that can be checked before starting or submitting: train overrides, then reachable hosts."""
-    check_train_overrides(overrides, cfg.nodes * cfg.procs)
+def preflight(cfg: LaunchConfig, overrides: list[str]) -> int:
+    """Everything that can be checked before starting or submitting: train overrides, then reachable hosts.
+    Returns the run's data workers per rank (what a SLURM job's CPUs are sized by)."""
+    train = check_train_overrides(overrides, cfg.nodes * cfg.procs)
     if needs_ssh(cfg) and not cfg.dry_run:
         check_hosts_reachable(list(read_hostfile(cfg.hostfile))[:cfg.nodes], cfg.hostfile)
+    return train.data.num_workers
 
 
 def run(cfg: LaunchConfig, overrides: list[str]) -> int:
     """Print the exact command (or script), then run it unless dry_run. Returns the exit code."""
-    preflight(cfg, overrides)
+    workers = preflight(cfg, overrides)
     if cfg.launcher == "slurm":
-        text = sbatch_script(cfg, overrides)
+        text = sbatch_script(cfg, overrides, data_workers=workers)
         path = Path(cfg.script or Path(cfg.log_dir) / f"{cfg.job_name}.sbatch")
         if cfg.dry_run:
             print(f"# {path}\n{text}", end="")

@@ -28,8 +28,9 @@ MEANING = {
     "qos": "slurm: --qos",
     "time": "slurm: time limit (--time)",
     "gpus_per_node": "slurm: --gpus-per-node (empty: --procs; 0: none, for CPU clusters)",
+    "exclusive": "slurm: the whole node (false: --cpus-per-task, default procs x (data.num_workers + 1))",
     "cpus_per_task": "slurm: --cpus-per-task (one task per node runs torchrun)",
-    "mem": "slurm: --mem per node (0: all)",
+    "mem": "slurm: --mem per node (0: all; empty: the cluster's default)",
     "signal_lead_s": "slurm: SIGUSR1 this many seconds before the time limit: save, exit 3, requeue",
     "requeue": "slurm: requeue the job after a signal so that it resumes from the checkpoint",
     "log_dir": "slurm: folder for the script and the job logs (%x-%j.out)",
@@ -44,9 +45,9 @@ MEANING = {
 EXAMPLES = """\
 examples:
   diffllm launch --procs 2 model=diff-tiny                        # one node, 2 processes, torchrun
-  diffllm launch --nodes 2 --procs 8 --master-addr node-1 --node-rank 0 model=diff-830m   # on node-1 (rank 1 on node-2)
-  diffllm launch --launcher slurm --nodes 4 --procs 8 --partition gpu --time 48:00:00 model=diff-13.1b
-  diffllm launch --launcher deepspeed --hostfile hosts --nodes 2 --procs 8 --dry-run model=diff-830m
+  diffllm launch --nodes 2 --procs 8 --master-addr node-1 --node-rank 0 model=diff-830m trainer=paper-scaling  # rank 1 on node-2
+  diffllm launch --launcher slurm --nodes 4 --procs 8 --partition gpu --time 48:00:00 model=diff-13.1b trainer=paper-scaling
+  diffllm launch --launcher deepspeed --hostfile hosts --nodes 2 --procs 8 --dry-run model=diff-830m trainer=paper-scaling
 """
 
 

@@ -222,7 +222,14 @@ def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget
     batch = parse_count(trainer.global_batch_tokens, "trainer.global_batch_tokens")
     per_micro = trainer.micro_batch_size * seq_len * world_size
     if batch % per_micro:
-        lo, hi = max(1, batch // per_micro) * per_micro, (batch // per_micro + 1) * per_micro
+        if batch < per_micro:  # smaller than one micro-batch on every rank: CPU trainer defaults on a cluster
+            raise ValueError(
+                f"trainer.global_batch_tokens={batch} is less than one micro-batch on every rank: "
+                f"trainer.micro_batch_size x data.seq_len x world size = {trainer.micro_batch_size} x {seq_len} x "
+                f"{world_size} = {per_micro}; use {per_micro} or a multiple of it, or change trainer.micro_batch_size "
+                f"(the CPU trainer defaults suit one machine; a paper-size model on a cluster wants trainer=paper-scaling)"
+            )
+        lo, hi = batch // per_micro * per_micro, (batch // per_micro + 1) * per_micro
         raise ValueError(
             f"trainer.global_batch_tokens={batch} is not a multiple of trainer.micro_batch_size x data.seq_len x "
             f"world size = {trainer.micro_batch_size} x {seq_len} x {world_size} = {per_micro}; "
@@ -233,10 +240,11 @@ def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget
         return Budget(rounded, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro,
                       rounded // batch, requested_tokens=tokens)
     if tokens % batch:
-        lo, hi = max(1, tokens // batch) * batch, (tokens // batch + 1) * batch
+        above = (tokens // batch + 1) * batch
+        use = f"{tokens // batch * batch} or {above}" if tokens > batch else f"{above}"  # one number, never twice
         raise ValueError(
             f"trainer.tokens={tokens} is not a whole number of steps of trainer.global_batch_tokens={batch}; "
-            f"use {lo} or {hi} (the run stops exactly at the budget), or trainer.round_tokens=true"
+            f"use {use} (the run stops exactly at the budget), or trainer.round_tokens=true"
         )
     return Budget(tokens, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro, tokens // batch)
 

@@ -110,6 +110,39 @@ def test_sbatch_script():
     assert subprocess.run([bash, "-n"], input=text, text=True).returncode == 0  # valid shell
 
 
+def _sbatch_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("#SBATCH ")]
+
+
+def test_sbatch_takes_the_whole_node_runs_where_launch_ran_with_this_torchrun(tmp_path, monkeypatch):
+    """The script asked for no CPUs or memory (SLURM's default: one core for a torchrun agent, 8 ranks and their
+    data workers), called `torchrun` by its bare name and had no --chdir (relative run dirs followed sbatch's cwd)."""
+    monkeypatch.chdir(tmp_path)
+    cfg, _ = parse_args(["--launcher", "slurm", "--nodes", "2", "--procs", "8"])
+    text = sbatch_script(cfg, ["run_dir=runs/x"])
+    sb = _sbatch_lines(text)
+    assert {"#SBATCH --exclusive", "#SBATCH --mem=0", f"#SBATCH --chdir={tmp_path}"} <= set(sb), sb
+    assert not any("--cpus-per-task" in ln for ln in sb)  # the whole node's cores
+    srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    assert torchrun.is_file() and f" {torchrun} --nnodes 2 --nproc_per_node 8 " in srun
+    image, _ = parse_args(["--launcher", "slurm", "--container-image", "/img.sqsh"])
+    assert " torchrun --nnodes 1 " in sbatch_script(image, [])  # inside the image: its own torchrun
+
+
+def test_sbatch_without_the_whole_node_asks_a_core_per_rank_and_data_worker(tmp_path, capsys):
+    from diffllm.launch.cli import run
+
+    shared, _ = parse_args(["--launcher", "slurm", "--procs", "8", "--exclusive", "false", "--dry-run"])
+    assert "#SBATCH --cpus-per-task=24" in _sbatch_lines(sbatch_script(shared, [], data_workers=2))
+    assert "#SBATCH --exclusive" not in _sbatch_lines(sbatch_script(shared, [], data_workers=2))
+    given, _ = parse_args(["--launcher", "slurm", "--procs", "8", "--exclusive", "false", "--cpus-per-task", "16",
+                           "--mem", "500G"])
+    assert {"#SBATCH --cpus-per-task=16", "#SBATCH --mem=500G"} <= set(_sbatch_lines(sbatch_script(given, [])))
+    assert run(shared, ["data.num_workers=3", "trainer.global_batch_tokens=16384"]) == 0  # the train config's workers
+    assert "#SBATCH --cpus-per-task=32" in capsys.readouterr().out.splitlines()
+
+
 FAKE_SRUN = """#!/bin/bash
 # srun stand-in: drop srun's own options, run the rest (torchrun) as a child, forward signals to it like srun does
 while [[ "$1" == --* ]]; do shift; done
@@ -143,7 +176,8 @@ def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8, master_port=0), ["model=diff-tiny"]))
+    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8, master_port=0), ["model=diff-tiny"],
+                                    executable="torchrun"))  # the stand-in on PATH
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "SLURM_JOB_ID": "42",
            "SLURM_JOB_NODELIST": "node-[a-b]"}
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path)
@@ -220,6 +254,22 @@ def test_help_lists_every_option_with_a_default():
     for flag in ("-h", "--help"):
         with pytest.raises(HelpRequested):
             parse_args(["--procs", "2", flag])
+
+
+def test_help_examples_pass_the_preflight_checks(tmp_path):
+    """`launch --help`'s diff-13.1b example ran the CPU trainer's 4,096-token batch on 32 ranks and exited 2."""
+    import shlex
+
+    from diffllm.launch.cli import preflight
+    from diffllm.launch.help import EXAMPLES
+
+    (tmp_path / "hosts").write_text("node-1 slots=8\nnode-2 slots=8\n")
+    lines = [ln.split("#")[0].replace("--hostfile hosts", f"--hostfile {tmp_path}/hosts")
+             for ln in EXAMPLES.splitlines() if ln.strip().startswith("diffllm launch")]
+    assert len(lines) == 4
+    for line in lines:
+        cfg, overrides = parse_args(shlex.split(line)[2:] + ["--dry-run"])
+        preflight(cfg, overrides)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

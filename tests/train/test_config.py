@@ -40,6 +40,22 @@ def test_budget_errors_name_the_keys_and_the_fix():
         plan_budget(t, 64, 2)
 
 
+def test_budget_suggestions_never_repeat_a_number_and_point_clusters_to_paper_scaling():
+    """The CPU trainer's 4,096-token batch on 4 nodes x 8 ranks said `use 65536 or 65536`."""
+    cpu = build(TrainerConfig, compose("train", ["model=diff-6.8b"]).trainer, "trainer")
+    with pytest.raises(ValueError) as e:
+        plan_budget(cpu, 256, 32)
+    assert str(e.value) == (
+        "trainer.global_batch_tokens=4096 is less than one micro-batch on every rank: trainer.micro_batch_size x "
+        "data.seq_len x world size = 8 x 256 x 32 = 65536; use 65536 or a multiple of it, or change "
+        "trainer.micro_batch_size (the CPU trainer defaults suit one machine; a paper-size model on a cluster wants "
+        "trainer=paper-scaling)")
+    paper = build(TrainerConfig, compose("train", ["model=diff-6.8b", "trainer=paper-scaling"]).trainer, "trainer")
+    assert plan_budget(paper, 256, 32).grad_accum == 4
+    with pytest.raises(ValueError, match=r"; use 1024 \(the run stops"):
+        plan_budget(TrainerConfig(tokens=1000, global_batch_tokens=1024, micro_batch_size=4), 64, 2)
+
+
 @pytest.mark.parametrize("override, key", [({"zero_stage": 4}, "trainer.zero_stage"),
                                            ({"offload_params": True, "zero_stage": 2}, "trainer.offload_params"),
                                            ({"precision": "fp16"}, "trainer.precision"),
