@@ -32,7 +32,6 @@ NEEDS_STATE = {
     "HF_HUB_OFFLINE=1 diffllm tokenizer train data=fineweb-edu": "loads the datasets library and asks the hub",
     "diffllm export run=runs/diff-tiny-ln out=hf/x format=diffllama": "a trained layernorm run",
     "diffllm import hf/random-llama out=runs/llama-imported": "a run imported once before",
-    "diffllm export run=runs/diff-tiny out=hf/x format=lama": "a trained runs/diff-tiny (checked before format=)",
     "diffllm launch --launcher deepspeed --hostfile /tmp/hosts2 --nodes 2 --procs 1 model=diff-tiny":
         "node-a answers over ssh: scripts/local_ssh.sh (tests/launch/test_deepspeed_ssh_real.py runs this one)",
     "python -m diffllm.eval.generate run=runs/diff-tiny prompt=\"$(python -c 'print(\"word \" * 600)')\"":

@@ -36,6 +36,16 @@ class Exported:
     reason: str  # why this format (for format=auto: why no native class when remote)
 
 
+def check_format_name(fmt: str) -> None:
+    """A format name that is none of ours: a one-line ValueError with the nearest name (before any run is read)."""
+    if fmt != "auto" and fmt not in FORMATS:
+        import difflib
+
+        near = difflib.get_close_matches(fmt, list(FORMATS) + ["auto"], n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"format={fmt!r}: expected one of auto, {', '.join(FORMATS)}{hint}")
+
+
 def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]:
     """(format module, why): auto -> the exact native class for cfg, else remote; an explicit format that cannot
     represent cfg is a one-line ValueError suggesting remote."""
@@ -48,12 +58,7 @@ def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]
             reasons.append(why)
         relevant = [r for r in reasons if f"has arch={cfg.arch}" not in r] or reasons
         return remote, f"no native class fits ({'; '.join(relevant)}): trust_remote_code export"
-    if fmt not in FORMATS:
-        import difflib
-
-        near = difflib.get_close_matches(fmt, list(FORMATS) + ["auto"], n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ValueError(f"format={fmt!r}: expected one of auto, {', '.join(FORMATS)}{hint}")
+    check_format_name(fmt)
     why = FORMATS[fmt].why_not(cfg)
     if why is not None:
         raise ValueError(f"format={fmt} cannot represent this model exactly: {why}; use format=remote (or auto)")
@@ -147,6 +152,7 @@ def export_run(run_path: Union[str, Path], out: Union[str, Path], step: Union[in
                format: str = "auto", dtype: str = "float32") -> Exported:
     """Export one checkpoint of a run (its latest by default) to `out` (the conversions run in fp32/fp64, then
     the weights are cast to `dtype`)."""
+    check_format_name(format)  # a mistyped format first: it needs no run
     run = Run(run_path)
     ckpt = run.checkpoint(step)  # a one-line error for a run without checkpoints or a missing step
     cfg, model, tok = run.model(ckpt.step if run.pinned is None else "latest")
