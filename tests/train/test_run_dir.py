@@ -4,6 +4,7 @@ run differs from what was asked (a rounded budget, a warmup longer than the run)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -126,6 +127,13 @@ def test_damaged_run_dirs_are_one_line_errors(finished, tmp_path):
     line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={states}"))
     assert f"{states}/checkpoints/step4: cannot load this checkpoint" in line and "damaged" in line, line
 
+    cut = copy_of(finished, tmp_path, "cut")  # a file cut short: torch's message is long; the line ends at a sentence
+    shard = cut / "checkpoints" / "step4" / "mp_rank_00_model_states.pt"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={cut}"))
+    assert f"{cut}/checkpoints/step4: cannot load this checkpoint (RuntimeError: PytorchStreamReader" in line, line
+    assert re.search(r"\(RuntimeError: [^()]*\.\); the checkpoint is damaged: resume an earlier one", line), line
+
     meta = copy_of(finished, tmp_path, "meta")
     (meta / "checkpoints" / "step4" / "meta.json").write_text("{garbage")
     line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={meta}"))
@@ -163,3 +171,13 @@ def test_a_world_size_the_data_state_cannot_take_is_one_line_before_anything_is_
         assert len(errors) == 1 and errors[0].startswith("diffllm train: error: data state has 1 streams"), out
         assert "must divide 1" in errors[0] and "data.resume=false" in errors[0], errors[0]
     assert listing(run_dir) == before and snapshot(run_dir) == content
+
+
+@pytest.mark.parametrize("missing", ["data.val.0.path", "data.sources.0.path"])
+def test_a_data_error_leaves_no_run_dir_behind(tokenizer, tmp_path, missing):
+    """Inputs are checked before run_dir is created: a data config naming a file that does not exist is one line and
+    exit 2, and there is no (empty) run directory afterwards."""
+    run_dir = tmp_path / "runs" / "new"
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", f"{missing}=/nonexistent/x.txt"))
+    assert "/nonexistent/x.txt: no such file" in line, line
+    assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))
