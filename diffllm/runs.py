@@ -43,6 +43,22 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def exception_line(e: BaseException, limit: int = 240) -> str:
+    """`Type: message` on one line for an error message: the exception's first line whole, or, when that is longer
+    than `limit`, its first sentences that fit (a cut mid-sentence ends at a word, marked with "...")."""
+    text = " ".join(str(e).split("\n", 1)[0].split())
+    if len(text) > limit:
+        ends = [i + 1 for i in range(limit) if text[i] == "." and (i + 1 == len(text) or text[i + 1] == " ")]
+        text = text[: ends[-1]] if ends else text[: limit].rsplit(" ", 1)[0] + " ..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def damaged_checkpoint(path: Path, e: BaseException) -> ValueError:
+    """The one-line error for a checkpoint that torch or DeepSpeed cannot read."""
+    return ValueError(f"{path}: cannot load this checkpoint ({exception_line(e)}); the checkpoint is damaged: resume "
+                      f"an earlier one with trainer.resume=<its step folder>")
+
+
 def read_json(path: Path) -> Any:
     """A JSON file, or a one-line ValueError naming it."""
     try:
@@ -96,6 +112,26 @@ class Checkpoint:
     @property
     def zero_stage(self) -> int:
         return int(self.meta.get("zero_stage", 0))
+
+    def client_state(self) -> dict:
+        """What was saved beside the weights in rank 0's DeepSpeed model-states file (the trainer's resumable state
+        is under "diffllm"; a `diffllm import` checkpoint has none), read before any engine exists and without
+        reading the weights (memory-mapped); a damaged file is a one-line ValueError."""
+        import torch
+
+        states = self.path / (MODEL_STATES if self.zero_stage < 3 else f"zero_pp_rank_0_{MODEL_STATES}")
+        if not states.is_file():
+            raise ValueError(f"{self.path}: no {states.name} (an incomplete or foreign checkpoint)")
+        try:
+            try:
+                state = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                state = torch.load(states, map_location="cpu", weights_only=False)  # not a zip file: the real error
+        except Exception as e:  # noqa: BLE001 - torch raises many types for a damaged file
+            raise damaged_checkpoint(self.path, e) from None
+        return {k: v for k, v in state.items() if k not in ("module", "optimizer")} if isinstance(state, dict) else {}
 
 
 def read_meta(tag_dir: Path) -> dict:
@@ -191,16 +227,14 @@ class Run:
               flush=True)
         return dest
 
-    def prepare(self, fresh: Optional[str]) -> None:
-        """Rank 0, before a launch: create the directory, delete interrupted saves, and for a fresh start (`fresh`:
-        why it starts afresh) move an old run's files aside."""
+    def prepare(self) -> None:
+        """Rank 0, once a launch's inputs (config, checkpoint, data) are checked: create the directory and delete
+        interrupted saves. Nothing creates the directory before that, so bad input leaves no empty run_dir behind."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ValueError(f"run_dir={self.dir}: cannot create it ({e.strerror})") from None
         self.remove_partial()
-        if fresh is not None:
-            self.move_aside(fresh)
 
     def append_metrics(self, rec: dict) -> None:
         """One record appended to metrics.jsonl (rank 0); a kill mid-line is tolerated by `parse_metrics`."""
@@ -381,5 +415,5 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
 
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
-        raise ValueError(f"{ckpt.path}: cannot read its weights ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                         f"the checkpoint is damaged: use an earlier step") from None
+        raise ValueError(f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
+                         f"an earlier step") from None

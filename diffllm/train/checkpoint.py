@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..runs import Checkpoint, Run
+from ..runs import Checkpoint, Run, damaged_checkpoint
 from .dist import barrier, rank
 
 
@@ -48,9 +48,7 @@ class CheckpointManager:
         try:
             path, client = engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
         except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
-            raise ValueError(f"{res.dir / tag}: cannot load this checkpoint ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:160] if str(e) else ''}); the checkpoint is damaged: resume an "
-                             f"earlier one with trainer.resume=<its step folder>") from None
+            raise damaged_checkpoint(res.dir / tag, e) from None
         if path is None:
             raise ValueError(f"{res.dir / tag}: DeepSpeed found no checkpoint files there; the checkpoint is damaged")
         return client, tag

@@ -53,8 +53,6 @@ class InLoopEval(Hook):
         self.haystack: Optional[list[int]] = None
 
     def on_start(self, trainer: "Trainer") -> None:
-        if trainer.already_finished:  # a relaunched finished run trains no step: nothing to prepare
-            return
         c, model_len = self.cfg, trainer.model_cfg.max_seq_len
         if self.seq_len > model_len:
             raise ValueError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")

@@ -91,8 +91,7 @@ class Validation(Hook):
         self.sets, self.every = sets, every
 
     def on_start(self, trainer: "Trainer") -> None:
-        if not trainer.already_finished:
-            self.validate(trainer, record=trainer.state.step == 0)
+        self.validate(trainer, record=trainer.state.step == 0)
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
         step = trainer.state.step
@@ -178,7 +177,7 @@ class MetricsLogger(Hook):
         if hasattr(trainer, "engine"):  # every rank: the hooks are armed, and lambda gathered, on all of them
             self.diag = Diagnostics(trainer.engine.module, trainer.say)
             self.arm_for(trainer, trainer.state.step + 1)
-        if trainer.rank != 0 or trainer.already_finished:  # a finished run's files stay as they are
+        if trainer.rank != 0:
             return
         self.log = MetricsLog(trainer.run_dir)
         dropped = self.log.truncate_after(trainer.state.step)

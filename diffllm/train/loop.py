@@ -14,13 +14,13 @@ from ..model.accounting import model_stats
 from ..runs import Checkpoint, Run
 from .checkpoint import CheckpointManager
 from .config import TrainConfig, plan_budget
-from .dist import all_gather_object, init_distributed, rank, set_env_defaults, world_size
+from .dist import all_gather_object, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
 from .eval_hook import eval_hooks
 from .faults import fault_hooks
 from .hooks import MAIN_VAL, Checkpointing, Hook, MetricsLogger, Validation
 from .metrics import device_name, peak_tflops
-from .resume import ResumePlan, check_finished_unchanged, note_changes, plan_resume
+from .resume import ResumePlan, note_changes, plan_resume
 from .signals import StopFlag
 from .state import Resumable, TrainState
 from .step import train_step
@@ -94,14 +94,17 @@ class Trainer:
         self.t_launch = time.monotonic()
         self.device = init_distributed(self.trainer.dist_timeout_minutes)
         self.rank, self.ws = rank(), world_size()
-        plan = plan_resume(self.cfg, self.run_obj, self.rank, self.ws, say)
+        plan = plan_resume(self.cfg, self.run_obj, self.rank, self.ws, self.budget.steps, say)
         self.model_cfg, tok = plan.model, plan.tokenizer
+        if plan.finished:  # its result is final: nothing is built, converted, loaded or rewritten
+            self.already_finished, self.state = True, TrainState.from_dict(plan.saved["train_state"])
+            if self.rank == 0:
+                self.run_obj.remove_partial()  # saves that never completed (never published) are no part of it
+            say(f"{plan.checkpoint.path}: the finished run's last checkpoint (step {self.state.step}, "
+                f"{self.state.tokens:,} tokens; summary.json)")
+            return
         self.stats = model_stats(self.model_cfg, self.data_cfg.seq_len)
         self.precision = resolve_precision(self.trainer)
-        self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last)
-        self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, plan.universal)
-        self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed,
-                                                   plan.weights)
         self.loader = build_train_loader(self.data_cfg, tok, self.rank, self.ws, self.budget.micro_batch_size)
         batch, n_val = self.trainer.val_batch_size or self.budget.micro_batch_size, self.trainer.val_batches
         sets = {MAIN_VAL: build_val_batches(self.data_cfg, tok, batch, n_val)}
@@ -109,11 +112,20 @@ class Trainer:
             sets.update(build_val_sets(self.data_cfg, tok, batch, n_val))
         self.resumable = Resumable(self.state, self.loader, self.config, self.model_cfg, self.ws,
                                    self.trainer.zero_stage, self.optim.schedule, self.budget.steps)
+        if plan.saved is not None:
+            self.resumable.check(plan.saved)  # e.g. a world size its data streams cannot take: before any write
+        if self.rank == 0:
+            self.run_obj.prepare()  # every input is checked: run_dir is created (interrupted saves removed)
+        barrier()
+        self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last)
+        self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, plan.universal)
+        self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed,
+                                                   plan.weights)
         if plan.checkpoint is not None:
             self.load(plan)
         else:
             self.state.wandb_id = all_gather_object(new_run_id())[0]
-        if self.rank == 0 and not self.already_finished:  # a self-contained run directory: config and tokenizer
+        if self.rank == 0:  # a self-contained run directory: config and tokenizer
             self.run_obj.write_tokenizer(tok.tk.to_str())
             self.run_obj.write_config(self.config)
         self.validation, self.metrics = Validation(sets, self.trainer.val_every), MetricsLogger()
@@ -126,9 +138,6 @@ class Trainer:
         res: Checkpoint = plan.checkpoint
         client, tag = self.ckpt.load(self.engine, res, plan.universal)
         saved = Resumable.saved(client)
-        if self.run_obj.is_finished() and TrainState.from_dict(saved["train_state"]).step >= self.budget.steps:
-            check_finished_unchanged(self.run_obj, saved["config"], self.config)
-            self.already_finished = True
         note_changes(saved["config"], self.config, say)
         self.resumable.restore(saved, self.rank)  # raises, naming the problem, if the data cannot resume exactly
         self.state = self.resumable.state
@@ -147,6 +156,10 @@ class Trainer:
         say(f"checkpoint: saved {self.ckpt.dir / tag} ({time.monotonic() - t0:.1f} s)")
         self.call_hooks("on_save", tag)
 
+    def say_at_budget(self) -> None:
+        say(f"the run is already at its budget ({self.budget.tokens:,} tokens): raise trainer.tokens to train on, or "
+            f"trainer.resume=none to start afresh")
+
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.t_launch
 
@@ -155,6 +168,9 @@ class Trainer:
         self.stop.install()  # from the start: a signal during setup (imports, engine, checkpoint load) is not lost;
         try:  # the first step then finishes, saves and exits 3 like any other
             self.setup()
+            if self.already_finished:
+                self.say_at_budget()
+                return EXIT_FINISHED  # its summary.json stays as it was written
             self.elapsed_before = self.state.elapsed_s
             self.saved_step = self.state.step if self.state.step else -1
             banner(self)
@@ -190,11 +206,8 @@ class Trainer:
                 say(f"stopped by {self.stop.received or 'a signal on another rank'} at step {s.step}; "
                     f"relaunch the same command to continue (exit code {EXIT_PREEMPTED})")
                 return EXIT_PREEMPTED
-        if not trained and self.saved_step == s.step and (self.already_finished or s.step == b.steps):
-            say(f"the run is already at its budget ({b.tokens:,} tokens): raise trainer.tokens to train on, or "
-                f"trainer.resume=none to start afresh")
-            if self.already_finished:
-                return EXIT_FINISHED  # its summary.json stays as it was written
+        if not trained and self.saved_step == s.step == b.steps:  # saved at the budget, summary.json not yet written
+            self.say_at_budget()
         else:
             self.validation.validate(self)
         self.save()

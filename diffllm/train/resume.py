@@ -1,7 +1,8 @@
 """Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
-the engine is built (`plan_resume`: trainer.resume against run_dir, model.init_from, the tokenizer, the ZeRO layout),
-and the checks behind it: the checkpoint's architecture and ZeRO layout, a finished run's config, the run's own
-tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything."""
+the engine is built (`plan_resume`: trainer.resume against run_dir, model.init_from, the tokenizer, a finished run,
+the ZeRO layout), and the checks behind it: the checkpoint's architecture and ZeRO layout, a finished run's config,
+the run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
+(a finished run is never changed, at any world size)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -52,7 +53,8 @@ def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
                      f"away first)")
 
 
-RUNTIME_KEYS = ("name", "attn_backend", "max_seq_len", "init_from")  # model keys that are not the architecture
+KEPT_KEYS = ("attn_backend", "max_seq_len", "init_from")  # how this launch runs the model: model.init_from keeps ours
+RUNTIME_KEYS = ("name", *KEPT_KEYS)  # model keys that are not the architecture (the name: what was loaded calls it)
 
 
 def check_model(ckpt: Checkpoint, model_cfg) -> None:
@@ -125,21 +127,28 @@ class ResumePlan:
 
     checkpoint: Optional[Checkpoint]  # the checkpoint to load; None: a fresh start at step 0
     universal: bool  # load it through DeepSpeed's universal format (the world size or ZeRO stage changed)
-    model: ModelConfig  # what is trained (model.init_from: the pretrained architecture, our runtime keys)
+    model: ModelConfig  # what is trained (model.init_from: the pretrained architecture and name, our runtime keys)
     weights: Optional[dict]  # model.init_from on a new run: its weights
     tokenizer: Any  # diffllm.data.Tokenizer
+    saved: Optional[dict] = None  # the checkpoint's resumable state (Resumable.saved), read before any engine exists
+    finished: bool = False  # run_dir holds a finished run at this budget: nothing is built, loaded or written
 
 
-def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, say: Callable[[str], None]) -> ResumePlan:
-    """The launch's plan. Rank 0 also tidies run_dir (after every rank found its checkpoint): interrupted saves
-    removed, a fresh start's old files moved aside. `cfg.model`, `cfg.data` and `cfg.resolved` are updated to what
-    is trained (init_from's architecture and tokenizer, the tokenizer's vocabulary)."""
+def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, steps: int,
+                say: Callable[[str], None]) -> ResumePlan:
+    """The launch's plan for a budget of `steps`. A fresh start's old files are moved aside by rank 0 (after every
+    rank found no checkpoint); a resume writes nothing here: whether the run is finished (then its config must be
+    unchanged) is decided from its summary.json and checkpoint, before any universal conversion or write. `cfg.model`,
+    `cfg.data` and `cfg.resolved` are updated to what is trained (init_from's architecture, name and tokenizer, the
+    tokenizer's vocabulary)."""
+    from .state import Resumable
+
     mode = cfg.trainer.resume
     ckpt = resume_point(run, mode)
-    if rank == 0:
-        run.prepare(fresh=None if ckpt is not None else "trainer.resume=none" if mode == "none"
-                    else "no checkpoint to resume from")
-    barrier()
+    if ckpt is None:
+        if rank == 0:
+            run.move_aside("trainer.resume=none" if mode == "none" else "no checkpoint to resume from")
+        barrier()
     model, weights = init_from(cfg, run, ckpt, say)
     tok = tokenizer(cfg, run, ckpt, rank)
     if model.init_from is None:
@@ -147,10 +156,17 @@ def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, say: C
     elif tok.vocab_size > model.padded_vocab_size:
         raise ValueError(f"model.init_from={model.init_from}: its embedding has {model.padded_vocab_size} rows, the "
                          f"tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)")
-    if ckpt is not None:
-        check_model(ckpt, model)
-    universal = ckpt is not None and needs_universal(ckpt, world_size, cfg.trainer.zero_stage)
-    return ResumePlan(ckpt, universal, model, weights, tok)
+    if ckpt is None:
+        return ResumePlan(None, False, model, weights, tok)
+    check_model(ckpt, model)
+    saved = Resumable.saved(ckpt.client_state())
+    if saved is None:
+        raise ValueError(f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
+                         f"from them with model.init_from={ckpt.dir.parent} and another run_dir")
+    if run.is_finished() and ckpt.step >= steps:
+        check_finished_unchanged(run, saved["config"], cfg.resolved)
+        return ResumePlan(ckpt, False, model, weights, tok, saved, finished=True)
+    return ResumePlan(ckpt, needs_universal(ckpt, world_size, cfg.trainer.zero_stage), model, weights, tok, saved)
 
 
 def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], say: Callable[[str], None]):
@@ -162,12 +178,13 @@ def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], say: Cal
         return cfg.model, None
     from ..export import load_pretrained
 
-    runtime = {k: getattr(cfg.model, k) for k in RUNTIME_KEYS}
+    runtime = {k: getattr(cfg.model, k) for k in KEPT_KEYS}
     if ckpt is not None:
         cfg.model = ModelConfig(**{**ckpt.meta["model"], **runtime})
+        cfg.resolved["model"] = asdict(cfg.model)
         return cfg.model, None
     pretrained, weights = load_pretrained(src)
-    cfg.model = replace(pretrained, **runtime)
+    cfg.model = replace(pretrained, **runtime)  # its name too: summary.json and sweeps must not call it the preset
     cfg.resolved["model"] = asdict(cfg.model)  # config.yaml and the checkpoints record what is trained
     tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src)
     if cfg.data.tokenizer.path is None and tok_file is not None:

@@ -59,9 +59,17 @@ class Resumable:
                 "saved_at": time.time(), "model": asdict(self.model_cfg)}
 
     @staticmethod
-    def saved(client: dict) -> dict:
-        """Our part of a loaded checkpoint's client state."""
-        return client["diffllm"]
+    def saved(client: dict) -> Optional[dict]:
+        """Our part of a loaded checkpoint's client state (None: weights alone, as `diffllm import` writes them)."""
+        return client.get("diffllm")
+
+    def check(self, saved: dict) -> None:
+        """Refuse, before anything is loaded or written, a data state this launch's loader cannot restore exactly
+        (the check `restore` makes: e.g. a world size that does not divide its streams)."""
+        from ..data.loader import check_states
+
+        if self.loader.cfg.resume:
+            check_states(saved["data"], self.loader)
 
     def restore(self, saved: dict, rank: int) -> None:
         """Counters, the data stream (raises, naming the problem, if it cannot resume exactly) and this rank's RNGs."""

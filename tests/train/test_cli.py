@@ -49,7 +49,7 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     again = diffllm_train(tmp_path, *ARGS)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "removing runs/tiny/checkpoints/tmp-step8 (a save that never completed)" in again.stdout
-    assert not partial.exists() and "resumed from checkpoint runs/tiny/checkpoints/step4: step 4" in again.stdout
+    assert not partial.exists() and "runs/tiny/checkpoints/step4: the finished run's last checkpoint (step 4" in again.stdout
     assert "already at its budget" in again.stdout
     assert json.loads((run / "summary.json").read_text())["final_val_loss"] == summary["final_val_loss"]
 

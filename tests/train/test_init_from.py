@@ -38,8 +38,19 @@ def test_init_from_an_hf_model_starts_from_its_weights_then_resumes(hf_llama, tm
     assert (cfg.arch, cfg.n_layers, cfg.d_model, cfg.kv_heads, cfg.ffn_hidden) == ("transformer", 2, 64, 2, 96)
     assert all(torch.equal(model.state_dict()[k], ref[k]) for k in ref)
     assert Run(run_dir).config()["model"]["d_model"] == 64  # config.yaml records what was trained, not the preset
+    assert_named_llama(run_dir)
     # a relaunch with a larger budget resumes the run's own checkpoint: same architecture, no reload of the HF weights
     more = run_train([a if not a.startswith("trainer.tokens=") else f"trainer.tokens={6 * 1024}" for a in args], 1,
                      tmp_path / "logs2", launcher="plain")
     assert "resumed from checkpoint" in more.output(0) and "model.init_from=" not in more.output(0)
     assert Run(run_dir).latest().step == 6
+    assert_named_llama(run_dir)
+
+
+def assert_named_llama(run_dir):
+    """The run is labelled by what was loaded (the HF folder's name, its arch), never the preset's (diff-tiny):
+    summary.json, config.yaml and the checkpoint's meta.json, as `sweep collect` groups runs by them."""
+    run = Run(run_dir)
+    assert (run.summary()["model"], run.summary()["arch"]) == ("llama", "transformer"), run.summary()
+    assert (run.config()["model"]["name"], run.config()["model"]["arch"]) == ("llama", "transformer")
+    assert (run.config()["model"]["n_layers"], run.latest().meta["model"]["name"]) == (2, "llama")

@@ -4,12 +4,14 @@ run differs from what was asked (a rounded budget, a warmup longer than the run)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 import yaml
 
 from diffllm.runs import Run
+from tests.distributed import run_train
 from tests.train.helpers import TINY
 from tests.train.test_cli import diffllm_train
 
@@ -29,6 +31,12 @@ def one_error_line(done) -> str:
 
 def snapshot(run_dir) -> dict:
     return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def listing(run_dir) -> dict:
+    """Every path under run_dir (folders too) with its mtime and size: a new, removed or rewritten entry shows."""
+    return {p.relative_to(run_dir).as_posix(): (p.is_dir(), p.stat().st_mtime_ns, p.stat().st_size)
+            for p in [run_dir, *sorted(run_dir.rglob("*"))]}
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +112,7 @@ def test_another_runs_checkpoint_is_refused_in_a_used_run_dir_and_continues_in_a
     assert [json.loads(x)["step"] for x in (new / "metrics.jsonl").read_text().splitlines()] == [6, 8, 8]
     again = diffllm_train(tmp_path, *args)  # the same command again continues its own run, not the other one
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"resumed from checkpoint {new}/checkpoints/step8" in again.stdout
+    assert f"{new}/checkpoints/step8: the finished run's last checkpoint (step 8" in again.stdout
     assert "already at its budget" in again.stdout
 
 
@@ -119,6 +127,13 @@ def test_damaged_run_dirs_are_one_line_errors(finished, tmp_path):
     line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={states}"))
     assert f"{states}/checkpoints/step4: cannot load this checkpoint" in line and "damaged" in line, line
 
+    cut = copy_of(finished, tmp_path, "cut")  # a file cut short: torch's message is long; the line ends at a sentence
+    shard = cut / "checkpoints" / "step4" / "mp_rank_00_model_states.pt"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={cut}"))
+    assert f"{cut}/checkpoints/step4: cannot load this checkpoint (RuntimeError: PytorchStreamReader" in line, line
+    assert re.search(r"\(RuntimeError: [^()]*\.\); the checkpoint is damaged: resume an earlier one", line), line
+
     meta = copy_of(finished, tmp_path, "meta")
     (meta / "checkpoints" / "step4" / "meta.json").write_text("{garbage")
     line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={meta}"))
@@ -130,3 +145,39 @@ def test_a_resumed_run_refuses_another_tokenizer(finished, tmp_path):
     line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", "trainer.tokens=8192",
                                         "data.tokenizer.vocab_size=512"))
     assert "data.tokenizer: this run was trained with another tokenizer (vocab_size (1024 -> 512))" in line, line
+
+
+def test_a_finished_run_relaunched_on_two_ranks_stays_untouched(finished, tmp_path):
+    """Issue 20: `torchrun --nproc_per_node 2` after a 1-rank run converted its finished checkpoint to a universal one
+    (writing into the run) and then died on the data state; a finished run is final at any world size."""
+    run_dir = copy_of(finished, tmp_path)
+    before, content = listing(run_dir), snapshot(run_dir)
+    again = run_train([*ARGS, f"run_dir={run_dir}"], 2, tmp_path / "logs")
+    assert "already at its budget" in again.output(0), again.output(0)
+    assert "universal" not in again.output(0) and "Traceback" not in again.output(0) + again.output(1)
+    assert listing(run_dir) == before and snapshot(run_dir) == content
+
+
+def test_a_world_size_the_data_state_cannot_take_is_one_line_before_anything_is_written(finished, tmp_path):
+    """A 1-rank run (1 data stream) continued on 2 ranks: one line naming the problem and the way out, exit 2 on every
+    rank, and the run directory exactly as it was (no universal conversion)."""
+    run_dir = copy_of(finished, tmp_path)
+    before, content = listing(run_dir), snapshot(run_dir)
+    more = run_train([*ARGS, f"run_dir={run_dir}", "trainer.tokens=8192"], 2, tmp_path / "logs", expect=2)
+    for rank in (0, 1):
+        out = more.output(rank)
+        assert "Traceback" not in out and "universal" not in out, out
+        errors = [line for line in out.splitlines() if "error" in line.lower()]
+        assert len(errors) == 1 and errors[0].startswith("diffllm train: error: data state has 1 streams"), out
+        assert "must divide 1" in errors[0] and "data.resume=false" in errors[0], errors[0]
+    assert listing(run_dir) == before and snapshot(run_dir) == content
+
+
+@pytest.mark.parametrize("missing", ["data.val.0.path", "data.sources.0.path"])
+def test_a_data_error_leaves_no_run_dir_behind(tokenizer, tmp_path, missing):
+    """Inputs are checked before run_dir is created: a data config naming a file that does not exist is one line and
+    exit 2, and there is no (empty) run directory afterwards."""
+    run_dir = tmp_path / "runs" / "new"
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", f"{missing}=/nonexistent/x.txt"))
+    assert "/nonexistent/x.txt: no such file" in line, line
+    assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))

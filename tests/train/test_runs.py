@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffllm.runs import Checkpoint, Run, choose_tokenizer, find_checkpoint, read_meta
+from diffllm.runs import Checkpoint, Run, choose_tokenizer, exception_line, find_checkpoint, read_meta
 from tests.distributed import run_train
 from tests.train.helpers import STEPS, TINY
 
@@ -109,3 +109,13 @@ def test_choose_tokenizer_is_the_one_decision_in_its_order(tmp_path):
     assert choose_tokenizer(run) == (Path("old/tok.json"), False)  # a run from before runs kept their tokenizer
     run.write_tokenizer("{}")
     assert choose_tokenizer(run, configured="my/tok.json") == (run.dir / "tokenizer.json", True)
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("short and whole", "short and whole"),
+    ("first line whole, however long it is not\nsecond line", "first line whole, however long it is not"),
+    ("One sentence. " * 30, ("One sentence. " * 17).strip()),  # the sentences that fit in 240 characters
+    ("word " * 60, ("word " * 48).strip() + " ..."),  # no sentence end: cut at a word, marked
+])
+def test_exception_line_shows_whole_sentences(message, shown):
+    assert exception_line(RuntimeError(message)) == f"RuntimeError: {shown}"
