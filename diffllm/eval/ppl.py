@@ -27,7 +27,7 @@ class PplConfig:
     step: Any = "latest"
     data: Any = None  # null | shakespeare | path/to/*.txt | [a.txt, b.jsonl]
     seq_len: Optional[int] = None  # null: the run's data.seq_len
-    batch_size: int = 32  # windows per forward (8 -> 32 doubles tokens/s on CPU: scripts/bench_eval.py)
+    batch_size: int = 8  # windows per forward (on CPU 8 beats 32: the logits stay smaller; scripts/bench_eval.py)
     max_tokens: Optional[int] = None  # per source; null: every document (every held-out window)
     whole: bool = False  # with a data.val_fraction config: score every document of its sources (mostly training
     # text), not only the windows the trainer held out
