@@ -243,12 +243,15 @@ def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches
             for src in resolve_sources(cfg, val=True)}
 
 
-def _val_batches(sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int,
-                 what: str) -> list[torch.Tensor]:
-    fixed = dataclasses.replace(cfg, seed=0)  # the held-out stream must not change with the training seed
-    stream = Stream(sources, tok, fixed, 0, 1, shuffle=False, epochs=1, part="val")
-    windows = []
-    while len(windows) < batch_size * max_batches:
+def val_windows(sources: list[Source], cfg: DataConfig, tok: Tokenizer, limit: Optional[int] = None,
+                what: str = "data.val") -> list[np.ndarray]:
+    """The held-out stream's windows (seq_len + 1 tokens, consecutive, unpadded), read once in file order with seed 0
+    (the held-out stream must not change with the training seed): at most `limit`, or all of them. Validation's
+    batches are its first ones; `diffllm eval ppl` scores all of them (with data.val_fraction: the held-out documents
+    only, as the trainer validates)."""
+    stream = Stream(sources, tok, dataclasses.replace(cfg, seed=0), 0, 1, shuffle=False, epochs=1, part="val")
+    windows: list[np.ndarray] = []
+    while limit is None or len(windows) < limit:
         try:
             windows.append(stream.next_window())
         except StopIteration:
@@ -258,6 +261,12 @@ def _val_batches(sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_s
                 raise DataError(f"data.val_fraction={cfg.val_fraction}: {what} has no held-out document; raise "
                                 "data.val_fraction or configure data.val") from None
             raise
+    return windows
+
+
+def _val_batches(sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int,
+                 what: str) -> list[torch.Tensor]:
+    windows = val_windows(sources, cfg, tok, batch_size * max_batches, what)
     if len(windows) < batch_size:
         raise DataError(f"{what}: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
                         + ("; raise data.val_fraction" if cfg.holds_out else ""))

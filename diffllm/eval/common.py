@@ -2,8 +2,10 @@
 batched, gradient-free scorer (log-probabilities of target tokens) that perplexity, needles and lm-eval all use."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
@@ -27,11 +29,23 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
         print(usage(name, cls))
         return
     try:
-        body(from_key_values(cls, argv, name.split()[-1]))
+        body(from_key_values(cls, unquote(argv), name.split()[-1]))
     except (ValueError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
         from ..config import fail
 
         fail(f"diffllm {name}", str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def unquote(argv: list[str]) -> list[str]:
+    """Hydra-style quoting: `key='a b'` or `key="a b"` (the shell passes the quotes when the whole argument is
+    quoted, "prompt='Anne Elliot was'") means the value inside one pair of matching quotes."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out.append(key + eq + value)
+    return out
 
 
 def usage(name: str, cls: type) -> str:
@@ -60,8 +74,26 @@ def load_run(run: str, step: Any = "latest"):
     if not path.exists():
         raise EvalError(f"run={run}: no such directory")
     r = Run(path)
-    cfg, model, tok = r.model(step=step)
+    with library_output_to_stderr():  # DeepSpeed's zero_to_fp32 prints what it converts
+        cfg, model, tok = r.model(step=step)
     return r, cfg, model, tok
+
+
+@contextlib.contextmanager
+def library_output_to_stderr():
+    """Inside: what libraries print (DeepSpeed's zero_to_fp32 `print`s, its logger's stdout handler) goes to stderr,
+    so a command's stdout holds only its own output (`diffllm generate ... > out.txt`)."""
+    handlers = [h for h in logging.getLogger("DeepSpeed").handlers
+                if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__)]
+    saved = [h.stream for h in handlers]
+    for h in handlers:
+        h.stream = sys.stderr
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for h, stream in zip(handlers, saved):
+            h.stream = stream
 
 
 def say(msg: str) -> None:
@@ -95,7 +127,13 @@ def out_dir(out: Optional[str], run_dir: Path) -> Path:
 def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) in fp32: tokens (B, T+1) -> (B, T)."""
     logits = model(tokens[:, :-1]).float()  # (B, T, V)
-    return -F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
+    B, T, V = logits.shape
+    rows, targets = logits.view(B * T, V), tokens[:, 1:].reshape(B * T)
+    # over contiguous rows, as the trainer's loss (4x faster on CPU than over the transposed (B, V, T) view), a few
+    # MB of rows at a time: log_softmax's temporary stays in cache (row by row, so the numbers do not change)
+    step = max(1, (1 << 21) // V)
+    return -torch.cat([F.cross_entropy(rows[i : i + step], targets[i : i + step], reduction="none")
+                       for i in range(0, B * T, step)]).view(B, T)  # (B, T)
 
 
 def padded(seqs: list[list[int]]) -> torch.Tensor:

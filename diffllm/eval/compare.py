@@ -1,8 +1,10 @@
 """`diffllm eval compare runs=[a,b,...]`: one table and plots of every evaluation for several runs (the Diff vs
 Transformer report after a sweep). Each run's results are read from <run>/eval/*.json; a missing one is computed
-first with the command's defaults (compute=false: leave it blank)."""
+first with the command's defaults (compute=false: leave it blank); what will be computed is said before it starts.
+The table and plots go to `out`, by default <the runs' common parent>/compare."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -50,7 +52,17 @@ class CompareConfig:
     runs: List[str] = field(default_factory=list)
     evals: List[str] = field(default_factory=lambda: list(EVALS))
     compute: bool = True  # compute a missing result (with the command's defaults) instead of leaving it blank
-    out: str = "compare"  # folder for compare.{md,json} and compare-*.png
+    out: Optional[str] = None  # folder for compare.{md,json,png}; null: <the runs' common parent folder>/compare
+
+
+def missing(runs: List[str], evals: List[str]) -> dict[str, List[str]]:
+    """{evaluation: [runs without its results file]} (only evaluations some run lacks)."""
+    out: dict[str, List[str]] = {}
+    for name in evals:
+        lacking = [run for run in runs if not (Path(run) / "eval" / EVALS[name][0]).is_file()]
+        if lacking:
+            out[name] = lacking
+    return out
 
 
 def collect(run: str, evals: List[str], compute: bool) -> dict:
@@ -63,6 +75,12 @@ def collect(run: str, evals: List[str], compute: bool) -> dict:
             res = fn(run)
         got[name] = res
     return got
+
+
+def default_out(runs: List[str]) -> Path:
+    """<the runs' common parent folder>/compare (a sweep's folder for the runs of a sweep)."""
+    parents = [str(Path(run).resolve().parent) for run in runs]
+    return Path(os.path.commonpath(parents)) / "compare"
 
 
 def row(run: str, r: dict) -> list:
@@ -108,7 +126,8 @@ def plots(results: dict, folder: Path) -> list[Path]:
     a1.set(xlabel="needles N", ylabel="accuracy", title="multi-needle retrieval", ylim=(0, 1))
     a2.set(xlabel="answer depth (%)", ylabel="attention to answer", title="attention allocation")
     for ax in (a1, a2):
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no results of this kind: no empty legend
+            ax.legend(fontsize=7)
     path = folder / "compare.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -125,8 +144,17 @@ def run_compare(c: CompareConfig) -> dict:
     for run in c.runs:
         if not Path(run).is_dir():
             raise EvalError(f"runs: {run}: no such directory")
+    todo = missing(c.runs, c.evals)
+    if todo and c.compute:
+        n = sum(len(r) for r in todo.values())
+        say(f"computing {n} missing evaluation(s) with each command's defaults (a few minutes each on CPU; "
+            f"compute=false leaves them blank): " + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}"
+                                                                 for name, runs in todo.items()))
+    elif todo:
+        say("left blank (compute=false): " + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}"
+                                                         for name, runs in todo.items()))
     results = {run: collect(run, c.evals, c.compute) for run in c.runs}
-    folder = Path(c.out)
+    folder = Path(c.out) if c.out else default_out(c.runs)
     folder.mkdir(parents=True, exist_ok=True)
     table = markdown(HEADER, [row(run, r) for run, r in results.items()])
     (folder / "compare.md").write_text(table + "\n")

@@ -108,10 +108,10 @@ class OutliersConfig:
 
 def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_len: int, batch_size: int) -> list:
     """Full windows (B, seq_len+1) of held-out text, about n_tokens tokens in all."""
-    from .ppl import eval_sources, source_docs, windows
+    from .ppl import score_sets
 
-    docs, _ = source_docs(tok, eval_sources(run_cfg, data)[0], n_tokens + seq_len)
-    batches = [t for t, _ in windows(docs, tok.eos_id, seq_len, batch_size) if t.shape[1] == seq_len + 1]
+    first = score_sets(run_cfg, data, tok, seq_len, batch_size, n_tokens + seq_len)[0]  # held-out windows, as ppl's
+    batches = [t for t, _ in first.batches if t.shape[1] == seq_len + 1]
     if not batches:
         raise EvalError(f"data: fewer than {seq_len + 1} tokens of held-out text")
     kept, count = [], 0

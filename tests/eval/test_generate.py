@@ -108,3 +108,10 @@ def test_command_prints_the_continuation(runs, capsys):
     main([f"run={runs('diff')}", f"prompt={PROMPT}", "max_new_tokens=8", "stop=XYZ"])
     out = capsys.readouterr()
     assert out.out.startswith(PROMPT) and "new tokens, stopped at" in out.err
+
+
+@pytest.mark.parametrize("quoted", ["'KING HENRY:'", '"KING HENRY:"'])
+def test_one_pair_of_quotes_around_a_value_is_hydra_quoting(runs, capsys, quoted):
+    """`diffllm generate run=... "prompt='KING HENRY:'"`: the shell passes the quotes; the prompt is what they hold."""
+    main([f"run={runs('transformer')}", f"prompt={quoted}", "max_new_tokens=3"])
+    assert capsys.readouterr().out.startswith("KING HENRY:")

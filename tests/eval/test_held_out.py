@@ -1,0 +1,70 @@
+"""Evaluation of a run whose data config holds out a share of its training documents (data.val_fraction): `eval ppl`
+scores exactly the windows the trainer validated on (same tokens, same loss), and whole sources only when asked."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffllm.config import build
+from diffllm.data import DataConfig, build_val_batches
+from diffllm.eval.ppl import main
+from diffllm.runs import Run
+
+
+def trainer_val(run_dir) -> tuple[float, int]:
+    """(the trainer's last val_loss from metrics.jsonl, the target tokens of its validation set)."""
+    run = Run(run_dir)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    loss = [r["val_loss"] for r in records if "val_loss" in r][-1]
+    data = build(DataConfig, run.config()["data"], "data")
+    batches = build_val_batches(data, run.tokenizer(), 1, 100000)  # the trainer's call, with the run's settings
+    return loss, sum(int(b[:, 1:].numel()) for b in batches)
+
+
+def test_ppl_scores_the_windows_the_trainer_held_out(held_out_run, tmp_path, capsys):
+    loss, tokens = trainer_val(held_out_run)
+    main([f"run={held_out_run}", f"out={tmp_path / 'held'}"])
+    res = json.loads((tmp_path / "held" / "ppl.json").read_text())["sources"]["hamlet"]
+    assert res["tokens"] == tokens
+    assert res["loss"] == pytest.approx(loss, abs=1e-5)
+    assert "held-out windows of hamlet (data.val_fraction=0.05)" in capsys.readouterr().err
+    main([f"run={held_out_run}", "whole=true", f"out={tmp_path / 'whole'}"])  # the whole book: an explicit choice
+    whole = json.loads((tmp_path / "whole" / "ppl.json").read_text())["sources"]["hamlet"]
+    assert whole["tokens"] > 10 * tokens and "every document of hamlet (whole=true" in capsys.readouterr().err
+
+
+def test_max_tokens_takes_whole_held_out_windows(held_out_run, tmp_path):
+    main([f"run={held_out_run}", "max_tokens=640", f"out={tmp_path}"])
+    assert json.loads((tmp_path / "ppl.json").read_text())["sources"]["hamlet"]["tokens"] == 640  # 10 windows of 64
+
+
+def cli(*argv: str):
+    import subprocess
+    import sys
+
+    from tests.distributed import REPO, base_env
+
+    return subprocess.run([sys.executable, "-m", "diffllm.cli", *argv], cwd=REPO, env=base_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_generate_stdout_is_only_the_text_and_quotes_are_hydras(held_out_run):
+    """A ZeRO-1 run's weights come back through DeepSpeed's zero_to_fp32, which prints; stdout holds the prompt and
+    its continuation alone. "prompt='...'" (the shell keeps quotes inside a quoted argument) is the text inside."""
+    from diffllm.eval.generate import generate
+
+    prompt = "Anne Elliot was"
+    _, model, tok = Run(held_out_run).model()
+    want = prompt + generate(model, tok, prompt, max_new_tokens=8)["text"] + "\n"
+    got = cli("generate", f"run={held_out_run}", f"prompt='{prompt}'", "max_new_tokens=8")
+    assert got.returncode == 0 and got.stdout == want, got.stderr
+    got = cli("generate", f"run={held_out_run}", f'prompt="{prompt}"', "max_new_tokens=8")
+    assert got.stdout == want
+    assert "zero checkpoint" in got.stderr  # DeepSpeed's chatter is not lost, only moved
+
+
+def test_an_eval_commands_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
+    got = cli("eval", "outliers", f"run={held_out_run}", "tokens=256", "bits=[4]", f"out={tmp_path}")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.startswith("| activation |") and "checkpoint" not in got.stdout and "deepspeed" not in got.stdout
