@@ -18,10 +18,12 @@ environment defaults), so loading a trained model is cheap and side-effect free:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -413,7 +415,8 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
             return {k: v.float() for k, v in module.items()}
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
+        with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is the caller's (generate's text)
+            return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
         raise ValueError(f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
                          f"an earlier step") from None

@@ -184,8 +184,9 @@ def build(cls: type[T], node: Any, prefix: str) -> T:
 
 
 def from_key_values(cls: type[T], argv: list[str], prefix: str) -> T:
-    """`key=value ...` (Hydra-style) into the dataclass `cls`. Strings are taken verbatim (a prompt may hold `:` or
-    `#`); other fields are YAML values (`runs=[a,b]`, `n_needles=[1,2]`, `seed=3`). Errors name the key."""
+    """`key=value ...` (Hydra-style) into the dataclass `cls`. A value inside one pair of matching quotes is what is
+    inside (`key='a b'`, as Hydra reads it). Strings are taken verbatim (a prompt may hold `:` or `#`); other fields
+    are YAML values (`runs=[a,b]`, `n_needles=[1,2]`, `seed=3`). Errors name the key."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     values: dict[str, Any] = {}
@@ -198,6 +199,8 @@ def from_key_values(cls: type[T], argv: list[str], prefix: str) -> T:
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {near[0]}?" if near else f" (keys: {', '.join(names)})"
             raise ValueError(f"{prefix}.{key}: unknown key{hint}")
+        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":  # Hydra quoting: "prompt='Anne Elliot was'"
+            raw = raw[1:-1]
         value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
         if typing.get_origin(hints[key]) in (list, List) and not isinstance(value, list) and value is not None:
             value = [raw if typing.get_args(hints[key]) == (str,) else value]  # stop=. is stop=[.]

@@ -29,23 +29,11 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
         print(usage(name, cls))
         return
     try:
-        body(from_key_values(cls, unquote(argv), name.split()[-1]))
+        body(from_key_values(cls, argv, name.split()[-1]))
     except (ValueError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
         from ..config import fail
 
         fail(f"diffllm {name}", str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-
-def unquote(argv: list[str]) -> list[str]:
-    """Hydra-style quoting: `key='a b'` or `key="a b"` (the shell passes the quotes when the whole argument is
-    quoted, "prompt='Anne Elliot was'") means the value inside one pair of matching quotes."""
-    out = []
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if eq and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out.append(key + eq + value)
-    return out
 
 
 def usage(name: str, cls: type) -> str:

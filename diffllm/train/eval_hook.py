@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy, task_prompts
-from ..eval.ppl import eval_sources, perplexity, source_docs, windows
+from ..eval.ppl import perplexity, score_sets
 from .config import EvalConfig
 from .hooks import Hook
 
@@ -56,13 +56,11 @@ class InLoopEval(Hook):
         c, model_len = self.cfg, trainer.model_cfg.max_seq_len
         if self.seq_len > model_len:
             raise ValueError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
-        for name in c.ppl_data:
-            sources = eval_sources(None, name)
-            for src in sources:
-                docs, n_bytes = source_docs(self.tok, src, c.ppl_max_tokens)
-                key = name if len(sources) == 1 else f"{name}/{src.name}"
-                batches = windows(docs, self.tok.eos_id, self.seq_len, c.batch_size)
-                self.ppl_sets[key] = ([(t.to(trainer.device), m.to(trainer.device)) for t, m in batches], n_bytes)
+        for name in c.ppl_data:  # what `diffllm eval ppl data=<name>` scores: held-out windows or whole sources
+            sets = score_sets(None, name, self.tok, self.seq_len, c.batch_size, c.ppl_max_tokens)
+            for s in sets:
+                key = name if len(sets) == 1 else f"{name}/{s.name}"
+                self.ppl_sets[key] = ([(t.to(trainer.device), m.to(trainer.device)) for t, m in s.batches], s.n_bytes)
         if c.needle_n:
             length = c.needle_length or self.seq_len
             if length > model_len:
