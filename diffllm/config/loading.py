@@ -77,7 +77,7 @@ def config_groups(config_name: str) -> dict[str, str]:
 
 def group_defaults(group: str, name: str) -> dict[str, str]:
     """{base group: option} of the defaults list of configs/<group>/<name>.yaml along the search path, e.g.
-    {"arch": "diff", "size": "micro-2"} for a model preset (`- size/micro-2@_here_`); {} when there is none."""
+    {"arch": "<arch>", "size": "micro-2"} for a model preset (`- size/micro-2@_here_`); {} when there is none."""
     path = find_config(group, name)
     out: dict[str, str] = {}
     for entry in (OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []) if path else []:
