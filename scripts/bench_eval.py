@@ -36,7 +36,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     from diffllm.config import build, compose
-    from diffllm.data import DataConfig, build_val_batches, ensure_tokenizer
+    from diffllm.data import Batch, DataConfig, build_val_batches, ensure_tokenizer
     from diffllm.eval.ppl import perplexity
     from diffllm.model import DecoderLM, ModelConfig
 
@@ -47,7 +47,7 @@ def main() -> None:
     mcfg.vocab_size = tok.vocab_size
     model = DecoderLM(mcfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    windows = torch.cat(build_val_batches(data, tok, max(a.batch), 2))  # (2 * max batch, T + 1)
+    windows = torch.cat([b.tokens for b in build_val_batches(data, tok, max(a.batch), 2)])  # (2 * max batch, T + 1)
 
     def train_step() -> int:
         model.train()
@@ -61,7 +61,7 @@ def main() -> None:
 
     def eval_pass(bs: int) -> int:
         model.eval()
-        batches = [(windows[i : i + bs], torch.ones(bs, a.seq_len, dtype=torch.bool)) for i in (0, bs)]
+        batches = [Batch(windows[i : i + bs]) for i in (0, bs)]  # every target counts
         return perplexity(model, batches)["tokens"]
 
     @torch.inference_mode()

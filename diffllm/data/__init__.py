@@ -5,7 +5,7 @@ import importlib
 _WHERE = {"DataConfig": "config", "DataError": "config", "SourceConfig": "config", "TokenizerConfig": "config",
           "cache_dir": "config", "TrainLoader": "loader", "build_train_loader": "loader",
           "build_val_batches": "loader", "build_val_sets": "loader", "Tokenizer": "tokenizer",
-          "ensure_tokenizer": "tokenizer", "load_tokenizer": "tokenizer"}
+          "ensure_tokenizer": "tokenizer", "load_tokenizer": "tokenizer", "Batch": "batch", "Marked": "batch"}
 __all__ = list(_WHERE)
 
 

@@ -47,6 +47,9 @@ def prepare_main(cfg: DictConfig) -> None:
     print("| source | files | docs | empty | undecodable | tokens | seconds | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")
     for src in sources:
+        if src.kind == "needle":
+            print(f"| {src.name} | synthetic: generated on the fly, also with data.prepared_dir (nothing to prepare) |||||||")
+            continue
         m = prepare_source(src, tok, out, int(cfg.workers))
         print(f"| {src.name} | {src.n_files} | {m['docs']:,} | {m['empty']:,} | {m['undecodable']:,} | {m['tokens']:,} | "
               f"{m['seconds']:.2f} | {m['tokens'] / max(m['seconds'], 1e-9):,.0f} |")

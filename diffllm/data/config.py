@@ -8,6 +8,7 @@ from typing import Any, List, Optional
 
 FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle")  # needle: synthetic retrieval (needle.py)
 SAMPLE_BY = ("document", "paragraph", "line")
+LOSS_ON = ("all", "marked")
 
 
 class DataError(ValueError):
@@ -84,6 +85,9 @@ class DataConfig:
     prepared_dir: Optional[str] = None  # read pre-tokenized shards written by `diffllm data prepare` from here
     ignore_fingerprint: bool = False  # resume even though the sources or tokenizer changed since the state was saved
     resume: bool = True  # false: ignore a saved data state and start the stream afresh (repeats data)
+    doc_mask: bool = False  # attention stays within each packed document (false: across documents, as the paper trained)
+    restart_positions: bool = False  # with doc_mask: rotary positions restart at 0 at each document start
+    loss_on: str = "all"  # all: every target token counts | marked: only the tokens a source marks (e.g. answers)
 
     def __post_init__(self) -> None:
         from ..config import build
@@ -127,6 +131,11 @@ class DataConfig:
                             "empty; set data.val=[] to use it, or data.val_fraction=0 to keep the configured data.val")
         if self.worker_timeout_s < 0:
             raise DataError(f"data.worker_timeout_s: must be >= 0 (0 = wait forever), got {self.worker_timeout_s}")
+        if self.loss_on not in LOSS_ON:
+            raise DataError(f"data.loss_on: got {self.loss_on!r}, expected one of {LOSS_ON}")
+        if self.restart_positions and not self.doc_mask:
+            raise DataError("data.restart_positions=true needs data.doc_mask=true (positions restart per document only "
+                            "when attention stays within documents)")
         if self.num_streams is not None and self.num_streams < 1:
             raise DataError(f"data.num_streams: must be >= 1 or null, got {self.num_streams}")
         names = [s.name for s in self.sources + self.val]

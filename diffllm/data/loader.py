@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from .batch import Batch
 from .config import DataConfig, DataError
 from . import workers
 from .sources import Source, resolve
@@ -45,7 +46,8 @@ def _close_live_loaders() -> None:
 
 class _Slots(torch.utils.data.IterableDataset):
     """What worker w runs: slot `slots[w]`, its streams round-robin, yielding (slot, batch, update) tuples, the batch
-    a numpy array (micro_batch_size, seq_len + 1) int32, sent by value (see workers.as_is).
+    a numpy array (micro_batch_size, 3, seq_len + 1) int32 of packed windows (diffllm.data.batch), sent by value
+    (see workers.as_is).
     Errors travel as ("error", message) so the training process re-raises them as one-line DataErrors."""
 
     def __init__(self, loader: "TrainLoader", slots: list[int]):
@@ -75,7 +77,8 @@ class _Slots(torch.utils.data.IterableDataset):
 
 
 class TrainLoader:
-    """Micro-batches (micro_batch_size, seq_len + 1) of this rank, forever; `state_dict`/`load_state_dict` resume it."""
+    """Micro-batches (a Batch of micro_batch_size windows of seq_len + 1 tokens, with the document ids and loss mask
+    the data config asks for) of this rank, forever; `state_dict`/`load_state_dict` resume it."""
 
     def __init__(self, cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int):
         if not 0 <= rank < world_size:
@@ -109,7 +112,7 @@ class TrainLoader:
     def __iter__(self) -> "TrainLoader":
         return self
 
-    def __next__(self) -> torch.Tensor:
+    def __next__(self) -> Batch:
         if self._it is None:
             self._it = self._start()
         try:
@@ -128,7 +131,7 @@ class TrainLoader:
         self.turns[g] = update["turn"]
         self.next_worker = (g - self.rank * self.workers + 1) % self.workers
         self.batches += 1
-        return torch.from_numpy(batch).long()
+        return Batch.from_windows(batch, self.cfg)
 
     def _start(self) -> Iterator:
         mine = self.slots()
@@ -229,14 +232,14 @@ def build_train_loader(cfg: DataConfig, tok: Tokenizer, rank: int, world_size: i
     return TrainLoader(cfg, tok, rank, world_size, micro_batch_size)
 
 
-def build_val_batches(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> list[torch.Tensor]:
-    """The first max_batches batches (batch_size, seq_len + 1) of the held-out sources, read once in file order
+def build_val_batches(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> list[Batch]:
+    """The first max_batches batches (of batch_size windows of seq_len + 1 tokens) of the held-out sources, read once in file order
     (several sources: one stream, each window drawn from a source by weight)."""
     return _val_batches(resolve_sources(cfg, val=True), cfg, tok, batch_size, max_batches, "data.val")
 
 
-def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> dict[str, list[torch.Tensor]]:
-    """Per held-out source (by name, config order): its own first max_batches batches (batch_size, seq_len + 1),
+def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> dict[str, list[Batch]]:
+    """Per held-out source (by name, config order): its own first max_batches batches of batch_size windows,
     read once in file order, so that a loss can be reported per source. With data.val_fraction the sources are the
     training sources' held-out documents."""
     return {src.name: _val_batches([src], cfg, tok, batch_size, max_batches, f"held-out source {src.name!r}")
@@ -245,7 +248,7 @@ def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches
 
 def val_windows(sources: list[Source], cfg: DataConfig, tok: Tokenizer, limit: Optional[int] = None,
                 what: str = "data.val") -> list[np.ndarray]:
-    """The held-out stream's windows (seq_len + 1 tokens, consecutive, unpadded), read once in file order with seed 0
+    """The held-out stream's packed windows ((3, seq_len + 1): tokens, document ids, loss marks), read once in file order with seed 0
     (the held-out stream must not change with the training seed): at most `limit`, or all of them. Validation's
     batches are its first ones; `diffllm eval ppl` scores all of them (with data.val_fraction: the held-out documents
     only, as the trainer validates)."""
@@ -265,10 +268,10 @@ def val_windows(sources: list[Source], cfg: DataConfig, tok: Tokenizer, limit: O
 
 
 def _val_batches(sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int,
-                 what: str) -> list[torch.Tensor]:
+                 what: str) -> list[Batch]:
     windows = val_windows(sources, cfg, tok, batch_size * max_batches, what)
     if len(windows) < batch_size:
         raise DataError(f"{what}: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
                         + ("; raise data.val_fraction" if cfg.holds_out else ""))
     n = len(windows) // batch_size
-    return [torch.from_numpy(np.stack(windows[i * batch_size : (i + 1) * batch_size])).long() for i in range(n)]
+    return [Batch.from_windows(np.stack(windows[i * batch_size : (i + 1) * batch_size]), cfg) for i in range(n)]

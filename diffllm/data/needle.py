@@ -19,6 +19,8 @@ from typing import Iterator
 
 import numpy as np
 
+from .batch import Marked
+
 KEYS = ("lark", "bear", "cat", "deer", "eagle", "fox", "raven", "ox", "lion", "ape", "boar", "ass", "fly", "seal",
         "bird", "wolf", "ant", "beast", "serpent", "dog", "sheep", "fish", "calf", "bull", "horse", "lamb", "bat",
         "cock", "worm", "crow", "dove", "goose")
@@ -75,16 +77,19 @@ class NeedleSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def needle_document(rng: np.random.Generator, spec: NeedleSpec) -> str:
-    """One training document: filler with needles at random word slots, then `queries` queries of needle keys."""
+def needle_document(rng: np.random.Generator, spec: NeedleSpec) -> Marked:
+    """One training document: filler with needles at random word slots, then `queries` queries of needle keys. Only
+    the queries' value words are marked as counting in the loss (data.loss_on=marked): everything else is random."""
     n = int(rng.integers(spec.n_needles[0], spec.n_needles[1] + 1))
     keys = rng.choice(len(KEYS), n, replace=False)
     values = rng.choice(len(VALUES), n, replace=True)
     words = [" " + FILLER[i] for i in rng.integers(0, len(FILLER), spec.filler)]
     for slot, k, v in sorted(zip(rng.integers(0, spec.filler + 1, n), keys, values), key=lambda t: -t[0]):
         words.insert(int(slot), needle_phrase(KEYS[k], VALUES[v]))
-    asked = rng.integers(0, n, spec.queries)
-    return "".join(words) + "".join(needle_phrase(KEYS[keys[a]], VALUES[values[a]]) for a in asked)
+    parts = [("".join(words), False)]
+    for a in rng.integers(0, n, spec.queries):  # " magic <key> is" | " <value>" (counts) | " ."
+        parts += [(f" {MARK} {KEYS[keys[a]]} {LINK}", False), (f" {VALUES[values[a]]}", True), (f" {END}", False)]
+    return Marked(parts)
 
 
 def documents(spec: NeedleSpec, file: int, start: int, stride: int) -> Iterator[tuple[int, str, int]]:

@@ -9,6 +9,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from .batch import DOCS, MARKS, TOKENS, Marked
 from .config import DataError
 from .sources import Reader, Source
 from .tokenizer import Tokenizer, say
@@ -56,7 +57,7 @@ class Packer:
         self.counts = {k: st[k] for k in ("docs", "empty", "undecodable", "tokens")}
         self._next = (st["epoch"], st["item"], st["example"])  # where reading resumes once the queue is empty
         self._skip = st["offset"]  # tokens of the first document already consumed
-        self._queue: deque = deque()  # [(epoch, item, example), stride, tokens (with EOS), undecodable]
+        self._queue: deque = deque()  # [(epoch, item, example), stride, tokens (with EOS), undecodable, loss marks]
         self._off = 0  # tokens of the queue's first document already consumed
         self._buffered = 0  # tokens in the queue not yet consumed
         self._docs: Optional[Iterator] = None
@@ -116,44 +117,60 @@ class Packer:
                 break
         if not batch:
             return False
-        texts = [d for _, _, d, _ in batch if isinstance(d, str) and d]
-        ids = iter(self.tok.encode_batch(texts)) if texts else iter(())
-        eos = self.tok.eos_id
-        for pos, stride, doc, bad in batch:
-            if doc is None or not len(doc):
-                toks = np.zeros(0, np.int32)  # an empty document: counted, contributes no tokens (not even EOS)
-            else:
-                body = next(ids) if isinstance(doc, str) else doc
-                toks = np.empty(len(body) + 1, np.int32)
-                toks[:-1], toks[-1] = body, eos
-            self._queue.append((pos, stride, toks, bad))
+        for (pos, stride, _, bad), (toks, marks) in zip(batch, self._tokenize([d for _, _, d, _ in batch])):
+            self._queue.append((pos, stride, toks, bad, marks))
             self._buffered += len(toks)
             if self._skip:  # restoring: the first document was partly used before the state was saved
                 self._off, self._skip = self._skip, 0
                 self._buffered -= self._off
         return True
 
+    def _tokenize(self, docs: list) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(tokens + EOS, loss marks) per document, tokenized in one batch: a Marked document segment by segment, its
+        EOS marked as its last token; every other token marked 1. An empty document: no tokens, not even EOS."""
+        texts = [t for d in docs if isinstance(d, str) and d for t in (d.parts if isinstance(d, Marked) else [(d, True)])]
+        ids = iter(self.tok.encode_batch([t for t, _ in texts])) if texts else iter(())
+        out = []
+        for doc in docs:
+            if doc is None or not len(doc):
+                out.append((np.zeros(0, np.int32), np.zeros(0, np.int32)))
+                continue
+            if isinstance(doc, str):
+                segs = [(next(ids), counts) for _, counts in (doc.parts if isinstance(doc, Marked) else [(doc, True)])]
+            else:  # pre-tokenized (prepared shards)
+                segs = [(doc, True)]
+            body = np.concatenate([np.asarray(t, np.int32) for t, _ in segs])
+            marks = np.concatenate([np.full(len(t), counts, np.int32) for t, counts in segs])
+            toks = np.append(body, np.int32(self.tok.eos_id)).astype(np.int32)
+            out.append((toks, np.append(marks, marks[-1] if len(marks) else 1).astype(np.int32)))
+        return out
+
     def next_window(self) -> np.ndarray:
-        """(window,) int32 tokens; StopIteration once a finite number of epochs is exhausted (nothing consumed)."""
+        """(3, window) int32: tokens, document ordinals, loss marks (the rows of diffllm.data.batch); StopIteration
+        once a finite number of epochs is exhausted (nothing consumed)."""
         while self._buffered < self.window:
             if not self._fill():
                 raise StopIteration
-        parts, need = [], self.window
-        while need:
-            toks = self._queue[0][2]
-            take = min(len(toks) - self._off, need)
-            parts.append(toks[self._off : self._off + take])
-            self._off += take
-            need -= take
+        out = np.empty((3, self.window), np.int32)
+        at = doc = 0
+        while at < self.window:
+            _, _, toks, _, marks = self._queue[0]
+            take = min(len(toks) - self._off, self.window - at)
+            if take:
+                out[TOKENS, at : at + take] = toks[self._off : self._off + take]
+                out[MARKS, at : at + take] = marks[self._off : self._off + take]
+                out[DOCS, at : at + take] = doc
+                at, self._off = at + take, self._off + take
             if self._off == len(toks):
+                doc += take > 0  # the next part of the window is another document
                 self._pop()
         while self._queue and not len(self._queue[0][2]):  # empty documents right after the window: count them now
             self._pop()
         self._buffered -= self.window
-        return np.concatenate(parts)
+        return out
 
     def _pop(self) -> None:
-        (e, i, j), stride, toks, bad = self._queue.popleft()
+        (e, i, j), stride, toks, bad, _ = self._queue.popleft()
         self.counts["docs" if len(toks) else "empty"] += 1
         self.counts["undecodable"] += bad
         self._report(not len(toks), "empty documents are skipped (no tokens, no EOS) and counted", (e, i, j))

@@ -13,6 +13,7 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
+from .batch import Marked
 from .config import DataError, SourceConfig
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
@@ -21,7 +22,8 @@ READ_BATCH = 256  # examples per arrow batch when streaming
 SNIFF_BYTES = 8192  # text and json files: the first 8 KiB must look like UTF-8 text
 MAX_UNDECODABLE = 0.2  # ... at most this share of their characters undecodable (U+FFFD after decoding)
 
-Doc = Union[str, np.ndarray, None]  # text (raw sources), token ids (prepared), None (missing/null text)
+
+Doc = Union[str, Marked, np.ndarray, None]  # text (raw sources), token ids (prepared), None (missing/null text)
 
 
 @dataclass
@@ -116,8 +118,9 @@ def _semantic(cfg: SourceConfig) -> dict:
 
 
 def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -> Source:
-    """Files of one source, checked (readable, non-empty, parquet magic) and fingerprinted."""
-    if prepared_dir:
+    """Files of one source, checked (readable, non-empty, parquet magic) and fingerprinted. A synthetic source
+    (format needle) is generated on the fly, prepared_dir or not: `data prepare` skips it."""
+    if prepared_dir and cfg.format != "needle":
         return _resolve_prepared(cfg, where, Path(prepared_dir) / cfg.name)
     if cfg.format == "hub":
         return _resolve_hub(cfg, where)

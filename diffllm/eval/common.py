@@ -112,9 +112,10 @@ def out_dir(out: Optional[str], run_dir: Path) -> Path:
 
 
 @torch.inference_mode()
-def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(tokens[:, t+1] | tokens[:, :t+1]) in fp32: tokens (B, T+1) -> (B, T)."""
-    logits = model(tokens[:, :-1]).float()  # (B, T, V)
+def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor, **model_kwargs) -> torch.Tensor:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) in fp32: tokens (B, T+1) -> (B, T). model_kwargs: document ids
+    (Batch.model_kwargs())."""
+    logits = model(tokens[:, :-1], **model_kwargs).float()  # (B, T, V)
     B, T, V = logits.shape
     rows, targets = logits.view(B * T, V), tokens[:, 1:].reshape(B * T)
     # over contiguous rows, as the trainer's loss (4x faster on CPU than over the transposed (B, V, T) view), a few

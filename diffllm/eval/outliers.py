@@ -83,7 +83,9 @@ def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
 
 def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: List[int]) -> dict:
     """{"fp32": loss, "16": loss, ...}: the mean token loss with every attention map's logits quantised."""
-    full = [(b, torch.ones(b.shape[0], b.shape[1] - 1, dtype=torch.bool)) for b in batches]
+    from ..data.batch import Batch
+
+    full = [Batch(b) for b in batches]  # every target counts
     out = {"fp32": perplexity(model, full)["loss"]}
     for b in bits:
         with scores_transformed(model, absmax_quantiser(b)):
@@ -111,7 +113,7 @@ def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_l
     from .ppl import score_sets
 
     first = score_sets(run_cfg, data, tok, seq_len, batch_size, n_tokens + seq_len)[0]  # held-out windows, as ppl's
-    batches = [t for t, _ in first.batches if t.shape[1] == seq_len + 1]
+    batches = [b.tokens for b in first.batches if b.tokens.shape[1] == seq_len + 1]
     if not batches:
         raise EvalError(f"data: fewer than {seq_len + 1} tokens of held-out text")
     kept, count = [], 0

@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from .common import EvalError, cli, load_run, out_dir, say, target_logprobs, write_json
+
+if TYPE_CHECKING:
+    from ..data import Batch
 
 
 @dataclass
@@ -31,20 +34,23 @@ class PplConfig:
     max_tokens: Optional[int] = None  # per source; null: every document (every held-out window)
     whole: bool = False  # with a data.val_fraction config: score every document of its sources (mostly training
     # text), not only the windows the trainer held out
+    doc_mask: Optional[bool] = None  # attention within documents; null: as the run trained (its data.doc_mask)
     out: Optional[str] = None  # folder for ppl.json; null: <run>/eval
 
 
-def perplexity(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-               n_bytes: Optional[int] = None, progress: Any = None) -> dict:
-    """{loss, ppl, tokens[, bits_per_byte]} over `batches` of (tokens (B, T+1), mask (B, T) of the counted targets).
-    Gradient-free; the model runs with its own (sdpa/flash) kernel. A plain function for in-loop evaluation."""
+def perplexity(model: torch.nn.Module, batches: Iterable["Batch"], n_bytes: Optional[int] = None,
+               progress: Any = None) -> dict:
+    """{loss, ppl, tokens[, bits_per_byte]} over Batches of windows (B, T+1): their counted targets (a Batch's
+    loss_mask; all targets without one), with their document ids when they carry them. Gradient-free; the model runs
+    with its own (sdpa/flash) kernel. A plain function for in-loop evaluation."""
     nats, count = 0.0, 0
-    for tokens, mask in batches:
-        logp = target_logprobs(model, tokens)  # (B, T)
-        nats -= float((logp.double() * mask).sum())
-        count += int(mask.sum())
+    for batch in batches:
+        logp = target_logprobs(model, batch.tokens, **batch.model_kwargs()).double()  # (B, T)
+        mask = batch.target_mask
+        nats -= float(logp.sum() if mask is None else (logp * mask).sum())
+        count += batch.loss_tokens()
         if progress is not None:
-            progress.update(int(tokens[:, 1:].numel()))
+            progress.update(int(batch.targets.numel()))
     if count == 0:
         raise EvalError("perplexity: no tokens to score")
     out = {"loss": nats / count, "ppl": math.exp(min(nats / count, 700.0)), "tokens": count}
@@ -54,21 +60,33 @@ def perplexity(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, tor
     return out
 
 
-def windows(docs: Iterable[list[int]], eos: int, seq_len: int, batch_size: int
-            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(tokens (B, seq_len+1), mask (B, seq_len)) batches of  EOS d1 EOS d2 ...; windows overlap by one token and
-    the mask marks targets that are document tokens. The last window is shorter; batches are never padded."""
+def windows(docs: Iterable[list[int]], eos: int, seq_len: int, batch_size: int, doc_mask: bool = False,
+            restart_positions: bool = False) -> Iterator["Batch"]:
+    """Batches of windows (B, seq_len+1) of  EOS d1 EOS d2 ...; windows overlap by one token and the loss mask marks
+    targets that are document tokens; with doc_mask, document ids from the EOS tokens (an EOS ends its document, as
+    the packer's windows have them). The last window is shorter; batches are never padded."""
+    from ..data.batch import Batch
+
     stream = np.concatenate([np.asarray([eos] + list(d), dtype=np.int64) for d in docs])
     is_doc = np.ones(len(stream), dtype=bool)
     is_doc[stream == eos] = False
+
+    def batch(idx: np.ndarray) -> Batch:  # idx (B, T+1) positions in the stream
+        tokens = torch.from_numpy(stream[idx])
+        ids = None
+        if doc_mask:
+            from ..model.documents import doc_ids_from_eos
+
+            ids = doc_ids_from_eos(tokens, eos)
+        return Batch(tokens, ids, torch.from_numpy(is_doc[idx]), restart_positions)
+
     starts = list(range(0, max(len(stream) - 1, 0), seq_len))
     full = [s for s in starts if s + seq_len + 1 <= len(stream)]
     for i in range(0, len(full), batch_size):
-        idx = np.asarray(full[i : i + batch_size])[:, None] + np.arange(seq_len + 1)  # (B, T+1)
-        yield torch.from_numpy(stream[idx]), torch.from_numpy(is_doc[idx[:, 1:]])
+        yield batch(np.asarray(full[i : i + batch_size])[:, None] + np.arange(seq_len + 1))
     tail = [s for s in starts if s + seq_len + 1 > len(stream)]
     for s in tail:  # at most one short window
-        yield torch.from_numpy(stream[None, s:]), torch.from_numpy(is_doc[None, s + 1 :])
+        yield batch(np.arange(s, len(stream))[None, :])
 
 
 def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], int]:
@@ -138,28 +156,35 @@ def held_out_set(cfg, src, tok, seq_len: int, batch_size: int, max_tokens: Optio
     (diffllm.data.loader.val_windows): every target counts, EOS included, as in the trainer's val_loss."""
     import dataclasses
 
+    from ..data.batch import Batch
     from ..data.loader import val_windows
 
     limit = None if max_tokens is None else max(1, max_tokens // seq_len)
     wins = val_windows([src], dataclasses.replace(cfg, seq_len=seq_len), tok, limit, f"held-out source {src.name!r}")
     if not wins:
         raise EvalError(f"data.val_fraction={cfg.val_fraction}: {src.name!r} holds out fewer than {seq_len + 1} tokens")
-    tokens = torch.from_numpy(np.stack(wins)).long()  # (N, T+1)
-    n_bytes = sum(len(tok.decode([t for t in w[1:].tolist() if t != tok.eos_id]).encode("utf-8")) for w in wins)
-    batches = [(tokens[i : i + batch_size], torch.ones(len(tokens[i : i + batch_size]), seq_len, dtype=torch.bool))
-               for i in range(0, len(tokens), batch_size)]
+    n_bytes = sum(len(tok.decode([t for t in w[0, 1:].tolist() if t != tok.eos_id]).encode("utf-8")) for w in wins)
+    every = dataclasses.replace(cfg, loss_on="all")  # perplexity: every target counts, whatever the run trained on
+    batches = [Batch.from_windows(np.stack(wins[i : i + batch_size]), every) for i in range(0, len(wins), batch_size)]
     what = (f"held-out windows of {src.name} (data.val_fraction={cfg.val_fraction}): {len(wins):,} windows of "
             f"{seq_len + 1} tokens, {len(wins) * seq_len:,} target tokens")
-    return ScoreSet(src.name, batches, n_bytes, int(tokens[:, 1:].numel()), what)
+    return ScoreSet(src.name, batches, n_bytes, len(wins) * seq_len, what)
 
 
 def score_sets(run_config: Optional[dict], data: Any, tok, seq_len: int, batch_size: int,
-               max_tokens: Optional[int] = None, whole: bool = False) -> list[ScoreSet]:
+               max_tokens: Optional[int] = None, whole: bool = False, doc_mask: Optional[bool] = None,
+               restart_positions: Optional[bool] = None) -> list[ScoreSet]:
     """What `eval ppl` scores, per held-out source: with data.val_fraction (and not `whole`) the windows the trainer
-    held out; otherwise every document of each held-out source (files given as data=: each file whole)."""
+    held out; otherwise every document of each held-out source (files given as data=: each file whole). doc_mask,
+    restart_positions: attention within documents (null: as the scored data config says)."""
+    import dataclasses
+
     from ..data.loader import resolve_sources
 
     cfg = data_config(run_config, data)
+    if doc_mask is not None:
+        restart = cfg.restart_positions if restart_positions is None else restart_positions
+        cfg = dataclasses.replace(cfg, doc_mask=doc_mask, restart_positions=doc_mask and restart)
     out = []
     for src in resolve_sources(cfg, val=True):
         if cfg.holds_out and not whole:
@@ -169,7 +194,8 @@ def score_sets(run_config: Optional[dict], data: Any, tok, seq_len: int, batch_s
         what = (f"every document of {src.name}" + (" (whole=true: a training source; data.val_fraction="
                                                     f"{cfg.val_fraction} held out only part of it)" if cfg.holds_out else "")
                 + f": {sum(len(d) for d in docs):,} document tokens")
-        out.append(ScoreSet(src.name, list(windows(docs, tok.eos_id, seq_len, batch_size)), n_bytes,
+        batches = windows(docs, tok.eos_id, seq_len, batch_size, cfg.doc_mask, cfg.restart_positions)
+        out.append(ScoreSet(src.name, list(batches), n_bytes,
                             sum(len(d) + 1 for d in docs), what))
     return out
 
@@ -184,7 +210,11 @@ def run_ppl(c: PplConfig) -> dict:
         raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
     results: dict = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
                      "seq_len": seq_len, "sources": {}}
-    for s in score_sets(run_cfg, c.data, tok, seq_len, c.batch_size, c.max_tokens, c.whole):
+    train_data = (run_cfg or {}).get("data") or {}
+    doc_mask = train_data.get("doc_mask", False) if c.doc_mask is None else c.doc_mask
+    results["doc_mask"] = doc_mask
+    for s in score_sets(run_cfg, c.data, tok, seq_len, c.batch_size, c.max_tokens, c.whole, doc_mask,
+                        doc_mask and train_data.get("restart_positions", False)):
         say(f"scoring {s.what}")
         t0 = time.perf_counter()
         with tqdm(total=s.total, desc=f"ppl {s.name}", unit="tok", unit_scale=True, leave=False) as bar:

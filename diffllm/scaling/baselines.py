@@ -104,14 +104,14 @@ def training_windows(data, tok, budget) -> np.ndarray:
     windows = []
     for s, batches in sorted(served.items()):
         stream = Stream(sources, tok, data, s, n_streams, epochs=data.epochs)
-        windows += [stream.next_window() for _ in range(batches * budget.micro_batch_size)]
+        windows += [stream.next_window()[0] for _ in range(batches * budget.micro_batch_size)]
     return np.stack(windows)
 
 
 def validation_windows(data, tok, batch: int, n_batches: int) -> np.ndarray:
     from ..data import build_val_batches
 
-    return np.concatenate([b.numpy() for b in build_val_batches(data, tok, batch, n_batches)])
+    return np.concatenate([b.tokens.numpy() for b in build_val_batches(data, tok, batch, n_batches)])
 
 
 def cache_key(config: dict, tok_fingerprint: str, budget, val: tuple[int, int]) -> str:

@@ -37,9 +37,9 @@ class _Forward:
     def __init__(self, trainer: "Trainer", to_cpu: bool = False):
         self.trainer, self.cfg, self.to_cpu = trainer, trainer.engine.module.cfg, to_cpu
 
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, **model_kwargs) -> torch.Tensor:
         self.trainer.watchdog.beat("in-loop evaluation")
-        logits = self.trainer.engine(ids.to(self.trainer.device))  # (B, T, V)
+        logits = self.trainer.engine(ids.to(self.trainer.device), **model_kwargs)  # (B, T, V)
         return logits.cpu() if self.to_cpu else logits
 
 
@@ -48,7 +48,9 @@ class InLoopEval(Hook):
 
     def __init__(self, cfg: EvalConfig, tok, seq_len: int, run_config: dict):
         self.cfg, self.tok, self.seq_len, self.run_config = cfg, tok, seq_len, run_config
-        self.ppl_sets: dict[str, tuple[list, int]] = {}  # name -> ([(tokens (B, T+1), mask (B, T))], bytes)
+        data = (run_config or {}).get("data") or {}  # perplexity with the run's own document masks
+        self.doc_mask, self.restart_positions = bool(data.get("doc_mask")), bool(data.get("restart_positions"))
+        self.ppl_sets: dict[str, tuple[list, int]] = {}  # name -> ([Batch], bytes)
         self.needle: Optional[NeedleTask] = None
         self.haystack: Optional[list[int]] = None
 
@@ -57,10 +59,11 @@ class InLoopEval(Hook):
         if self.seq_len > model_len:
             raise ValueError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
         for name in c.ppl_data:  # what `diffllm eval ppl data=<name>` scores: held-out windows or whole sources
-            sets = score_sets(None, name, self.tok, self.seq_len, c.batch_size, c.ppl_max_tokens)
+            sets = score_sets(None, name, self.tok, self.seq_len, c.batch_size, c.ppl_max_tokens,
+                              doc_mask=self.doc_mask, restart_positions=self.restart_positions)
             for s in sets:
                 key = name if len(sets) == 1 else f"{name}/{s.name}"
-                self.ppl_sets[key] = ([(t.to(trainer.device), m.to(trainer.device)) for t, m in s.batches], s.n_bytes)
+                self.ppl_sets[key] = ([b.to(trainer.device) for b in s.batches], s.n_bytes)
         if c.needle_n:
             length = c.needle_length or self.seq_len
             if length > model_len:

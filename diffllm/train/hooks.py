@@ -33,16 +33,25 @@ from .metrics import MetricsLog, finite_or_none, mfu, progress_line
 from .tracking import open_wandb
 
 if TYPE_CHECKING:
+    from ..data import Batch
     from .loop import Trainer
 
+IGNORE = -100  # F.cross_entropy's ignore_index: targets outside the loss mask
 MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
 
 
-def lm_loss(model, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy of `model` on windows `batch` (B, T+1), in fp32: the one loss of training and
-    validation."""
-    logits = model(batch[:, :-1])  # (B, T, V)
-    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction=reduction)
+def lm_loss(model, batch: "Batch", reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32: the one loss of training and
+    validation. With document ids the model attends within documents. With a loss mask (data.loss_on=marked) only
+    the marked targets count: their sum, or for "mean" their sum / their count (0 for none; a mask that marks every
+    target gives today's loss bit for bit)."""
+    logits = model(batch.inputs, **batch.model_kwargs()).float().flatten(0, 1)  # (B*T, V)
+    mask = batch.target_mask  # (B, T) bool, or None: every target counts
+    if mask is None:
+        return F.cross_entropy(logits, batch.targets.flatten(), reduction=reduction)
+    targets = batch.targets.masked_fill(~mask, IGNORE).flatten()
+    total = F.cross_entropy(logits, targets, reduction="sum", ignore_index=IGNORE)
+    return total if reduction == "sum" else total / mask.sum().clamp(min=1)
 
 
 class Hook:
@@ -85,9 +94,10 @@ def val_losses_record(step: int, tokens: int, losses: dict[str, float]) -> dict:
 
 class Validation(Hook):
     """Held-out loss at the start (step 0 is recorded), every `every` steps, and at the end (Trainer.run calls
-    `validate`). `sets`: named lists of (B, T+1) batches; the main one is "val"."""
+    `validate`). `sets`: named lists of Batches; the main one is "val". The loss is per counted target token (with
+    data.loss_on=marked: the marked ones)."""
 
-    def __init__(self, sets: dict[str, list[torch.Tensor]], every: int):
+    def __init__(self, sets: dict[str, list["Batch"]], every: int):
         self.sets, self.every = sets, every
 
     def on_start(self, trainer: "Trainer") -> None:
@@ -109,7 +119,7 @@ class Validation(Hook):
         return losses
 
     @torch.no_grad()
-    def evaluate(self, trainer: "Trainer", batches: list[torch.Tensor]) -> float:
+    def evaluate(self, trainer: "Trainer", batches: list["Batch"]) -> float:
         """Mean token loss over `batches`, split over ranks. Every rank runs the same number of forwards (ZeRO-3
         gathers parameters collectively), padding with a zero-weight batch where its share is short."""
         engine, r, ws = trainer.engine, trainer.rank, trainer.ws
@@ -121,10 +131,10 @@ class Validation(Hook):
             batch = (mine[i] if i < len(mine) else batches[0]).to(trainer.device)
             loss = lm_loss(engine, batch, reduction="sum")
             if i < len(mine):
-                total, count = total + loss.item(), count + batch[:, 1:].numel()
+                total, count = total + loss.item(), count + batch.loss_tokens()
         engine.train()
         total, count = all_reduce_sum([total, float(count)])
-        return total / count
+        return total / count if count else float("nan")
 
 
 class Checkpointing(Hook):

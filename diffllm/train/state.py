@@ -15,7 +15,8 @@ class TrainState:
     """Counters that move with every step."""
 
     step: int = 0  # optimizer steps done (skipped non-finite steps included: they consumed their data)
-    tokens: int = 0  # training tokens consumed = step x global_batch_tokens
+    tokens: int = 0  # training tokens seen = step x global_batch_tokens (what budgets, metrics and scaling count)
+    loss_tokens: int = 0  # of their targets, those counted in the loss (all of them unless data.loss_on=marked)
     elapsed_s: float = 0.0  # wall time of all launches together, up to the last save
     skipped_steps: int = 0  # non-finite steps skipped so far
     nonfinite_in_a_row: int = 0
@@ -28,7 +29,7 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":
-        return cls(**d)
+        return cls(**{"loss_tokens": d["tokens"], **d})  # checkpoints from before loss masks counted every target
 
 
 class Resumable:

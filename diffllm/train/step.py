@@ -27,11 +27,13 @@ def train_step(t: "Trainer") -> tuple[dict, bool]:
     for group in t.optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), dtype=torch.float64, device=t.device)
+    loss_tokens = 0  # this rank's targets that count in the loss
     t.watchdog.beat("data")
     t.call_hooks("on_step_start")
     for micro in range(accum):
         t.watchdog.beat("data")
-        batch = next(t.loader).to(t.device)  # (B, T+1)
+        batch = next(t.loader).to(t.device)  # a Batch of (B, T+1) windows
+        loss_tokens += batch.loss_tokens()
         t.watchdog.beat("forward/backward")
         loss = lm_loss(t.engine, batch)
         for hook in t.hooks:
@@ -40,7 +42,7 @@ def train_step(t: "Trainer") -> tuple[dict, bool]:
         loss_sum += loss.detach()
         if micro == accum - 1:  # the update happens in the engine.step() below: agree first
             t.watchdog.beat("loss all-reduce")
-            mean_loss, stop = agree(t, loss_sum.item())
+            mean_loss, stop, loss_tokens = agree(t, loss_sum.item(), loss_tokens)
             plain_norm = plain_grad_norm(t.engine, t.trainer.zero_stage)
             t.optimizer.force_skip = not math.isfinite(mean_loss)
             t.optimizer.skipped, ds_skipped = False, t.engine.skipped_steps
@@ -49,26 +51,28 @@ def train_step(t: "Trainer") -> tuple[dict, bool]:
     skipped = t.optimizer.skipped or t.engine.skipped_steps > ds_skipped  # ours, or DeepSpeed's own check
     t.optimizer.force_skip = False
     s = t.state
-    s.step, s.tokens = s.step + 1, s.tokens + t.budget.global_batch_tokens
+    s.step, s.tokens, s.loss_tokens = s.step + 1, s.tokens + t.budget.global_batch_tokens, s.loss_tokens + loss_tokens
     s.skipped_steps += skipped
     s.nonfinite_in_a_row = s.nonfinite_in_a_row + 1 if skipped else 0
     s.last_loss = mean_loss
     norm = t.engine.get_global_grad_norm()
     norm = plain_norm if norm is None else norm
-    rec = {"step": s.step, "tokens": s.tokens, "loss": finite_or_none(mean_loss), "lr": lr,
+    rec = {"step": s.step, "tokens": s.tokens, "loss_tokens": s.loss_tokens, "loss": finite_or_none(mean_loss), "lr": lr,
            "grad_norm": None if norm is None or skipped else finite_or_none(float(norm)),
            "step_time_s": time.perf_counter() - t0, "skipped": skipped}
     return rec, stop
 
 
-def agree(t: "Trainer", local_loss_sum: float) -> tuple[float, bool]:
-    """The step's one collective: (mean loss over ranks and micro-batches, a stop signal reached some rank). A save
-    that some rank wished for (`Trainer.request_save(agree=True)`: a clock) becomes every rank's request."""
-    total, stop, wish = all_reduce_sum([local_loss_sum, float(t.stop.received is not None), float(t.save_wish)])
+def agree(t: "Trainer", local_loss_sum: float, local_loss_tokens: int) -> tuple[float, bool, int]:
+    """The step's one collective: (mean loss over ranks and micro-batches, a stop signal reached some rank, the
+    step's targets counted in the loss on all ranks). A save that some rank wished for (`Trainer.request_save(
+    agree=True)`: a clock) becomes every rank's request."""
+    total, stop, wish, counted = all_reduce_sum([local_loss_sum, float(t.stop.received is not None),
+                                                 float(t.save_wish), float(local_loss_tokens)])
     t.save_wish = False
     if wish > 0:
         t.request_save()
-    return total / (t.budget.grad_accum * t.ws), stop > 0
+    return total / (t.budget.grad_accum * t.ws), stop > 0, int(counted)
 
 
 def plain_grad_norm(engine, zero_stage: int) -> Optional[float]:

@@ -31,12 +31,13 @@ def summary_of(t: "Trainer") -> dict:
     s, st = t.state, t.stats
     return {
         "model": t.model_cfg.name, "arch": t.model_cfg.arch, "total_params": st.total_params,
-        "nonembedding_params": st.nonembedding_params, "tokens": s.tokens, "flops": st.flops_per_token * s.tokens,
+        "nonembedding_params": st.nonembedding_params, "tokens": s.tokens, "loss_tokens": s.loss_tokens, "flops": st.flops_per_token * s.tokens,
         "flops_per_token": st.flops_per_token, "steps": s.step, "seq_len": t.budget.seq_len,
         "global_batch_tokens": t.budget.global_batch_tokens, "final_train_loss": finite_or_none(s.last_loss),
         "final_val_loss": finite_or_none(s.last_val_loss), "wall_time_s": round(s.elapsed_s, 3),
         "world_size": t.ws, "zero_stage": t.trainer.zero_stage, "precision": t.precision,
         "device": device_name(), "skipped_steps": s.skipped_steps, "status": "finished", "seed": t.seed,
+        "doc_mask": t.data_cfg.doc_mask, "loss_on": t.data_cfg.loss_on,
         "checkpoint": str(t.run_obj.checkpoints_dir / f"step{s.step}"), "run_dir": str(t.run_dir),
     }
 

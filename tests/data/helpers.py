@@ -46,7 +46,7 @@ def cfg(sources: list, **kw) -> DataConfig:
 
 
 def take(loader, n: int) -> list[torch.Tensor]:
-    return [next(loader) for _ in range(n)]
+    return [next(loader).tokens for _ in range(n)]
 
 
 def drain(data: DataConfig, tok, stream: int, n_streams: int, part: str = "train") -> np.ndarray:
@@ -55,7 +55,7 @@ def drain(data: DataConfig, tok, stream: int, n_streams: int, part: str = "train
     windows = []
     while True:
         try:
-            windows.append(s.next_window())
+            windows.append(s.next_window()[0])  # the tokens row
         except StopIteration:
             break
     assert all(len(w) == data.seq_len + 1 for w in windows)

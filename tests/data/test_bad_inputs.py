@@ -26,7 +26,7 @@ def error_of(fn) -> str:
 
 
 def first_batch(data, tok):
-    return next(build_train_loader(data, tok, 0, 1, 1))
+    return next(build_train_loader(data, tok, 0, 1, 1)).tokens
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -127,8 +127,8 @@ def test_parquet_reads_like_jsonl(tmp_path, tok):
     docs = make_docs("q", 30, 0)
     pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet")
     write_jsonl(tmp_path / "d.jsonl", docs)
-    a = next(build_train_loader(cfg([{"path": str(tmp_path / "d.parquet")}]), tok, 0, 1, 4))
-    b = next(build_train_loader(cfg([{"path": str(tmp_path / "d.jsonl")}]), tok, 0, 1, 4))
+    a = next(build_train_loader(cfg([{"path": str(tmp_path / "d.parquet")}]), tok, 0, 1, 4)).tokens
+    b = next(build_train_loader(cfg([{"path": str(tmp_path / "d.jsonl")}]), tok, 0, 1, 4)).tokens
     assert (a == b).all()
 
 

@@ -25,7 +25,7 @@ def test_loader_batches_have_the_interface_shape(tmp_path, tok):
     write_jsonl(tmp_path / "one.jsonl", make_docs("p", 30, seed=2))
     loader = build_train_loader(cfg([{"path": str(tmp_path / "*.jsonl")}]), tok, 0, 1, 3)
     for _ in range(4):
-        batch = next(loader)
+        batch = next(loader).tokens
         assert batch.shape == (3, 32) and str(batch.dtype) == "torch.int64"
 
 
@@ -39,7 +39,7 @@ def test_empty_docs_and_undecodable_bytes_are_counted(tmp_path, tok):
     (tmp_path / "a.jsonl").write_bytes((tmp_path / "a.jsonl").read_bytes() + (tmp_path / "b.jsonl").read_bytes())
     (tmp_path / "b.jsonl").unlink()
     loader = build_train_loader(cfg([{"path": str(tmp_path / "a.jsonl")}], seq_len=7, epochs=1), tok, 0, 1, 1)
-    windows = list(loader)
+    windows = [b.tokens for b in loader]
     counts = loader.consumed()["a"]
     assert counts["empty"] == 3
     assert counts["undecodable"] == 2  # two invalid bytes, each replaced by U+FFFD

@@ -35,7 +35,7 @@ def test_prepared_equals_raw_and_state_carries_over(tmp_path, tok):
 
     ref = take(build_train_loader(raw, tok, 0, 2, 2), 12)
     assert all(torch.equal(a, b) for a, b in zip(take(build_train_loader(prepared, tok, 0, 2, 2), 12), ref))
-    vr, vp = build_val_batches(raw, tok, 2, 4), build_val_batches(prepared, tok, 2, 4)
+    vr, vp = ([b.tokens for b in build_val_batches(d, tok, 2, 4)] for d in (raw, prepared))
     assert len(vr) == 4 and all(torch.equal(a, b) for a, b in zip(vr, vp))
 
     on_raw = [build_train_loader(raw, tok, r, 2, 2) for r in range(2)]

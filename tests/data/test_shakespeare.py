@@ -29,13 +29,13 @@ def test_one_edition_whole_plays_held_out():
 
 def test_val_batches_are_fixed(tok):
     data = shakespeare(num_workers=0)
-    a = build_val_batches(data, tok, 4, 3)
-    b = build_val_batches(shakespeare(seed=99, num_workers=2, shuffle_files=False), tok, 4, 3)
+    a = [b.tokens for b in build_val_batches(data, tok, 4, 3)]
+    b = [b.tokens for b in build_val_batches(shakespeare(seed=99, num_workers=2, shuffle_files=False), tok, 4, 3)]
     assert [x.shape for x in a] == [(4, 257)] * 3 and all(torch.equal(x, y) for x, y in zip(a, b))
     assert tok.decode(a[0][0].tolist()).startswith("HAMLET, PRINCE OF DENMARK")
 
 
 def test_training_windows_are_plays(tok):
-    batch = next(build_train_loader(shakespeare(num_workers=0), tok, 0, 1, 2))
+    batch = next(build_train_loader(shakespeare(num_workers=0), tok, 0, 1, 2)).tokens
     text = tok.decode(batch[0].tolist())
     assert batch.shape == (2, 257) and "\n\nby William Shakespeare\n" in text  # a play's title page

@@ -47,6 +47,6 @@ def test_hub_dataset_shards_cover_once(tmp_path, tok):
     docs = corpus(tmp_path / "repo" / "data", n_files=3, docs_per_file=7)
     data = cfg([{"name": "hub", "path": str(tmp_path / "repo"), "format": "hub"}])
     loader = build_train_loader(data, tok, 0, 2, 1)
-    assert loader.sources[0].n_files == 3 and next(loader).shape == (1, 32)
+    assert loader.sources[0].n_files == 3 and next(loader).tokens.shape == (1, 32)
     read = Counter(d for s in range(2) for d in split_docs(drain(data, tok, s, 2), tok))
     assert read == Counter(docs)

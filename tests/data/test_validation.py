@@ -23,7 +23,7 @@ def test_val_fraction_holds_out_documents_that_training_never_reads(tmp_path, to
     on_two = [d for s in range(2) for d in split_docs(drain(other, tok, s, 2), tok)]
     assert sorted(on_two) == sorted(train)
     # validation batches come from the held-out documents only
-    batches = build_val_batches(data, tok, 2, 3)
+    batches = [b.tokens for b in build_val_batches(data, tok, 2, 3)]
     assert len(batches) == 3 and batches[0].shape == (2, 32)
     text = tok.decode(batches[0][0].tolist())
     assert any(d[:12] in text for d in val) and not any(d in text for d in train if len(d) > 12)
@@ -50,14 +50,14 @@ def test_val_sets_per_source(tmp_path, tok):
     train = {"path": str(tmp_path / "a/*.jsonl")}
     val = [{"name": "va", "path": str(tmp_path / "a/*.jsonl")}, {"name": "vb", "path": str(tmp_path / "b/*.jsonl"), "weight": 3}]
     data = cfg([train], val=val)
-    sets = build_val_sets(data, tok, 2, 4)
+    sets = {k: [b.tokens for b in v] for k, v in build_val_sets(data, tok, 2, 4).items()}
     assert list(sets) == ["va", "vb"] and all(len(v) == 4 and v[0].shape == (2, 32) for v in sets.values())
     for name, docs, other in (("va", a_docs, b_docs), ("vb", b_docs, a_docs)):
         text = "".join(tok.decode(b.flatten().tolist()) for b in sets[name])
         assert docs[0] in text and not any(d.split()[0] + " " in text for d in other), name
-        alone = build_val_batches(cfg([train], val=[v for v in val if v["name"] == name]), tok, 2, 4)
+        alone = [b.tokens for b in build_val_batches(cfg([train], val=[v for v in val if v["name"] == name]), tok, 2, 4)]
         assert all((x == y).all() for x, y in zip(sets[name], alone))  # the same as a config with that source alone
-    mixed = build_val_batches(data, tok, 2, 4)  # the old function still mixes the sources by weight
+    mixed = [b.tokens for b in build_val_batches(data, tok, 2, 4)]  # the old function still mixes the sources by weight
     text = "".join(tok.decode(b.flatten().tolist()) for b in mixed)
     assert "a0-" in text and "b0-" in text
 
@@ -67,7 +67,7 @@ def test_val_sets_with_val_fraction_and_too_little_data(tmp_path, tok):
     corpus(tmp_path / "b", n_files=1, docs_per_file=100, tag="b")
     sources = [{"name": "a", "path": str(tmp_path / "a/*.jsonl")}, {"name": "b", "path": str(tmp_path / "b/*.jsonl")}]
     data = cfg(sources, val_fraction=0.1)
-    sets = build_val_sets(data, tok, 2, 2)
+    sets = {k: [b.tokens for b in v] for k, v in build_val_sets(data, tok, 2, 2).items()}
     assert list(sets) == ["a", "b"]
     held_out_b = split_docs(drain(cfg(sources[1:], val_fraction=0.1), tok, 0, 1, part="val"), tok)
     assert tok.decode(sets["b"][0][0].tolist()) in "<|endoftext|>".join(held_out_b + [""])

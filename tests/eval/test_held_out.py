@@ -19,7 +19,7 @@ def trainer_val(run_dir) -> tuple[float, int]:
     loss = [r["val_loss"] for r in records if "val_loss" in r][-1]
     data = build(DataConfig, run.config()["data"], "data")
     batches = build_val_batches(data, run.tokenizer(), 1, 100000)  # the trainer's call, with the run's settings
-    return loss, sum(int(b[:, 1:].numel()) for b in batches)
+    return loss, sum(int(b.targets.numel()) for b in batches)
 
 
 def test_ppl_scores_the_windows_the_trainer_held_out(held_out_run, tmp_path, capsys):

@@ -74,7 +74,7 @@ def test_needle_source_mixes_with_text_and_every_query_is_answerable(tokenizer):
     node["sources"].append({"name": "needles", "format": "needle", "path": spec, "weight": 0.25})
     data = build(DataConfig, node, "data")
     stream = Stream(resolve_sources(data), tokenizer, data, 0, 1)
-    texts = [tokenizer.decode(stream.next_window()) for _ in range(200)]
+    texts = [tokenizer.decode(stream.next_window()[0]) for _ in range(200)]
     share = sum(" magic " in t and " is " in t for t in texts) / len(texts)
     assert 0.15 < share < 0.35  # weight 0.25 of the windows
     for _, doc, _ in documents(NeedleSpec.parse(spec), 0, 0, 1):

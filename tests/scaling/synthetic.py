@@ -72,8 +72,8 @@ def expected_baselines(corpus: Path, seed: int, tok: Tokenizer, k: float) -> tup
     micro-batch) and the validation batches it scores, float64 throughout."""
     data = build(DataConfig, data_node(corpus, seed, "unused"), "data")
     loader = build_train_loader(data, tok, 0, 1, MICRO)
-    train = [w.tolist() for _ in range(TOKENS // BATCH_TOKENS) for w in next(loader)]
-    val = [w.tolist() for b in build_val_batches(data, tok, MICRO, VAL_BATCHES) for w in b]
+    train = [w.tolist() for _ in range(TOKENS // BATCH_TOKENS) for w in next(loader).tokens]
+    val = [w.tolist() for b in build_val_batches(data, tok, MICRO, VAL_BATCHES) for w in b.tokens]
     loader.close()
     return hand_baselines(train, val, tok.vocab_size, k)
 

@@ -47,7 +47,7 @@ def test_layout_matches_the_train_loader_on_two_ranks(tmp_path):
     seen = []
     for rank in (0, 1):
         loader = build_train_loader(data, tok, rank, 2, 4)
-        seen += [tuple(w.tolist()) for _ in range(budget.steps * budget.grad_accum) for w in next(loader)]
+        seen += [tuple(w.tolist()) for _ in range(budget.steps * budget.grad_accum) for w in next(loader).tokens]
         loader.close()
     rebuilt = [tuple(w.tolist()) for w in training_windows(data, tok, budget)]
     assert Counter(rebuilt) == Counter(seen) and len(rebuilt) == 6 * 2 * 2 * 4

@@ -78,9 +78,9 @@ def test_two_real_tiny_runs(tmp_path):
     run = Run(records[0].run_dir)
     data, tok = build(DataConfig, run.config()["data"], "data"), run.tokenizer()
     loader = build_train_loader(data, tok, 0, 1, 16)
-    train = np.concatenate([next(loader).numpy() for _ in range(8)])
+    train = np.concatenate([next(loader).tokens.numpy() for _ in range(8)])
     loader.close()
-    val = np.concatenate([b.numpy() for b in build_val_batches(data, tok, 16, 4)])
+    val = np.concatenate([b.tokens.numpy() for b in build_val_batches(data, tok, 16, 4)])
     uni, bi = hand_baselines(train.tolist(), val.tolist(), tok.vocab_size, BIGRAM_K)
     assert (records[0].unigram_loss, records[0].bigram_loss) == pytest.approx((uni, bi), rel=1e-12)
     assert records[1].bigram_loss == records[0].bigram_loss  # same data, tokens and seed: one cache entry

@@ -50,3 +50,12 @@ def test_a_changed_computation_fails_the_tolerance_check():
     got["loss"][7] *= 1 + 1e-4
     with pytest.raises(AssertionError, match=r"loss\[7\]"):
         check_golden(other, args_for("diff-tiny"), got)
+
+
+@pytest.mark.slow
+def test_a_loss_mask_that_marks_every_target_gives_the_golden_losses(tokenizer, tmp_path):
+    """data.loss_on=marked on Shakespeare (a source that marks nothing out: every target counts) takes the masked
+    loss path (ignore_index, sum / count) and reproduces the recorded run of the plain mean."""
+    args = args_for("diff-tiny")
+    run_train(args + ["data.loss_on=marked", f"run_dir={tmp_path / 'run'}"], 1, tmp_path / "logs", launcher="plain")
+    check_golden(golden_path("diff-tiny"), args, run_records(tmp_path / "run"))

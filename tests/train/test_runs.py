@@ -21,7 +21,7 @@ def held_out_loss(model, tokenizer) -> float:
     from diffllm.data import DataConfig, build_val_batches
 
     data = build(DataConfig, compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"]).data, "data")
-    batches = build_val_batches(data, tokenizer, 4, 4)
+    batches = [b.tokens for b in build_val_batches(data, tokenizer, 4, 4)]
     with torch.no_grad():
         total = sum(F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(), reduction="sum").item()
                     for b in batches)

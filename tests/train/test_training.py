@@ -119,7 +119,7 @@ def test_zero_to_fp32_round_trip_reproduces_the_trained_model(reference, tokeniz
     run_dir = reference(3)
     _, model, _ = Run(run_dir / "checkpoints" / f"step{STEPS}").model(tokenizer=False)
     data = build(DataConfig, compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"]).data, "data")
-    batches = build_val_batches(data, tokenizer, 4, 4)
+    batches = [b.tokens for b in build_val_batches(data, tokenizer, 4, 4)]
     with torch.no_grad():
         total = sum(F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(), reduction="sum").item()
                     for b in batches)
