@@ -4,6 +4,10 @@ for Diff and Transformer presets of equal size. Variants run interleaved, round 
 whose load drifts (other jobs) hits them all alike; the medians and their ratios are printed side by side.
 
     .venv/bin/python scripts/bench_train.py [--rounds 4] [--steps 3] [--stages 2 0] [--seq-len 256] [--micro-batch 8]
+
+--doc-mask adds, per preset and stage, diffllm's step with data.doc_mask=true (attention within documents: an
+explicit block-diagonal mask instead of the causal flag) on the same windows, and prints its step-time ratio to the
+plain step.
 """
 from __future__ import annotations
 
@@ -28,16 +32,17 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (each variant once per round)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before the first round")
+    p.add_argument("--doc-mask", action="store_true", help="also time data.doc_mask=true (ratio to the plain step)")
     return p.parse_args()
 
 
-def batches(seq_len: int, micro: int, n: int):
+def batches(seq_len: int, micro: int, n: int, doc_mask: bool = False):
     """n real Shakespeare micro-batches from the data pipeline, held in memory: both loops see the same tokens and
-    neither pays for data loading (that is scripts/bench_data.py's subject)."""
+    neither pays for data loading (that is scripts/bench_data.py's subject); with doc_mask, with document ids."""
     from diffllm.config import build, compose
     from diffllm.data import DataConfig, build_train_loader, ensure_tokenizer
 
-    data = build(DataConfig, compose("train", [f"data.seq_len={seq_len}"]).data, "data")
+    data = build(DataConfig, compose("train", [f"data.seq_len={seq_len}", f"data.doc_mask={doc_mask}"]).data, "data")
     tok = ensure_tokenizer(data)
     loader = build_train_loader(data, tok, 0, 1, micro)
     out = [next(loader) for _ in range(n)]
@@ -68,8 +73,8 @@ class Bare:
 
         batch = next(self.data).to(self.device)
         with torch.autocast(self.device.type, torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = self.model(batch[:, :-1])
-        F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()).backward()
+            logits = self.model(batch.inputs)
+        F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten()).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -78,7 +83,7 @@ class Bare:
 class Ours:
     """diffllm's Trainer, set up as `diffllm train` does (real DeepSpeed engine), stepping with its own train_step."""
 
-    def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path):
+    def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path, doc_mask: bool = False):
         from diffllm.config import compose
         from diffllm.train.config import TrainConfig
         from diffllm.train.loop import Trainer
@@ -89,7 +94,8 @@ class Ours:
         cfg = compose("train", [f"model={preset}", f"data.seq_len={seq_len}", f"trainer.micro_batch_size={micro}",
                                 f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
                                 f"trainer.zero_stage={stage}", "trainer.val_batches=1", "logging.wandb=disabled",
-                                "optim.lr=1e-3", "optim.warmup_steps=0", "optim.schedule=constant", f"run_dir={run_dir}"])
+                                "optim.lr=1e-3", "optim.warmup_steps=0", "optim.schedule=constant", f"run_dir={run_dir}",
+                                f"data.doc_mask={doc_mask}"])
         self.trainer = Trainer(TrainConfig.from_hydra(cfg))
         self.trainer.setup()
         self.trainer.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
@@ -109,6 +115,7 @@ def main() -> None:
 
     device = init_distributed(10.0)
     tok, data = batches(args.seq_len, args.micro_batch, 16)
+    masked = batches(args.seq_len, args.micro_batch, 16, doc_mask=True)[1] if args.doc_mask else None
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     variants: dict[tuple[str, str], object] = {}
     for preset in args.archs:
@@ -116,6 +123,9 @@ def main() -> None:
         for stage in args.stages:
             variants[(preset, f"diffllm ZeRO-{stage}")] = Ours(preset, stage, args.seq_len, args.micro_batch, data,
                                                                tmp / f"{preset}-z{stage}")
+            if masked is not None:
+                variants[(preset, f"diffllm ZeRO-{stage}, doc_mask")] = Ours(
+                    preset, stage, args.seq_len, args.micro_batch, masked, tmp / f"{preset}-z{stage}-docs", doc_mask=True)
     for v in variants.values():
         for _ in range(args.warmup):
             v.step()
@@ -140,6 +150,14 @@ def main() -> None:
         bare = med[(preset, "bare torch AdamW")]
         print(f"| {preset} | {loop} | {variants[(preset, loop)].params:,} | {1000 * m:.1f} | "
               f"{1000 * min(times[(preset, loop)]):.1f} | {tokens / m:,.0f} | {m / bare:.3f} |")
+    if masked is not None:
+        boundaries = sum(int((b.doc_ids[:, -1] > 0).sum()) for b in masked)
+        print(f"\n{boundaries} of {16 * args.micro_batch} windows hold a document boundary")
+        print("| preset | loop | doc_mask=true / false step-time ratio |\n|---|---|---|")
+        for preset in args.archs:
+            for stage in args.stages:
+                loop = f"diffllm ZeRO-{stage}"
+                print(f"| {preset} | {loop} | {med[(preset, loop + ', doc_mask')] / med[(preset, loop)]:.3f} |")
     if len(args.archs) == 2:
         a, b = args.archs
         print(f"\n| loop | {a} / {b} step-time ratio |\n|---|---|")
