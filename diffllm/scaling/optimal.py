@@ -179,23 +179,21 @@ def _iv(value: float, samples, level: float, exact: bool) -> Interval:
 def _series_table(law, boot, f, C, c_ref, level, exact) -> tuple[dict, list, int]:
     """The series' frontier at C_ref and on the grid C, with intervals; also its replicates' frontier losses at
     C_ref (for the ratio) and how many replicates had an optimum off the search range."""
-    grid = np.append(C, c_ref)
-    best = frontier(law, f, grid)
-    reps = [frontier(b, f, grid) for b in boot]
-    off = sum(int(np.isnan(r.N_opt).any()) for r in reps)
+    best, reps = frontier(law, f, C), [frontier(b, f, C) for b in boot]
+    best_ref, reps_ref = frontier(law, f, c_ref), [frontier(b, f, c_ref) for b in boot]
+    off = sum(int(np.isnan(r.N_opt).any() or np.isnan(q.N_opt).any()) for r, q in zip(reps, reps_ref))
 
-    def at(k: int) -> dict:
-        return {"C": float(grid[k]), **{key: _iv(float(getattr(best, key)[k]), [getattr(r, key)[k] for r in reps],
+    def at(fr: Frontier, replicates: list[Frontier], k: int) -> dict:
+        return {"C": float(fr.C[k]), **{key: _iv(float(getattr(fr, key)[k]), [getattr(r, key)[k] for r in replicates],
                                                  level, exact) for key in ("loss", "N_opt", "D_opt")}}
 
-    sub = lambda fr: Frontier(fr.C[:-1], fr.loss[:-1], fr.N_opt[:-1], fr.D_opt[:-1])  # noqa: E731  the grid only
-    a, b = exponents(sub(best))
-    boot_ab = [exponents(sub(r)) for r in reps]
+    a, b = exponents(best)
+    boot_ab = [exponents(r) for r in reps]
     row = {"flops_per_token": {"N": list(f.n), "f": list(f.f), "f1": f.slope, "f0": f.intercept,
-                               "max_rel_error": f.max_rel_error}, "at_ref": at(len(C)),
-           "grid": [at(k) for k in range(len(C))],
+                               "max_rel_error": f.max_rel_error}, "at_ref": at(best_ref, reps_ref, 0),
+           "grid": [at(best, reps, k) for k in range(len(C))],
            "a": _iv(a, [x for x, _ in boot_ab], level, exact), "b": _iv(b, [y for _, y in boot_ab], level, exact)}
-    return row, [float(r.loss[-1]) for r in reps], off
+    return row, [float(r.loss[0]) for r in reps_ref], off
 
 
 def compute_optimal(runs: dict[str, SeriesRuns], joint: dict[str, JointLaw], boot: dict[str, list[JointLaw]],

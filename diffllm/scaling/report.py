@@ -262,7 +262,8 @@ def render(result: dict) -> str:
     if result["joint"]:
         lines += ["", f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:", "",
                   "| series | " + " | ".join(JOINT_KEYS) + " |", "|---|---|---|---|---|---|"]
-        lines += [f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |" for arch, j in result["joint"].items()]
+        lines += [f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |"
+                  for arch, j in result["joint"].items()]
     lines += optimal_markdown(result.get("compute_optimal"))
     if result["ratios"]:
         base, *others = result["ratio_archs"]

@@ -118,7 +118,8 @@ def write_law_sweep(root: Path, laws: dict, budgets=(524288,), seeds=lambda size
                     tokens = np.linspace(budget / curve_points, budget, curve_points).astype(int)
                     losses = law(n, tokens) * np.exp(rng.normal(0, noise, len(tokens)))
                     lines = [{"step": 0, "tokens": 0, "val_loss": 7.0}] + [
-                        {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)} for t, v in zip(tokens, losses)]
+                        {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)}
+                        for t, v in zip(tokens, losses)]
                     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
                     (run / "config.yaml").write_text(yaml.safe_dump({"model": dataclasses.asdict(preset),
                                                                      "data": {"seq_len": seq_len}, "seed": seed}))

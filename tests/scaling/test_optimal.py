@@ -31,7 +31,8 @@ def grid(law: JointLaw, flops_per_param: float = 6.0, seeds: int = 1, noise: flo
 
 
 def chinchilla_optimum(law: JointLaw, C):
-    """Hoffmann et al. (2022) eq. 4 for C = 6 N D: N_opt = G (C/6)^(beta/(alpha+beta)), D_opt = G^-1 (C/6)^(alpha/...)."""
+    """Hoffmann et al. (2022) eq. 4 for C = 6 N D: N_opt = G (C/6)^(beta/(alpha+beta)),
+    D_opt = G^-1 (C/6)^(alpha/(alpha+beta))."""
     G = (law.alpha * law.A / (law.beta * law.B)) ** (1 / (law.alpha + law.beta))
     s = law.alpha + law.beta
     return G * (np.asarray(C) / 6) ** (law.beta / s), (np.asarray(C) / 6) ** (law.alpha / s) / G
@@ -119,7 +120,8 @@ def test_scaling_fit_counts_each_runs_own_flops_and_reports_the_frontier(tmp_pat
         iv = result["joint"]["transformer"][k]
         assert iv.low <= iv.value <= iv.high and iv.value == pytest.approx(getattr(t, k), rel=0.02), k
     opt = result["compute_optimal"]
-    stats = {a: [model_stats(load_preset(f"{a}-micro-{s}"), 64) for s in (1, 2, 3, 4)] for a in ("transformer", "diff")}
+    stats = {a: [model_stats(load_preset(f"{a}-micro-{s}"), 64) for s in (1, 2, 3, 4)]
+             for a in ("transformer", "diff")}
     assert stats["diff"][0].flops_per_token != model_stats(load_preset("diff-micro-1")).flops_per_token
     assert opt["C_ref"] == stats["transformer"][-1].flops_per_token * budgets[-1]  # its largest run
     truth = {"transformer": t, "diff": d}
