@@ -47,6 +47,8 @@ class ScalingConfig:
     title: str = "diffllm scaling"
     select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
     include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
+    compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
+    compute_grid: int = 5  # values of C, from the smallest to the largest run's compute, the frontier is tabulated at
 
     def validate(self) -> None:
         if self.params not in ("block", "nonembedding", "total"):
@@ -55,3 +57,7 @@ class ScalingConfig:
             raise ValueError(f"loss={self.loss}: expected final_val_loss or final_train_loss")
         if self.joint not in ("auto", "final", "curves", "none"):
             raise ValueError(f"joint={self.joint}: expected auto, final, curves or none")
+        if self.compute_ref is not None and not self.compute_ref > 0:
+            raise ValueError(f"compute_ref={self.compute_ref}: must be a positive number of FLOPs (or null)")
+        if self.compute_grid < 2:
+            raise ValueError(f"compute_grid={self.compute_grid}: need at least 2 values of C for the exponents")

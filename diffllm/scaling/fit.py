@@ -153,6 +153,7 @@ def interval(value: float, samples, level: float = 0.9) -> Interval:
 
 
 POWER_LAW_PARAMS, JOINT_PARAMS = 3, 5  # E, A, alpha; E, A, alpha, B, beta
+JOINT_KEYS = ("E", "A", "alpha", "B", "beta")
 
 
 def exactly_determined(n_points: int, n_params: int) -> bool:

@@ -1,7 +1,9 @@
 """`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
 L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), residual-bootstrap
-intervals, each variant's parameter and token ratios over the baseline (the Transformer) at equal loss, PNG plots,
-fits.md and fits.json. Ratio keys carry an `<series>:` prefix when the sweep holds more than one series besides the
+intervals (every parameter; E at its bound 0 said in a note), each variant's parameter and token ratios over the
+baseline (the Transformer) at equal loss, the compute-optimal frontier of each L(N, D) with C counted from each run's
+own FLOPs per token and the compute ratio at equal loss (diffllm/scaling/optimal.py), PNG plots, fits.md and
+fits.json. Ratio keys carry an `<series>:` prefix when the sweep holds more than one series besides the
 baseline.
 
 Fits are per *series* (the arch plus the non-selected axes that vary, diffllm/scaling/select.py), over the runs at
@@ -21,10 +23,11 @@ import numpy as np
 from ..model.variant import baseline, variants
 from ..results import RunRecord, collect
 from ..runs import read_metrics
-from .fit import (JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
+from .fit import (JOINT_KEYS, JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
                   exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
 from .baselines import BASELINES_NOTE, add_baselines
-from .plots import loss_vs_params, loss_vs_tokens
+from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
+from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
 from .config import ScalingConfig
 from .select import (Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
                      paired_gaps, run_rows, runs_markdown, select_runs, selection_dict, under_trained_note)
@@ -80,6 +83,7 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes
             notes.append(f"L(N) for {arch}: no fit ({e})")
             continue
         fits[arch], boots[arch] = best, boot
+        notes += _at_bound_note(f"L(N) for {arch}", best, boot)
         if exactly_determined(len(rs), POWER_LAW_PARAMS):
             notes.append(_exact_note(f"L(N) for {arch}", len(rs), POWER_LAW_PARAMS))
             table.append(ArchFit(arch, len(rs), best, *(no_interval(getattr(best, k)) for k in ("E", "A", "alpha"))))
@@ -87,6 +91,31 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes
         table.append(ArchFit(arch, len(rs), best, *(interval(getattr(best, k), [getattr(b, k) for b in boot],
                                                               cfg.level) for k in ("E", "A", "alpha"))))
     return points, fits, boots, table
+
+
+def _at_bound_note(what: str, law, boot: list) -> list[str]:
+    """E = 0 is the non-negativity bound, not a measured irreducible loss: say so (with how many replicates agree)."""
+    if law.E > 0:
+        return []
+    pinned = sum(b.E <= 0 for b in boot)
+    return [f"{what}: E = 0 is the bound of the fit (E >= 0), not an estimate: the points ask for E <= 0 ({pinned}/"
+            f"{len(boot)} bootstrap replicates too), so the irreducible loss is undetermined and extrapolations rest "
+            "on the power-law terms alone: add sizes or budgets"]
+
+
+def _compute_runs(cfg: ScalingConfig, series: dict[str, list[RunRecord]], notes: list[str]) -> dict[str, SeriesRuns]:
+    """Each series' final points in compute terms (C = the run's own FLOPs per token x its tokens)."""
+    out = {}
+    for arch, rs in series.items():
+        f = [run_flops_per_token(r) for r in rs]
+        kept = [(r, x) for r, x in zip(rs, f) if x and r.tokens]
+        if len(kept) < len(rs):
+            notes.append(f"compute-optimal {arch}: {len(rs) - len(kept)} run(s) without FLOPs per token (no readable "
+                         "model config, no summary flops) left out of the compute plots and f(N)")
+        if kept:
+            out[arch] = SeriesRuns(*(np.array(v, dtype=float) for v in zip(*[
+                (_n(r, cfg.params), r.tokens, x, getattr(r, cfg.loss)) for r, x in kept])))
+    return out
 
 
 def _joint_points(cfg: ScalingConfig, rs: list[RunRecord], mode: str):
@@ -153,9 +182,10 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             if exactly_determined(len(y), JOINT_PARAMS):
                 notes.append(_exact_note(f"L(N, D) for {arch}", len(y), JOINT_PARAMS))
                 joint_exact.add(arch)
+            notes += _at_bound_note(f"L(N, D) for {arch}", joint[arch], joint_boot[arch])
     result["joint_mode"] = mode
     result["joint"] = {a: {"law": asdict(j), **{k: _interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]],
-                                                             cfg.level, a in joint_exact) for k in ("alpha", "beta")}}
+                                                             cfg.level, a in joint_exact) for k in JOINT_KEYS}}
                        for a, j in joint.items()}
     for a in (o for o in others if base in joint and o in joint):
         ref = max(series[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
@@ -171,13 +201,20 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         result["ratios"][f"{key[a]}params_from_joint_at_N={int(n_ref)},D={d_ref}"] = _interval(
             ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact)
     result["ratio_archs"] = [base] + others
-    result["_plot"] = (points, fits, joint, done, mode, sel)
+    result["compute_optimal"], optimal_plot = None, None
+    compute_runs = _compute_runs(cfg, {a: rs for a, rs in series.items() if a in joint}, notes)
+    if compute_runs:
+        result["compute_optimal"], more, optimal_plot = compute_optimal(
+            compute_runs, joint, joint_boot, joint_exact, baseline_series(sel, joint, baseline().arch), cfg.level,
+            cfg.compute_grid, cfg.compute_ref)
+        notes += more
+    result["_plot"] = (points, fits, joint, done, mode, sel, optimal_plot)
     return result
 
 
 def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    points, fits, joint, done, mode, sel = result.pop("_plot")
+    points, fits, joint, done, mode, sel, optimal = result.pop("_plot")
     label = {"block": "parameters N (non-embedding, no output head)", "nonembedding": "non-embedding parameters",
              "total": "total parameters"}[cfg.params]
     files = [loss_vs_params(points, fits, out / "loss_vs_params.png", label, f"{cfg.title}: L(N)")]
@@ -190,6 +227,9 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
         fitted = any(joint.get(series) is not None for series, _ in curves)
         files.append(loss_vs_tokens(curves, joint, out / "loss_vs_tokens.png", f"{cfg.title}: learning curves"
                                     + (f", L(N, D) fit ({mode})" if fitted else " (no L(N, D) fit: see fits.md)")))
+    if optimal is not None:
+        files += [loss_vs_compute(optimal, out / "loss_vs_compute.png", f"{cfg.title}: compute-optimal frontier"),
+                  iso_flop_curves(optimal, out / "iso_flop.png", label, f"{cfg.title}: iso-FLOP curves")]
     (out / "fits.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
     (out / "fits.md").write_text(render(result))
     return files + [out / "fits.json", out / "fits.md"]
@@ -221,10 +261,10 @@ def render(result: dict) -> str:
         lines.append("No L(N) fit was made (the notes above say why).")
     if result["joint"]:
         lines += ["", f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:", "",
-                  "| series | E | A | alpha | B | beta |", "|---|---|---|---|---|---|"]
-        for arch, j in result["joint"].items():
-            law = j["law"]
-            lines.append(f"| {arch} | {law['E']:.4g} | {law['A']:.4g} | {j['alpha']} | {law['B']:.4g} | {j['beta']} |")
+                  "| series | " + " | ".join(JOINT_KEYS) + " |", "|---|---|---|---|---|---|"]
+        lines += [f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |"
+                  for arch, j in result["joint"].items()]
+    lines += optimal_markdown(result.get("compute_optimal"))
     if result["ratios"]:
         base, *others = result["ratio_archs"]
         names = " and ".join(variants()[a].label if a in variants() else a for a in others)

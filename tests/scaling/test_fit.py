@@ -6,20 +6,17 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
-import yaml
 
-from diffllm.model.presets import load_preset
-from diffllm.model.accounting import model_stats
 from diffllm.scaling.fit import (JointLaw, PowerLaw, bootstrap_power_law, fit_joint, fit_power_law, interval,
                                  ratio_at_equal_loss)
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render, write_report
 from diffllm.results import collect
+from tests.scaling.synthetic import write_law_sweep
 
 N = np.geomspace(1e5, 2e6, 6)
 
@@ -61,27 +58,8 @@ def test_ratio_closed_form():
 
 def _synthetic_sweep(root: Path, laws: dict[str, JointLaw], budget: int = 524288, noise: float = 0.002) -> None:
     """Run dirs as the trainer writes them (config.yaml's model, summary.json, metrics.jsonl), losses drawn from
-    `laws`."""
-    rng = np.random.default_rng(0)
-    for arch, law in laws.items():
-        for size in (1, 2, 3, 4):
-            model = f"{arch}-micro-{size}"
-            s = model_stats(load_preset(model))
-            n = s.nonembedding_params - s.embedding_params
-            for seed in ((1234, 1235) if size == 1 else (1234,)):
-                run = root / model / str(budget) / f"seed{seed}"
-                run.mkdir(parents=True)
-                tokens = np.linspace(budget / 8, budget, 8).astype(int)
-                losses = law(n, tokens) * np.exp(rng.normal(0, noise, len(tokens)))
-                lines = [{"step": 0, "tokens": 0, "val_loss": 7.0}] + [
-                    {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)} for t, v in zip(tokens, losses)]
-                (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-                (run / "config.yaml").write_text(yaml.safe_dump({"model": asdict(load_preset(model))}))
-                (run / "summary.json").write_text(json.dumps({
-                    "model": model, "arch": arch, "total_params": s.total_params,
-                    "nonembedding_params": s.nonembedding_params, "tokens": budget, "flops": 1.0,
-                    "final_train_loss": float(losses[-1]), "final_val_loss": float(losses[-1]), "wall_time_s": 1.0,
-                    "world_size": 1, "status": "finished", "seed": seed}))
+    `laws`: sizes 1-4, one budget, two seeds at size 1."""
+    write_law_sweep(root, laws, (budget,), lambda size: (1234, 1235) if size == 1 else (1234,), noise)
 
 
 def test_scaling_fit_end_to_end(tmp_path):
