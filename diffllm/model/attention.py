@@ -10,35 +10,32 @@ from torch import nn
 
 from .cache import LayerCache
 from .config import ModelConfig
+from .documents import Documents, causal_mask
 from .layers import apply_rotary
 from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
 
 try:  # flash-attn is an optional GPU extra; it cannot be built on CPU machines.
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
 except ImportError:  # pragma: no cover - depends on the machine
-    flash_attn_func = None
+    flash_attn_func = flash_attn_varlen_func = None
 
 
 def flash_available() -> bool:
     return flash_attn_func is not None and torch.cuda.is_available()
 
 
-def causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
-    """True where query i (the last t_q of t_k positions: a cached decode step) may NOT see key j: j > t_k - t_q + i."""
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(t_k - t_q + 1)
-
-
-def causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def causal_probs(q: torch.Tensor, k: torch.Tensor, docs: Optional[Documents] = None) -> torch.Tensor:
     """Materialised causal attention maps, softmax in fp32.
     q: (B, Hq, Tq, d), k: (B, Hkv, Tk, d) -> (B, Hq, Tq, Tk); query head h reads kv head h // (Hq/Hkv); the queries
-    are the last Tq of the Tk positions (Tq = Tk without a KV cache)."""
+    are the last Tq of the Tk positions (Tq = Tk without a KV cache). With `docs`, a query sees only the keys of its
+    own document (docs.mask)."""
     n_rep = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(n_rep, dim=1)  # (B, Hq, Tk, d)
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for float64 references
     scores = (q.to(acc) @ k.to(acc).transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, Hq, Tq, Tk)
-    mask = causal_mask(q.shape[2], k.shape[2], q.device)
-    return scores.masked_fill(mask, float("-inf")).softmax(dim=-1).type_as(q)
+    hidden = causal_mask(q.shape[2], k.shape[2], q.device) if docs is None else ~docs.mask  # (Tq, Tk) | (B, 1, Tq, Tk)
+    return scores.masked_fill(hidden, float("-inf")).softmax(dim=-1).type_as(q)
 
 
 class _MetaFlash(torch.autograd.Function):
@@ -59,16 +56,20 @@ class _MetaFlash(torch.autograd.Function):
         raise NotImplementedError("the meta attention kernel only measures saved tensors")
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str,
+                     docs: Optional[Documents] = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + causal) v with GQA (query head h reads kv head h // (Hq/Hkv)).
     q: (B, Hq, Tq, d), k: (B, Hkv, Tk, d); v: (B, Hkv, Tk, dv) with dv free to differ from d -> (B, Hq, Tq, dv);
-    Tq < Tk after a KV cache (the queries are the last Tq positions).
+    Tq < Tk after a KV cache (the queries are the last Tq positions). With `docs` (packed rows), a query attends
+    only within its own document: the dense docs.mask for eager/sdpa, docs.varlen() segments for flash.
     "triton" runs sdpa here: only Diff has a fused kernel, every other call is one standard attention already."""
     n_rep = q.shape[1] // k.shape[1]
     if backend == "eager":
-        return causal_probs(q, k) @ v.repeat_interleave(n_rep, dim=1)
+        return causal_probs(q, k, docs) @ v.repeat_interleave(n_rep, dim=1)
     if backend == "meta":
         return _MetaFlash.apply(q, k, v)
+    if docs is not None and (q.shape[2] != k.shape[2] or backend in ("sdpa", "triton")):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=docs.mask, enable_gqa=n_rep > 1)  # (B, 1, Tq, Tk)
     if q.shape[2] != k.shape[2]:  # queries after a KV cache: sdpa with the bottom-right causal mask, any backend
         mask = None if q.shape[2] == 1 else ~causal_mask(q.shape[2], k.shape[2], q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
@@ -79,9 +80,22 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
             raise RuntimeError("attn_backend=flash needs flash-attn and a CUDA device; use attn_backend=sdpa here")
         # flash-attn wants (B, T, H, d) and one head dim for q, k and v: split a wider v into d-sized slices.
         qt, kt = q.transpose(1, 2), k.transpose(1, 2)
-        outs = [flash_attn_func(qt, kt, vs.transpose(1, 2), causal=True) for vs in v.split(q.shape[-1], dim=-1)]
+        outs = [_flash(qt, kt, vs.transpose(1, 2), docs) for vs in v.split(q.shape[-1], dim=-1)]
         return torch.cat(outs, dim=-1).transpose(1, 2)
     raise ValueError(f"unknown attention backend {backend!r}")
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Optional[Documents]) -> torch.Tensor:
+    """One flash-attn call on (B, T, H*, d) tensors -> (B, T, Hq, d): flash_attn_func, or with `docs` the varlen
+    kernel over the flattened (B * T) tokens, one causal segment per document."""
+    if docs is None:
+        return flash_attn_func(q, k, v, causal=True)
+    B, T = q.shape[:2]
+    cu_seqlens, max_len = docs.varlen()  # (n_docs + 1,) int32
+    out = flash_attn_varlen_func(q.reshape(B * T, *q.shape[2:]), k.reshape(B * T, *k.shape[2:]),
+                                 v.reshape(B * T, *v.shape[2:]), cu_seqlens, cu_seqlens, max_len, max_len,
+                                 causal=True)  # (B * T, Hq, d)
+    return out.view(B, T, *out.shape[1:])
 
 
 class TransformerRemote(RemoteAttention):
@@ -122,7 +136,7 @@ class Attention(AttentionVariant):
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None) -> torch.Tensor:
+                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
         B, T, E = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, d)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, d)
@@ -131,11 +145,12 @@ class Attention(AttentionVariant):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H*, T, d)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, Hkv, pos + T, d)
-        y = causal_attention(q, k, v, self.backend)  # (B, H, T, d)
+        y = causal_attention(q, k, v, self.backend, docs)  # (B, H, T, d)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, E))
 
     def map_parts(self, x, cos, sin):
-        """[(q (B, H, T, d), k (B, H, T, d))] in fp32, kv heads repeated to the query heads; one map."""
+        """[(q (B, H, T, d), k (B, H, T, d))] in fp32, kv heads repeated to the query heads; one map. Doc-unaware:
+        eval attention rebuilds causal maps over whole windows (no document masks)."""
         q = apply_rotary(heads_of(self.q_proj(x), self.n_heads, self.head_dim), cos, sin, self.interleaved)
         k = apply_rotary(heads_of(self.k_proj(x), self.n_kv_heads, self.head_dim), cos, sin, self.interleaved)
         rep = self.n_heads // self.n_kv_heads

@@ -4,6 +4,9 @@
     logits = model(prompt, cache=cache)        # prefill: (B, P) -> (B, P, V); cache.pos = P
     logits = model(next_token, cache=cache)    # decode:  (B, 1) -> (B, 1, V); attends over all P + 1 positions
 
+With document masks, pass doc_ids for the new tokens at every call (`model(tokens, cache, doc_ids=...)`): the cache
+keeps the ids of the cached positions, so a decode step attends only within its own document.
+
 Each attention variant stores what its own equations read again (Transformer and Diff V2: K and V of h_kv heads; Diff:
 K1/K2 sub-heads of d and V heads of 2d), after rotary, so cached keys never need re-rotating. Storage is allocated
 once per layer at the first call (max_len positions), then written in place.
@@ -36,13 +39,30 @@ class LayerCache:
 
 
 class KVCache:
-    """Keys and values of every layer; `pos` is the position of the next token (= tokens cached so far)."""
+    """Keys and values of every layer; `pos` is the position of the next token (= tokens cached so far). With document
+    masks it also keeps the document id of every cached position (`doc_ids`, (B, max_len) long)."""
 
     def __init__(self, max_len: int):
         if max_len < 1:
             raise ValueError(f"KV cache: max_len must be positive, got {max_len}")
         self.max_len, self.pos = max_len, 0
         self.layers: list[LayerCache] = []
+        self.doc_ids: Optional[torch.Tensor] = None
+
+    def documents_so_far(self, doc_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Record the new tokens' document ids (B, T) at [pos, pos + T); returns those of all pos + T positions, (B, S).
+        None when no call passes doc_ids; a cache is filled either with doc ids at every call or without at all."""
+        if doc_ids is None:
+            if self.doc_ids is not None:
+                raise ValueError("KV cache: the cached tokens have doc_ids; pass doc_ids for the new tokens too")
+            return None
+        if self.doc_ids is None:
+            if self.pos:
+                raise ValueError(f"KV cache: doc_ids given now but not for the {self.pos} cached tokens; pass doc_ids "
+                                 f"at every call or at none")
+            self.doc_ids = doc_ids.new_zeros(doc_ids.shape[0], self.max_len, dtype=torch.long)
+        self.doc_ids[:, self.pos: self.pos + doc_ids.shape[1]] = doc_ids
+        return self.doc_ids[:, : self.pos + doc_ids.shape[1]]
 
     def layer(self, i: int) -> LayerCache:
         while len(self.layers) <= i:

@@ -20,6 +20,7 @@ from torch import nn
 from .attention import causal_attention, heads_of
 from .cache import LayerCache
 from .config import ModelConfig
+from .documents import Documents
 from .layers import apply_rotary
 from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
@@ -59,7 +60,7 @@ class Diff2Attention(AttentionVariant):
         self.lambda_proj = nn.Linear(cfg.d_model, self.n_heads, bias=False)  # init: N(0, init_std) as every matrix
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None) -> torch.Tensor:
+                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
         B, T, E = x.shape
         h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
         q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
@@ -68,7 +69,7 @@ class Diff2Attention(AttentionVariant):
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, g, T, d)
         if cache is not None:
             k, v = cache.update(k, v)  # the standard cache: (B, g, pos + T, d)
-        o = causal_attention(q.transpose(1, 2), k, v, self.backend)  # (B, 2h, T, d)
+        o = causal_attention(q.transpose(1, 2), k, v, self.backend, docs)  # (B, 2h, T, d); docs: within documents
         o = o.transpose(1, 2)  # (B, T, 2h, d)
         lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)  # (B, T, h, 1)
         attn = o[:, :, 0::2] - lam * o[:, :, 1::2]  # (B, T, h, d)
@@ -76,7 +77,8 @@ class Diff2Attention(AttentionVariant):
 
     def map_parts(self, x, cos, sin):
         """[(q of heads 0, 2, .., k), (q of heads 1, 3, .., k)], each (B, h, T, d) in fp32 (query head j reads kv
-        head j // (2h/g)), and lambda = sigmoid(lambda_proj(x)) as (B, h, T, 1): one per head and query token."""
+        head j // (2h/g)), and lambda = sigmoid(lambda_proj(x)) as (B, h, T, 1): one per head and query token.
+        Doc-unaware: eval attention rebuilds causal maps over whole windows."""
         h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
         q = apply_rotary(heads_of(self.q_proj(x), 2 * h, d), cos, sin, self.interleaved).transpose(1, 2).float()
         k = apply_rotary(heads_of(self.k_proj(x), g, d), cos, sin, self.interleaved).transpose(1, 2).float()

@@ -25,6 +25,7 @@ from torch import nn
 from .attention import causal_attention, causal_probs, heads_of
 from .cache import LayerCache
 from .config import ModelConfig
+from .documents import Documents
 from .layers import RMSNorm, apply_rotary
 from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
@@ -117,7 +118,8 @@ class DiffAttention(AttentionVariant):
         return l1 - l2 + self.lambda_init
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None) -> torch.Tensor:
+                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
+        """docs: both maps see only the keys of each query's own document (packed rows)."""
         B, T, E = x.shape
         h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
         q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
@@ -132,15 +134,15 @@ class DiffAttention(AttentionVariant):
         S = k.shape[2]
         lam = self.lambda_full().type_as(q)
         if self.backend == "eager":
-            probs = causal_probs(q, k).view(B, 2, h, T, S)  # materialised maps, the reference path
+            probs = causal_probs(q, k, docs).view(B, 2, h, T, S)  # materialised maps, the reference path
             attn = (probs[:, 0] - lam * probs[:, 1]) @ v.repeat_interleave(h // g, dim=1)  # (B, h, T, 2d)
         elif self.backend == "triton" and S == T:  # the fused kernel: (B, 2h, T, d), (B, 2g, T, d), (B, g, T, 2d)
-            attn = _fused_diff_attention()(q, k, v, self.lambda_full())  # -> (B, h, T, 2d)
+            attn = _fused_diff_attention()(q, k, v, self.lambda_full(), docs)  # -> (B, h, T, 2d)
         else:
             # One kernel call: query head c*h + i reads kv head (c*h + i) // (h/g) = c*g + i // (h/g), i.e. the
             # component-c keys of its own group; both components read the same V. (Also the cached decode step of
             # the triton backend, whose kernel is written for T = S.)
-            out = causal_attention(q, k, torch.cat([v, v], dim=1), self.backend).view(B, 2, h, T, 2 * d)
+            out = causal_attention(q, k, torch.cat([v, v], dim=1), self.backend, docs).view(B, 2, h, T, 2 * d)
             attn = out[:, 0] - lam * out[:, 1]  # (B, h, T, 2d)
         attn = self.subln(attn) * (1.0 - self.lambda_init)
         return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))
@@ -155,7 +157,7 @@ class DiffAttention(AttentionVariant):
 
     def map_parts(self, x, cos, sin):
         """[(q1, k1), (q2, k2)], each (B, h, T, d) in fp32 (diff head i: sub-heads 2i, 2i+1; kv group i // (h/g)),
-        and the layer's lambda."""
+        and the layer's lambda. Doc-unaware: eval attention rebuilds causal maps over whole windows."""
         h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
         q = apply_rotary(heads_of(self.q_proj(x), 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
         k = apply_rotary(heads_of(self.k_proj(x), 2 * g, d), cos, sin, self.interleaved)  # (B, T, 2g, d)

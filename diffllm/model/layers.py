@@ -28,11 +28,15 @@ def rotary_cos_sin(
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotate the first 2*cos.shape[-1] dims of each head. x: (B, T, H, d); cos/sin: (T, r/2).
+    """Rotate the first 2*cos.shape[-1] dims of each head. x: (B, T, H, d); cos/sin: (T, r/2), or (B, T, r/2) for
+    per-row positions (documents restarting at 0 in packed rows).
     interleaved=True pairs dims (2i, 2i+1) (GPT-J, the official Diff code); False pairs (i, i + r/2) (NeoX, HF)."""
     r = 2 * cos.shape[-1]
     x_rot, x_pass = x[..., :r].to(torch.promote_types(x.dtype, cos.dtype)), x[..., r:]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, r/2)
+    if cos.dim() == 2:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, r/2)
+    else:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B, T, 1, r/2)
     if interleaved:
         x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
         rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)

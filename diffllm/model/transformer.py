@@ -8,6 +8,7 @@ from torch import nn
 
 from .cache import KVCache, LayerCache
 from .config import ModelConfig
+from .documents import Documents
 from .layers import SwiGLU, build_norm, rotary_cos_sin
 from .variant import init_parameter
 
@@ -23,8 +24,10 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache)
+                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
+        # docs only when set: a variant whose forward lacks the parameter runs as long as doc masks are off
+        h = self.attn_norm(x)
+        x = x + (self.attn(h, cos, sin, cache) if docs is None else self.attn(h, cos, sin, cache, docs=docs))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -56,19 +59,34 @@ class DecoderLM(nn.Module):
             else:
                 init_parameter(name, p, self.cfg.init_std)
 
-    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache)."""
+    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, doc_ids: Optional[torch.Tensor] = None,
+                restart_positions: bool = False) -> torch.Tensor:
+        """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache).
+        doc_ids (B, T): the document ordinal of each token of packed rows (non-decreasing per row); a token then
+        attends only to the tokens of its own document (documents.py), and with `restart_positions` its RoPE position
+        is its index within its document. None: plain causal attention over the whole row."""
         B, T = tokens.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        if doc_ids is not None and doc_ids.shape != tokens.shape:
+            raise ValueError(f"doc_ids: want the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
+        if restart_positions and doc_ids is None:
+            raise ValueError("restart_positions needs doc_ids (the document of each token)")
+        docs = None
         if cache is not None:
             cache.check_room(T)
+            doc_ids = cache.documents_so_far(doc_ids)  # (B, start + T): the cached positions' ids first
+        if doc_ids is not None:
+            docs = Documents(doc_ids, n_queries=T, restart_positions=restart_positions)
         x = self.tok_embeddings(tokens)  # (B, T, E)
         cos, sin = rotary_cos_sin(start + T, self.cfg.rotary_dim, self.cfg.rope_theta, x.device, x.dtype)
-        cos, sin = cos[start:], sin[start:]  # (T, r/2): this call's positions
+        if restart_positions:
+            cos, sin = cos[docs.positions], sin[docs.positions]  # (B, T, r/2): positions within each document
+        else:
+            cos, sin = cos[start:], sin[start:]  # (T, r/2): this call's positions
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layer(i) if cache is not None else None)
+            x = layer(x, cos, sin, cache.layer(i) if cache is not None else None, docs)
         if cache is not None:
             cache.advance(T)
         return self.lm_head(self.norm(x))  # (B, T, V)

@@ -14,6 +14,12 @@ atomics), one gives dQ1, dQ2 per query block.
 The subln and (1 - lambda_init) epilogue stay in DiffAttention (PyTorch): the RMSNorm weight is shared by all heads,
 so fusing it would need a cross-program reduction for its gradient, while the epilogue is one memory-bound pass.
 
+Document masks (packed rows, `docs`): key j is valid for query i iff j <= i and j >= start[i], the first position of
+i's document (docs.starts, (B, T) int32). Tiles outside the documents of a block are skipped: the forward and dQ
+loops start at the tile holding the document start of the block's first query, the dK/dV loop stops at the document
+end (docs.ends) of the block's last key. A row may then meet a tile it sees nothing of: while its running max is
+still -inf, the exponentials subtract 0 instead (`_finite`; an identity otherwise), so its sums stay 0, not NaN.
+
 Layouts (those DiffAttention holds before its backend branch): q (B, 2h, T, d) component-major [Q1 heads, Q2 heads],
 k (B, 2g, T, d) likewise, v (B, g, T, 2d); diff head i reads kv group i // (h/g), as the official flash files.
 Any T (the tail is masked), any d (padded to a power of two >= 16), fp32/bf16/fp16 inputs, fp32 accumulation.
@@ -23,8 +29,11 @@ tests). On a GPU the block sizes are autotuned (configs sized for H100/H200).
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
+
+from .documents import Documents
 
 if not torch.cuda.is_available():  # must precede the @triton.jit decorations below
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -61,7 +70,7 @@ def _tuned(configs: list[tuple[int, int, int, int]]):
     """Autotune on a GPU; in the interpreter the launch passes INTERPRET_BLOCKS instead."""
     if INTERPRET:
         return lambda kernel: kernel
-    return triton.autotune(configs=_configs(configs), key=["T", "BLOCK_D", "REP"])
+    return triton.autotune(configs=_configs(configs), key=["T", "BLOCK_D", "REP", "DOCS"])
 
 
 if triton is not None:
@@ -83,6 +92,27 @@ if triton is not None:
         return lse1, lse2, d1, d2
 
     @triton.jit
+    def _finite(m):
+        """The running max to subtract: 0 for rows that have seen no valid key yet (-inf - -inf would give NaN)."""
+        return tl.where(m == float("-inf"), 0.0, m)
+
+    @triton.jit
+    def _in_document(valid, rows, cols, START, b, T, DOCS: tl.constexpr):
+        """valid (BLOCK_M, BLOCK_N), and (DOCS) key `cols` not before the document start of query `rows`."""
+        if DOCS:
+            first = tl.load(START + b * T + rows, mask=rows < T, other=0)  # (BLOCK_M,) document start of each query
+            valid = valid & (cols[None, :] >= first[:, None])
+        return valid
+
+    @triton.jit
+    def _first_key(START, b, T, row, BLOCK_N: tl.constexpr, DOCS: tl.constexpr):
+        """Where a query block's key loop starts: 0, or (DOCS) the tile holding its first query's document start."""
+        lo = 0
+        if DOCS:
+            lo = (tl.load(START + b * T + row) // BLOCK_N) * BLOCK_N
+        return lo
+
+    @triton.jit
     def _log2_scores(qa, kb, valid, scale_log2, PREC: tl.constexpr):
         """Masked scores in log2 units: (BLOCK_M, BLOCK_D) x (BLOCK_N, BLOCK_D) -> (BLOCK_M, BLOCK_N) fp32."""
         s = tl.dot(qa, tl.trans(kb), input_precision=PREC) * scale_log2
@@ -100,11 +130,11 @@ if triton is not None:
 
     @_tuned(FWD_CONFIGS)
     @triton.jit
-    def _fwd_kernel(Q, K, V, Lam, O, O1, O2, LSE,
+    def _fwd_kernel(Q, K, V, Lam, O, O1, O2, LSE, START,
                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
                     H, G, T, D, DV, scale_log2,
                     REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SAVE: tl.constexpr,
-                    PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    DOCS: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, i = bh // H, bh % H
         j = i // REP  # kv group
@@ -121,20 +151,23 @@ if triton is not None:
         l2 = tl.zeros([BLOCK_M], tl.float32)
         acc1 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        lo = _first_key(START, b, T, pid_m * BLOCK_M, BLOCK_N, DOCS)
         hi = tl.minimum((pid_m + 1) * BLOCK_M, T)  # causal: no key beyond the block's last query
-        for start_n in range(0, hi, BLOCK_N):
+        for start_n in range(lo, hi, BLOCK_N):
             cols = start_n + cols0
             k1 = _load_rows(k1_ptr, cols, skt, dd, T, D)  # (BLOCK_N, BLOCK_D)
             k2 = _load_rows(k2_ptr, cols, skt, dd, T, D)
             vt = _load_rows(v_ptr, cols, svt, dv, T, DV)  # (BLOCK_N, BLOCK_DV)
-            valid = (rows[:, None] >= cols[None, :]) & (cols[None, :] < T)  # block 0 always holds key 0: m finite
+            valid = (rows[:, None] >= cols[None, :]) & (cols[None, :] < T)  # causal
+            valid = _in_document(valid, rows, cols, START, b, T, DOCS)
             s1 = _log2_scores(q1, k1, valid, scale_log2, PREC)
             s2 = _log2_scores(q2, k2, valid, scale_log2, PREC)
             m1n = tl.maximum(m1, tl.max(s1, 1))
             m2n = tl.maximum(m2, tl.max(s2, 1))
-            p1 = tl.exp2(s1 - m1n[:, None])
-            p2 = tl.exp2(s2 - m2n[:, None])
-            a1, a2 = tl.exp2(m1 - m1n), tl.exp2(m2 - m2n)
+            m1s, m2s = _finite(m1n), _finite(m2n)  # = m1n, m2n but for rows that have seen no key yet
+            p1 = tl.exp2(s1 - m1s[:, None])
+            p2 = tl.exp2(s2 - m2s[:, None])
+            a1, a2 = tl.exp2(m1 - m1s), tl.exp2(m2 - m2s)
             l1 = l1 * a1 + tl.sum(p1, 1)
             l2 = l2 * a2 + tl.sum(p2, 1)
             acc1 = acc1 * a1[:, None] + tl.dot(p1.to(vt.dtype), vt, input_precision=PREC)
@@ -167,10 +200,10 @@ if triton is not None:
 
     @_tuned(BWD_CONFIGS)
     @triton.jit
-    def _bwd_dkdv_kernel(Q, K, V, Lam, DO, LSE, DELTA, DK, DVV,
+    def _bwd_dkdv_kernel(Q, K, V, Lam, DO, LSE, DELTA, DK, DVV, START, END,
                          sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
                          H, G, T, D, DV, scale_log2, sm_scale,
-                         REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOCS: tl.constexpr,
                          PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """One kv block of one group: dK1, dK2, dV summed over the REP diff heads that read it."""
         pid_n, bg = tl.program_id(0), tl.program_id(1)
@@ -186,16 +219,20 @@ if triton is not None:
         dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
         lam = tl.load(Lam)
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # causal: queries before this block's first key see none of it
+        hi = T
+        if DOCS:  # queries after the document of the block's last key see none of it
+            hi = tl.load(END + b * T + tl.minimum((pid_n + 1) * BLOCK_N, T) - 1)
         for r in range(0, REP):
             i = j * REP + r  # diff head
             bh = b * H + i
-            for start_m in range(lo, T, BLOCK_M):
+            for start_m in range(lo, hi, BLOCK_M):
                 rows = start_m + rows0
                 q1 = _load_rows(Q + b * sqb + i * sqh, rows, sqt, dd, T, D)  # (BLOCK_M, BLOCK_D)
                 q2 = _load_rows(Q + b * sqb + (H + i) * sqh, rows, sqt, dd, T, D)
                 do = _load_rows(DO + bh * T * DV, rows, DV, dv, T, DV)  # dO: contiguous (B, h, T, 2d)
                 lse1, lse2, d1, d2 = _row_stats(LSE, DELTA, bh, rows, T)
                 valid = (rows[:, None] >= cols[None, :]) & (rows[:, None] < T)
+                valid = _in_document(valid, rows, cols, START, b, T, DOCS)
                 a, ds1, ds2 = _score_grads(q1, q2, k1, k2, vt, do, lse1, lse2, d1, d2, lam, valid, scale_log2, PREC)
                 dvacc += tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
                 dk1 += tl.dot(tl.trans(ds1).to(q1.dtype), q1, input_precision=PREC)
@@ -209,10 +246,10 @@ if triton is not None:
 
     @_tuned(BWD_CONFIGS)
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, Lam, DO, LSE, DELTA, DQ,
+    def _bwd_dq_kernel(Q, K, V, Lam, DO, LSE, DELTA, DQ, START,
                        sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
                        H, G, T, D, DV, scale_log2, sm_scale,
-                       REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                       REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOCS: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """One query block of one diff head: dQ1, dQ2."""
         pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -228,13 +265,15 @@ if triton is not None:
         lam = tl.load(Lam)
         dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         dq2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        lo = _first_key(START, b, T, pid_m * BLOCK_M, BLOCK_N, DOCS)
         hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
-        for start_n in range(0, hi, BLOCK_N):
+        for start_n in range(lo, hi, BLOCK_N):
             cols = start_n + cols0
             k1 = _load_rows(K + b * skb + j * skh, cols, skt, dd, T, D)
             k2 = _load_rows(K + b * skb + (G + j) * skh, cols, skt, dd, T, D)
             vt = _load_rows(V + b * svb + j * svh, cols, svt, dv, T, DV)
             valid = (rows[:, None] >= cols[None, :]) & (cols[None, :] < T)
+            valid = _in_document(valid, rows, cols, START, b, T, DOCS)
             _, ds1, ds2 = _score_grads(q1, q2, k1, k2, vt, do, lse1, lse2, d1, d2, lam, valid, scale_log2, PREC)
             dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PREC)
             dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PREC)
@@ -244,7 +283,8 @@ if triton is not None:
         tl.store(DQ + dq_off + H * T * D, (dq2 * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> tuple[int, int, int, int, int]:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
+           docs: Optional[Documents]) -> tuple[int, int, int, int, int]:
     """One-line errors for bad inputs; returns (B, h, g, T, d)."""
     if triton is None:
         raise RuntimeError("attn_backend=triton needs the triton package (pip install triton); use sdpa here")
@@ -261,6 +301,9 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"fused_diff_attention: q, k, v need one dtype of fp32/bf16/fp16, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
+    if docs is not None and (docs.ids.shape != (B, T) or docs.n_queries != T):
+        raise ValueError(f"fused_diff_attention: docs must describe the (B, T) = {(B, T)} positions, all of them "
+                         f"queries; got ids {tuple(docs.ids.shape)} with {docs.n_queries} queries")
     if q.device.type != "cuda" and not INTERPRET:
         raise ValueError(f"fused_diff_attention: tensors on {q.device}; the Triton kernels run on CUDA "
                          "(or on CPU with TRITON_INTERPRET=1 set before triton is imported)")
@@ -283,25 +326,34 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _forward(q, k, v, lam, save: bool) -> tuple:
+def _bounds(docs: Optional[Documents], like: torch.Tensor) -> dict:
+    """The kernels' document arguments: docs.starts and docs.ends ((B, T) int32), or placeholders the DOCS=False
+    kernels never read."""
+    if docs is None:
+        return dict(START=like, END=like, DOCS=False)
+    return dict(START=docs.starts.contiguous(), END=docs.ends.contiguous(), DOCS=True)
+
+
+def _forward(q, k, v, lam, save: bool, docs: Optional[Documents] = None) -> tuple:
     """Launch the forward: (out, O1, O2, LSE, contiguous q, k, v, fp32 lam); O1, O2, LSE only when `save`."""
-    B, h, g, T, d = _check(q, k, v, lam)
+    B, h, g, T, d = _check(q, k, v, lam, docs)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     lam32 = lam.detach().reshape(()).to(torch.float32)
     o = torch.empty(B, h, T, 2 * d, device=q.device, dtype=q.dtype)  # (B, h, T, 2d)
     o1, o2 = (torch.empty_like(o), torch.empty_like(o)) if save else (o, o)  # unused pointers when not saving
     lse = torch.empty(B, h, 2, T, device=q.device, dtype=torch.float32) if save else o
-    _fwd_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, o, o1, o2, lse, scale_log2=d**-0.5 * LOG2E, SAVE=save,
-                                             **_common(q, k, v, h, g, T, d))
+    bounds = _bounds(docs, q)
+    _fwd_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, o, o1, o2, lse, bounds["START"], DOCS=bounds["DOCS"],
+                                             scale_log2=d**-0.5 * LOG2E, SAVE=save, **_common(q, k, v, h, g, T, d))
     return o, o1, o2, lse, q, k, v, lam32
 
 
 class _FusedDiffAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, lam):  # q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d), lam 0-dim
-        o, o1, o2, lse, q, k, v, lam32 = _forward(q, k, v, lam, save=True)
+    def forward(ctx, q, k, v, lam, docs):  # q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d), lam 0-dim
+        o, o1, o2, lse, q, k, v, lam32 = _forward(q, k, v, lam, save=True, docs=docs)
         ctx.save_for_backward(q, k, v, lam32, o1, o2, lse)
-        ctx.lam_dtype = lam.dtype
+        ctx.lam_dtype, ctx.docs = lam.dtype, docs
         return o
 
     @staticmethod
@@ -317,17 +369,21 @@ class _FusedDiffAttention(torch.autograd.Function):
             k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
         args = _common(q, k, v, h, g, T, d)
         scales = dict(scale_log2=d**-0.5 * LOG2E, sm_scale=d**-0.5)
-        _bwd_dkdv_kernel[_grid(T, B * g, "BLOCK_N")](q, k, v, lam32, do, lse, delta, dk, dv, **scales, **args)
-        _bwd_dq_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, do, lse, delta, dq, **scales, **args)
+        bounds = _bounds(ctx.docs, q)
+        _bwd_dkdv_kernel[_grid(T, B * g, "BLOCK_N")](q, k, v, lam32, do, lse, delta, dk, dv, **bounds, **scales,
+                                                     **args)
+        _bwd_dq_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, do, lse, delta, dq, bounds["START"],
+                                                   DOCS=bounds["DOCS"], **scales, **args)
         dlam = -delta[:, :, 1].sum()
-        return dq, dk, dv, dlam.to(ctx.lam_dtype)
+        return dq, dk, dv, dlam.to(ctx.lam_dtype), None
 
 
-def fused_diff_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+def fused_diff_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
+                         docs: Optional[Documents] = None) -> torch.Tensor:
     """(softmax(Q1 K1^T/sqrt d + causal) - lam softmax(Q2 K2^T/sqrt d + causal)) V, differentiable in q, k, v, lam.
     q: (B, 2h, T, d) [Q1 heads, Q2 heads], k: (B, 2g, T, d) [K1, K2], v: (B, g, T, 2d), lam: 0-dim -> (B, h, T, 2d);
-    diff head i reads kv group i // (h/g)."""
+    diff head i reads kv group i // (h/g). docs (Documents of the T positions): both maps within each document."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam)):
-        return _FusedDiffAttention.apply(q, k, v, lam)
-    return _forward(q, k, v, lam, save=False)[0]  # inference: nothing kept for a backward
+        return _FusedDiffAttention.apply(q, k, v, lam, docs)
+    return _forward(q, k, v, lam, save=False, docs=docs)[0]  # inference: nothing kept for a backward
 

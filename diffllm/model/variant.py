@@ -40,8 +40,10 @@ class Heads:
 
 
 class AttentionVariant(nn.Module):
-    """Base of every attention module: `Variant(cfg, depth, backend=None)`, forward (x, cos, sin, cache=None) ->
-    (B, T, E); with a `LayerCache` the variant stores its keys/values there and attends over all cached positions.
+    """Base of every attention module: `Variant(cfg, depth, backend=None)`, forward (x, cos, sin, cache=None,
+    docs=None) -> (B, T, E); with a `LayerCache` the variant stores its keys/values there and attends over all cached
+    positions; with `docs` (a `Documents`: packed rows, passed only when set) each query attends only within its own
+    document (hand docs to `causal_attention` / `causal_probs`). cos, sin: (T, r/2), or (B, T, r/2) per row.
     `backend` overrides cfg.attn_backend (the planner passes "meta")."""
 
     arch: ClassVar[str]  # the `model.arch` value

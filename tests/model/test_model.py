@@ -149,7 +149,8 @@ def test_diff_triton_hands_the_kernel_the_agreed_tensors(monkeypatch, n_kv_heads
     Diff model on backend triton must then equal the eager model (this checks our side of the contract)."""
     calls = []
 
-    def fused(q, k, v, lam):
+    def fused(q, k, v, lam, docs=None):  # docs: the packed rows' Documents (none here)
+        assert docs is None
         calls.append((q.shape, k.shape, v.shape, lam.dim(), lam.requires_grad))
         return _fused_reference(q, k, v, lam)
 

@@ -16,17 +16,19 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from diffllm.model import DecoderLM, ModelConfig  # noqa: E402
 from diffllm.model.config import BACKENDS  # noqa: E402
+from diffllm.model.documents import Documents  # noqa: E402
 from diffllm.model.triton_diff import INTERPRET, fused_diff_attention  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 
 
-def reference(q, k, v, lam):
-    """Float64 eager path, one diff head at a time with materialised maps: head i reads kv group i // (h/g)."""
+def reference(q, k, v, lam, allowed=None):
+    """Float64 eager path, one diff head at a time with materialised maps: head i reads kv group i // (h/g).
+    allowed: (B, T, T) bool, True where a query may see a key (default: causal, (T, T))."""
     B, h2, T, d = q.shape
     h, g = h2 // 2, k.shape[1] // 2
     q, k, v, lam = q.double(), k.double(), v.double(), lam.double()
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1) if allowed is None else ~allowed
 
     def softmax_map(qs, ks):  # (B, T, d) x (B, T, d) -> (B, T, T)
         return (qs @ ks.transpose(-1, -2) / math.sqrt(d)).masked_fill(future, -math.inf).softmax(-1)
@@ -73,6 +75,50 @@ def test_forward_and_gradients_match_float64_eager(B, h, g, T, d, lam):
     for name, a, b in zip(("q", "k", "v", "lam"), got, wants):
         assert a.shape == b.shape, name
         assert rel_err(a, b) <= 1e-5, f"d{name}: {rel_err(a, b):.2e}"
+
+
+def block_diagonal_causal(splits) -> torch.Tensor:
+    """(B, T, T) bool by hand: query i sees key j iff j <= i and both lie in the same document of its row."""
+    rows = []
+    for lengths in splits:
+        T = sum(lengths)
+        allowed = torch.zeros(T, T, dtype=torch.bool)
+        start = 0
+        for n in lengths:
+            allowed[start: start + n, start: start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            start += n
+        rows.append(allowed)
+    return torch.stack(rows).to(DEVICE)
+
+
+def test_documents_skip_tiles_and_match_float64_eager():
+    """T = 40 with the interpreter's 32-query x 16-key tiles. Row 0 (documents 10, 12, 18): query block 1 starts its
+    key loop at tile 1 (row 32's document starts at 22); key tile 0's dK/dV loop stops before query block 1 (key 15's
+    document ends at 22); rows 22..31 see nothing of key tile 0 (their running max is still -inf there). Row 1
+    (20, 1, 19): a one-token document."""
+    splits = [(10, 12, 18), (20, 1, 19)]
+    ids = torch.tensor([[i for i, n in enumerate(row) for _ in range(n)] for row in splits], device=DEVICE)
+    q, k, v, lam = inputs(2, 4, 2, 40, 16, 0.6)
+    out = fused_diff_attention(q, k, v, lam, Documents(ids))
+    want = reference(q, k, v, lam, allowed=block_diagonal_causal(splits))
+    assert rel_err(out, want) <= 1e-5
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, lam), grad_out)
+    wants = torch.autograd.grad(want, (q, k, v, lam), grad_out.double())
+    for name, a, b in zip(("q", "k", "v", "lam"), got, wants):
+        assert rel_err(a, b) <= 1e-5, f"d{name}: {rel_err(a, b):.2e}"
+
+
+def test_one_document_equals_no_documents_bit_for_bit():
+    """The DOCS kernels with a single document read the same keys as the plain ones: equal outputs and gradients."""
+    q, k, v, lam = inputs(1, 2, 1, 37, 16, -0.3)
+    out = fused_diff_attention(q, k, v, lam)
+    one = fused_diff_attention(q, k, v, lam, Documents(torch.zeros(1, 37, dtype=torch.long, device=DEVICE)))
+    assert torch.equal(out, one)
+    grad_out = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v, lam), grad_out),
+                    torch.autograd.grad(one, (q, k, v, lam), grad_out)):
+        assert torch.equal(a, b)
 
 
 def test_forward_without_grad_matches():
