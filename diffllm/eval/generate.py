@@ -49,33 +49,17 @@ def next_token(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]
     return int(torch.multinomial(logits.softmax(-1), 1, generator=gen))
 
 
-@dataclass(frozen=True)
-class DocMask:
-    """Attention within documents at generation (data.doc_mask of the run): the prompt's EOS tokens end documents;
-    new tokens continue the last one."""
-
-    eos_id: int
-    restart_positions: bool = False
-
-    def kwargs(self, tokens: torch.Tensor, start: int = 0) -> dict:
-        """DecoderLM.forward's document arguments for positions start.. of tokens (1, S)."""
-        from ..model.documents import doc_ids_from_eos
-
-        return {"doc_ids": doc_ids_from_eos(tokens, self.eos_id)[:, start:], "restart_positions": self.restart_positions}
-
-
-def full_forward(model: torch.nn.Module, docs: Optional[DocMask] = None) -> Callable[[List[int]], torch.Tensor]:
+def full_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
     """next_logits for a model without a cache: the whole sequence again, the last position's logits."""
 
     @torch.inference_mode()
     def next_logits(tokens: List[int]) -> torch.Tensor:
-        ids = torch.tensor([tokens])
-        return model(ids, **(docs.kwargs(ids) if docs else {}))[0, -1].float()  # (V,)
+        return model(torch.tensor([tokens]))[0, -1].float()  # (V,)
 
     return next_logits
 
 
-def cached_forward(model: torch.nn.Module, docs: Optional[DocMask] = None) -> Callable[[List[int]], torch.Tensor]:
+def cached_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
     """next_logits with a KV cache: the tokens not yet cached (the whole prompt first, then one per call)."""
     from ..model import KVCache
 
@@ -83,9 +67,7 @@ def cached_forward(model: torch.nn.Module, docs: Optional[DocMask] = None) -> Ca
 
     @torch.inference_mode()
     def next_logits(tokens: List[int]) -> torch.Tensor:
-        ids = torch.tensor([tokens])
-        kw = docs.kwargs(ids, cache.pos) if docs else {}
-        return model(ids[:, cache.pos:], cache, **kw)[0, -1].float()  # (V,)
+        return model(torch.tensor([tokens[cache.pos:]]), cache)[0, -1].float()  # (V,)
 
     return next_logits
 
@@ -127,15 +109,13 @@ def cut_at_stop(text: str, stop: tuple) -> str:
 
 
 def generate(model: torch.nn.Module, tok, prompt: str, max_new_tokens: Optional[int] = None,
-             sampling: Optional[Sampling] = None, stop: tuple = (), use_cache: bool = True,
-             docs: Optional[DocMask] = None) -> dict:
-    """{text, tokens, stopped} for one prompt; max_new_tokens None = up to the model's context; docs: attention
-    within the prompt's documents (its EOS tokens end them)."""
+             sampling: Optional[Sampling] = None, stop: tuple = (), use_cache: bool = True) -> dict:
+    """{text, tokens, stopped} for one prompt; max_new_tokens None = up to the model's context."""
     ids = tok.encode(prompt)
     limit = model.cfg.max_seq_len
     max_new = limit - len(ids) if max_new_tokens is None else max_new_tokens
     check_lengths(len(ids), max(max_new, 1), limit)
-    step = cached_forward(model, docs) if use_cache else full_forward(model, docs)
+    step = cached_forward(model) if use_cache else full_forward(model)
     new, why = decode(step, ids, max_new, sampling or Sampling(), tok.eos_id, tuple(stop), tok.decode)
     return {"text": cut_at_stop(tok.decode(new), tuple(stop)), "tokens": new, "stopped": why}
 
@@ -154,18 +134,14 @@ class GenerateConfig:
     top_p: float = 1.0  # sample among the smallest set of tokens whose probability reaches top_p (1.0: off)
     seed: int = 0  # of the sampling generator: the same seed gives the same text
     stop: List[str] = field(default_factory=list)  # stop once the new text contains one of these (cut there)
-    doc_mask: Optional[bool] = None  # attention within the prompt's documents (EOS ends one); null: as the run trained
 
 
 def run_generate(c: GenerateConfig) -> dict:
     if not c.prompt:
         raise EvalError("prompt: empty; pass prompt=\"...\"")
-    run, _, model, tok = load_run(c.run, c.step)
-    data = (run.config() or {}).get("data") or {}
-    on = data.get("doc_mask", False) if c.doc_mask is None else c.doc_mask
-    docs = DocMask(tok.eos_id, bool(data.get("restart_positions"))) if on else None
+    _, _, model, tok = load_run(c.run, c.step)
     out = generate(model, tok, c.prompt, c.max_new_tokens, Sampling(c.temperature, c.top_k, c.top_p, c.seed),
-                   tuple(c.stop), docs=docs)
+                   tuple(c.stop))
     print(c.prompt + out["text"])
     say(f"{len(out['tokens'])} new tokens, stopped at {out['stopped']}")
     return out

@@ -14,8 +14,9 @@ TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler in the m
 OTHER = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n"
 
 
-def brute_force(model, tok, texts: list[str], seq_len: int) -> tuple[float, int, int]:
-    """Summed nats of every document token, each predicted from its own window's prefix, in float64."""
+def brute_force(model, tok, texts: list[str], seq_len: int, doc_mask: bool = False) -> tuple[float, int, int]:
+    """Summed nats of every document token, each predicted from its own window's prefix, in float64; with doc_mask,
+    from the part of that prefix in the predicting position's own document (an EOS belongs to the one it ends)."""
     m = model.double()
     try:
         stream = [t for text in texts for t in [tok.eos_id] + tok.encode(text)]
@@ -24,6 +25,8 @@ def brute_force(model, tok, texts: list[str], seq_len: int) -> tuple[float, int,
             if stream[p] == tok.eos_id:
                 continue
             start = (p - 1) // seq_len * seq_len
+            if doc_mask:  # position p - 1's document starts after the last EOS before it
+                start = max([start] + [e + 1 for e in range(p - 1) if stream[e] == tok.eos_id])
             with torch.no_grad():
                 logp = m(torch.tensor([stream[start:p]]))[0, -1].log_softmax(-1)
             nats -= float(logp[stream[p]])
@@ -44,6 +47,22 @@ def test_bits_per_byte_equals_a_hand_computation(loaded, arch, seq_len):
     assert got["loss"] == pytest.approx(nats / count, rel=1e-5)
     assert got["bits_per_byte"] == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
     assert got["ppl"] == pytest.approx(math.exp(nats / count), rel=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+@pytest.mark.parametrize("restart", [False, True])
+def test_doc_mask_scores_each_token_within_its_document(loaded, arch, restart):
+    """Windows of several documents, attention within documents: each token as the hand computation predicts it from
+    its own document's part of the window (positions from the window start or restarted: RoPE sees only relative
+    positions, so both equal the document run alone)."""
+    cfg, model, tok = loaded(arch)
+    texts = [TEXT, OTHER, TEXT[:20], OTHER]
+    docs = [tok.encode(t) for t in texts]
+    got = perplexity(model, windows(docs, tok.eos_id, 40, batch_size=2, doc_mask=True, restart_positions=restart))
+    plain = perplexity(model, windows(docs, tok.eos_id, 40, batch_size=2))
+    nats, count, _ = brute_force(model, tok, texts, 40, doc_mask=True)
+    assert got["tokens"] == count and got["loss"] == pytest.approx(nats / count, rel=1e-5)
+    assert abs(plain["loss"] - got["loss"]) > 1e-4  # the windows do cross documents
 
 
 def test_command_reports_each_source(runs, tmp_path, capsys):

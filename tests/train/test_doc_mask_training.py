@@ -1,6 +1,7 @@
-"""Document masks end to end: a 2-rank ZeRO-2 run on Shakespeare with data.doc_mask=true (and positions restarted
-per document) trains, its losses differ from the plain run's from the first window that holds a document boundary,
-and a SIGKILL + relaunch continues it bit for bit; a needle mixture trains on its marked answers only."""
+"""Document masks end to end: a 2-rank ZeRO-2 run on Shakespeare's paragraphs (one document each, so that every
+window holds boundaries; a whole play is longer than the tiny runs read) with data.doc_mask=true and positions
+restarted per document trains, its losses differ from the unmasked run's from the first step, and a SIGKILL +
+relaunch continues it bit for bit; a needle mixture trains on its marked answers only."""
 from __future__ import annotations
 
 import json
@@ -13,16 +14,22 @@ from tests.train.helpers import STEPS, comparable, tiny
 
 pytestmark = pytest.mark.slow
 
-DOCS = ["data.doc_mask=true", "data.restart_positions=true"]
+PARAGRAPHS = "data.sources.0.sample_by=paragraph"
+DOCS = [PARAGRAPHS, "data.doc_mask=true", "data.restart_positions=true"]
 
 
-def test_doc_mask_trains_and_resumes_bit_for_bit(reference, tmp_path):
+def losses_of(run_dir) -> list[float]:
+    return [m["loss"] for m in read_metrics(run_dir) if "loss" in m]
+
+
+def test_doc_mask_trains_and_resumes_bit_for_bit(tmp_path):
     ref_dir = tmp_path / "ref"
     run_train(tiny(ref_dir, 2, *DOCS), 2, tmp_path / "ref-logs")
-    losses = [m["loss"] for m in read_metrics(ref_dir) if "loss" in m]
-    plain = [m["loss"] for m in read_metrics(reference(2)) if "loss" in m]
+    losses = losses_of(ref_dir)
     assert len(losses) == STEPS and sum(losses[-4:]) / 4 < losses[0] - 0.7, losses
-    assert losses != plain  # the masks reached the model (the plays' windows cross play boundaries)
+    run_train(tiny(tmp_path / "plain", 2, PARAGRAPHS, "trainer.tokens=2048"), 2, tmp_path / "plain-logs")
+    plain = losses_of(tmp_path / "plain")
+    assert len(plain) == 2 and plain[0] != losses[0] and plain[1] != losses[1]  # the masks reached the model
     summary = json.loads((ref_dir / "summary.json").read_text())
     assert summary["doc_mask"] is True and summary["loss_tokens"] == summary["tokens"]
 
@@ -41,7 +48,7 @@ def test_a_needle_mixture_trains_on_its_marked_answers(tmp_path):
     run_dir = tmp_path / "run"
     args = tiny(run_dir, 2, "data=shakespeare-needle", "data.loss_on=marked", "data.doc_mask=true",
                 "data.tokenizer.train_on=[plays]")
-    run_train(args, 2, tmp_path / "logs")
+    run_train(args, 1, tmp_path / "logs")
     records = [m for m in read_metrics(run_dir) if "loss" in m]
     last = records[-1]
     assert 0.8 * last["tokens"] < last["loss_tokens"] < last["tokens"]  # ~10% of the windows are needle windows
