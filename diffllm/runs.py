@@ -5,6 +5,7 @@
       tokenizer.json           the run's tokenizer: a run directory decodes, evaluates and exports on another machine
       metrics.jsonl            one JSON record per log line and per validation
       summary.json             written when the run reaches its token budget; never rewritten after that
+      branch.json              a WSD cooldown branch only: its parent run, branch step and the parent's config hash
       checkpoints/latest       the tag to resume from (replaced atomically)
       checkpoints/step<N>/     DeepSpeed's files + our meta.json (step, tokens, world size, ZeRO stage, model config)
 
@@ -27,12 +28,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Collection, Optional, Union
 
 TAG = re.compile(r"^step(\d+)$")
 MODEL_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's module weights (complete under ZeRO 0-2, placeholders under 3)
 CONFIG_FILE, TOKENIZER_FILE, SUMMARY_FILE, METRICS_FILE = "config.yaml", "tokenizer.json", "summary.json", "metrics.jsonl"
-RUN_FILES = ("checkpoints", METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, TOKENIZER_FILE, "wandb")  # what a run owns
+BRANCH_FILE = "branch.json"
+RUN_FILES = ("checkpoints", METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, TOKENIZER_FILE, BRANCH_FILE,
+             "wandb")  # what a run owns
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -69,6 +72,13 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); the file is damaged") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file; the file is damaged") from None
+
+
+def config_hash(config: dict) -> str:
+    """A short fingerprint of a resolved config (its canonical JSON): what a branch records of its parent."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def read_metrics(run_dir: Union[str, Path]) -> list[dict]:
@@ -194,6 +204,16 @@ class Run:
     def write_summary(self, summary: dict) -> None:
         write_atomic(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1) + "\n")
 
+    def branch(self) -> Optional[dict]:
+        """branch.json: where a WSD cooldown branch started (parent run_dir, step, tokens, parent_config_hash), or
+        None for a run that is no branch."""
+        path = self.dir / BRANCH_FILE
+        return read_json(path) if path.is_file() else None
+
+    def write_branch(self, record: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / BRANCH_FILE, json.dumps(record, indent=1) + "\n")
+
     def write_config(self, config: dict, own_tokenizer: bool = True) -> None:
         """config.yaml: the resolved config, its tokenizer path pointing at the run's own tokenizer.json (a run
         without one, `own_tokenizer=False`: an import of weights alone, keeps `config` as it is)."""
@@ -252,8 +272,13 @@ class Run:
         records = parse_metrics(text, path)  # a last line cut short by a kill is left out, and dropped here
         keep = [rec for rec in records if rec["step"] <= step]
         if len(keep) != len(records) or (text and not text.endswith("\n")):
-            write_atomic(path, "".join(json.dumps(rec) + "\n" for rec in keep))
+            self.write_metrics(keep)
         return len(records) - len(keep)
+
+    def write_metrics(self, records: list[dict]) -> None:
+        """metrics.jsonl made of `records` (atomically): a truncation, or a branch's start from its parent's."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / METRICS_FILE, "".join(json.dumps(rec) + "\n" for rec in records))
 
     def config(self) -> Optional[dict]:
         """The run's resolved config (config.yaml), or None for a run written before runs kept one."""
@@ -330,9 +355,10 @@ class Run:
         write_atomic(ckpt.dir / "latest_universal", out)  # DeepSpeed's convention; it wrote the tmp name
         return out
 
-    def prune(self, keep_last: int, keep: str) -> None:
-        """Delete all but the newest `keep_last` checkpoints (and their universal conversions); never `keep`."""
-        tags = [f"step{s}" for s in self.steps()]
+    def prune(self, keep_last: int, keep: str, pinned: Collection[str] = ()) -> None:
+        """Delete all but the newest `keep_last` checkpoints (and their universal conversions); never `keep`, and
+        never a `pinned` tag (a WSD run's branch points), which does not count among the `keep_last`."""
+        tags = [f"step{s}" for s in self.steps() if f"step{s}" not in pinned]
         for t in tags[: max(0, len(tags) - keep_last)]:
             if t != keep:
                 shutil.rmtree(self.checkpoints_dir / t, ignore_errors=True)

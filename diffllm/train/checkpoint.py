@@ -25,10 +25,10 @@ from .dist import barrier, rank
 class CheckpointManager:
     """Saving side of run_dir/checkpoints: DeepSpeed writes, diffllm.runs publishes (Run.publish, Run.prune)."""
 
-    def __init__(self, run_dir: Path, keep_last: int):
+    def __init__(self, run_dir: Path, keep_last: int, pinned: tuple[str, ...] = ()):
         self.run = Run(run_dir)
         self.dir = self.run.checkpoints_dir
-        self.keep_last = keep_last
+        self.keep_last, self.pinned = keep_last, pinned  # pinned: tags never pruned (a WSD run's branch points)
 
     def save(self, engine, step: int, client_state: dict, meta: dict) -> str:
         """Collective. Every rank writes its shards into tmp-step<N>; rank 0 then publishes and prunes."""
@@ -37,7 +37,7 @@ class CheckpointManager:
         barrier()
         if rank() == 0:
             self.run.publish(tmp, tag, meta)
-            self.run.prune(self.keep_last, keep=tag)
+            self.run.prune(self.keep_last, keep=tag, pinned=self.pinned)
         barrier()
         return tag
 

@@ -103,6 +103,8 @@ class TrainerConfig:
     save_every_minutes: float = 10.0  # 0: no time-based saves
     keep_last: int = 2  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
     resume: str = "auto"  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
+    branch_budgets: list = field(default_factory=list)  # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
+    branch_from: Optional[str] = None  # a WSD run directory: start this run (its own budget) from its branch checkpoint
     max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) steps
     dist_timeout_minutes: float = 10.0  # a collective waiting longer than this ends the job
     stall_timeout_s: float = 900.0  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
@@ -138,6 +140,13 @@ class TrainerConfig:
         for key in ("val_every", "save_every_steps", "save_every_minutes"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.branch_from is not None and self.resume not in ("auto", "none"):
+            bad("branch_from", f"a branch starts from its parent's checkpoint, not trainer.resume={self.resume}: drop "
+                "one of the two")
+        if not isinstance(self.branch_budgets, (list, tuple)):
+            bad("branch_budgets", f"expected a list of token budgets like [0.5M, 1M], got {self.branch_budgets!r}")
+        for i, b in enumerate(self.branch_budgets):
+            parse_count(b, f"trainer.branch_budgets[{i}]")
         if not isinstance(self.deepspeed, dict):
             bad("deepspeed", f"must be a mapping of raw DeepSpeed keys, got {type(self.deepspeed).__name__}")
 

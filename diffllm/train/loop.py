@@ -12,6 +12,7 @@ from typing import Optional
 
 from ..model.accounting import model_stats
 from ..runs import Checkpoint, Run
+from . import branch
 from .checkpoint import CheckpointManager
 from .config import TrainConfig, plan_budget
 from .dist import all_gather_object, barrier, init_distributed, rank, set_env_defaults, world_size
@@ -51,6 +52,7 @@ class Trainer:
         self.trainer, self.optim, self.logging, self.data_cfg = cfg.trainer, cfg.optim, cfg.logging, cfg.data
         set_env_defaults()  # a plain single process is a world of one; checked here, before any heavy setup
         self.budget = plan_budget(self.trainer, self.data_cfg.seq_len, int(os.environ["WORLD_SIZE"]))
+        self.branch_points = branch.branch_points(cfg, self.budget)  # {step: budget}: checkpoints kept for branches
         self.run_dir = Path(cfg.run_dir)
         self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
         if self.run_obj.dir != self.run_dir:
@@ -116,8 +118,10 @@ class Trainer:
             self.resumable.check(plan.saved)  # e.g. a world size its data streams cannot take: before any write
         if self.rank == 0:
             self.run_obj.prepare()  # every input is checked: run_dir is created (interrupted saves removed)
+            if plan.branch is not None:
+                branch.begin(self.run_obj, plan.branch)
         barrier()
-        self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last)
+        self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last, branch.pinned_tags(self.branch_points))
         self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, plan.universal)
         self.engine, self.optimizer = build_engine(self.model_cfg, self.trainer, self.optim, self.ds_config, self.seed,
                                                    plan.weights)
@@ -131,19 +135,23 @@ class Trainer:
         self.validation, self.metrics = Validation(sets, self.trainer.val_every), MetricsLogger()
         evals = eval_hooks(self.trainer.eval, tok, self.data_cfg.seq_len, self.config)  # before a save at that step
         self.hooks = [Summary(), self.metrics, self.validation, *evals, *fault_hooks(self.trainer), Checkpointing(),
-                      *self.extra_hooks]
+                      *([branch.BranchPoints(self.branch_points)] if self.branch_points else []), *self.extra_hooks]
         self.peak = self.logging.peak_tflops or peak_tflops(device_name())
 
     def load(self, plan: ResumePlan) -> None:
         res: Checkpoint = plan.checkpoint
         client, tag = self.ckpt.load(self.engine, res, plan.universal)
         saved = Resumable.saved(client)
-        note_changes(saved["config"], self.config, say)
+        if plan.branch is None:
+            note_changes(saved["config"], self.config, say)
         self.resumable.restore(saved, self.rank)  # raises, naming the problem, if the data cannot resume exactly
         self.state = self.resumable.state
         how = (f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.zero_stage} -> "
                f"{self.trainer.zero_stage})" if plan.universal else "checkpoint")
         say(f"resumed from {how} {res.dir / tag}: step {self.state.step}, {self.state.tokens:,} tokens")
+        if plan.branch is not None:  # its own run: its own W&B run, not the parent's
+            self.state.wandb_id = all_gather_object(new_run_id())[0]
+            branch.describe(plan.branch, say)
 
     def save(self) -> None:
         if self.saved_step == self.state.step:

@@ -1,7 +1,8 @@
 """Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
-the engine is built (`plan_resume`: trainer.resume against run_dir, model.init_from, the tokenizer, a finished run,
-the ZeRO layout), and the checks behind it: the checkpoint's architecture and ZeRO layout, a finished run's config,
-the run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
+the engine is built (`plan_resume`: trainer.resume against run_dir, a WSD branch's parent checkpoint (`branch_source`,
+see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout), and the checks behind it: the
+checkpoint's architecture and ZeRO layout, a finished run's config, a branch's config against its parent's, the run's
+own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
 (a finished run is never changed, at any world size)."""
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..counts import parse_count
 from ..model import ModelConfig
-from ..runs import Checkpoint, Run, choose_tokenizer, find_checkpoint
+from ..runs import Checkpoint, Run, choose_tokenizer, config_hash, find_checkpoint
+from .branch import check_after_warmup
 from .dist import barrier
+from .schedule import decay_start
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -21,7 +25,7 @@ if TYPE_CHECKING:
 OPERATIONAL = ("run_dir", "trainer.resume", "trainer.log_every", "trainer.save_every_steps",
                "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes",
                "trainer.round_tokens", "trainer.eval", "trainer.stall_timeout_s", "trainer.inject_stall_at_steps",
-               "trainer.inject_step_delay_s",
+               "trainer.inject_step_delay_s", "trainer.branch_budgets",
                "trainer.val_batch_size", "trainer.compile", "trainer.activation_checkpointing", "model.attn_backend",
                "data.num_workers", "data.worker_timeout_s", "data.tokenizer.path", "logging")
 
@@ -121,6 +125,66 @@ def note_changes(saved: dict, config: dict, say: Callable[[str], None]) -> None:
             say(f"note: {group}.{key} changed since the checkpoint ({old} -> {new}); the run continues with {new}")
 
 
+# Keys a cooldown may set otherwise than its parent: they change neither what was computed before the branch point
+# (its budget, the branch keys, validation, the ZeRO layout of the same global batch) nor how it is run (OPERATIONAL).
+BRANCH_FREE = (*OPERATIONAL, "trainer.tokens", "trainer.branch_from", "trainer.val_every",
+               "trainer.val_batches", "trainer.zero_stage", "trainer.offload_optimizer", "trainer.offload_params",
+               "trainer.micro_batch_size", "trainer.max_nonfinite_in_a_row")
+
+
+def check_prefix(parent: dict, config: dict, src: str) -> None:
+    """The first config key (sorted) that differs from the parent's, BRANCH_FREE keys aside: a one-line error."""
+    changed = changed_keys(parent, config, ignore=BRANCH_FREE)
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise ValueError(f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
+                         f"branch shares its parent's schedule, data and model up to the branch point: use the "
+                         f"parent's value, or train from scratch")
+
+
+def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
+                  steps: int) -> tuple[Optional[Checkpoint], Optional[dict]]:
+    """Where a launch with trainer.branch_from starts -> (checkpoint, branch record). `own`: run_dir's latest
+    checkpoint (trainer.resume=auto): a relaunched branch resumes it (record None). Otherwise the parent's
+    checkpoint at S(steps) and the record for branch.json: parent, step, tokens, parent_config_hash."""
+    src = cfg.trainer.branch_from
+    parent = Run(src)
+    if own is not None:
+        kept = run.branch()
+        if kept is None or Path(kept["parent"]).resolve() != parent.dir.resolve():
+            raise ValueError(f"trainer.branch_from={src}: run_dir={run.dir} already holds another run ("
+                             f"{'a branch of ' + kept['parent'] if kept else 'not a branch'}); use a new run_dir")
+        return own, None
+    if parent.dir.resolve() == run.dir.resolve():
+        raise ValueError(f"trainer.branch_from={src}: the branch's own run_dir; a branch is its own run: use "
+                         f"another run_dir")
+    pconf = parent.config() if parent.dir.is_dir() else None
+    if pconf is None:
+        raise ValueError(f"trainer.branch_from={src}: not a run directory (no config.yaml); pass the run_dir of a "
+                         f"WSD run")
+    if (pconf.get("trainer") or {}).get("branch_from"):
+        raise ValueError(f"trainer.branch_from={src}: a branch itself (of {pconf['trainer']['branch_from']}); branch "
+                         f"from that run")
+    if cfg.optim.schedule != "wsd":
+        raise ValueError(f"trainer.branch_from={src}: needs optim.schedule=wsd (got {cfg.optim.schedule})")
+    check_prefix(pconf, cfg.resolved, src)
+    batch = parse_count(cfg.trainer.global_batch_tokens, "trainer.global_batch_tokens")
+    parent_steps = -(-parse_count(pconf["trainer"]["tokens"], "trainer.tokens") // batch)
+    if steps > parent_steps:
+        raise ValueError(f"trainer.tokens={cfg.trainer.tokens}: beyond the budget of trainer.branch_from={src} "
+                         f"({steps} > {parent_steps} steps); a branch decays before its parent does")
+    check_after_warmup(steps, cfg.optim, "trainer.tokens", cfg.trainer.tokens)
+    step = decay_start(steps, cfg.optim)
+    if step not in parent.steps():
+        have = ", ".join(map(str, parent.steps())) or "none"
+        raise ValueError(f"trainer.branch_from={src}: no checkpoint at step {step}, where a budget of "
+                         f"{steps * batch} tokens begins to decay (its checkpoints: steps {have}); train the parent "
+                         f"with {steps * batch} in trainer.branch_budgets")
+    record = {"parent": str(parent.dir.resolve()), "step": step, "tokens": step * batch,
+              "parent_tokens": parent_steps * batch, "parent_config_hash": config_hash(pconf)}
+    return parent.checkpoint(step), record
+
+
 @dataclass
 class ResumePlan:
     """Where this launch starts, decided on every rank alike before the engine is built."""
@@ -132,6 +196,7 @@ class ResumePlan:
     tokenizer: Any  # diffllm.data.Tokenizer
     saved: Optional[dict] = None  # the checkpoint's resumable state (Resumable.saved), read before any engine exists
     finished: bool = False  # run_dir holds a finished run at this budget: nothing is built, loaded or written
+    branch: Optional[dict] = None  # a WSD branch starting from its parent's checkpoint: its branch.json record
 
 
 def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, steps: int,
@@ -144,10 +209,13 @@ def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, steps:
     from .state import Resumable
 
     mode = cfg.trainer.resume
-    ckpt = resume_point(run, mode)
-    if ckpt is None:
+    ckpt, branch = resume_point(run, mode), None
+    if cfg.trainer.branch_from:  # a relaunched branch resumes its own checkpoint, a new one its parent's
+        ckpt, branch = branch_source(cfg, run, ckpt, steps)
+    if ckpt is None or branch is not None:
         if rank == 0:
-            run.move_aside("trainer.resume=none" if mode == "none" else "no checkpoint to resume from")
+            run.move_aside("trainer.resume=none" if mode == "none" else "a new branch" if branch else
+                           "no checkpoint to resume from")
         barrier()
     model, weights = init_from(cfg, run, ckpt, say)
     tok = tokenizer(cfg, run, ckpt, rank)
@@ -166,7 +234,8 @@ def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, steps:
     if run.is_finished() and ckpt.step >= steps:
         check_finished_unchanged(run, saved["config"], cfg.resolved)
         return ResumePlan(ckpt, False, model, weights, tok, saved, finished=True)
-    return ResumePlan(ckpt, needs_universal(ckpt, world_size, cfg.trainer.zero_stage), model, weights, tok, saved)
+    return ResumePlan(ckpt, needs_universal(ckpt, world_size, cfg.trainer.zero_stage), model, weights, tok, saved,
+                      branch=branch)
 
 
 def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], say: Callable[[str], None]):

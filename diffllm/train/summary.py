@@ -39,6 +39,7 @@ def summary_of(t: "Trainer") -> dict:
         "device": device_name(), "skipped_steps": s.skipped_steps, "status": "finished", "seed": t.seed,
         "doc_mask": t.data_cfg.doc_mask, "loss_on": t.data_cfg.loss_on,
         "checkpoint": str(t.run_obj.checkpoints_dir / f"step{s.step}"), "run_dir": str(t.run_dir),
+        "branch": t.run_obj.branch(),  # a WSD cooldown: parent, step, tokens, parent_config_hash (None otherwise)
     }
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from diffllm.train.config import OptimConfig
-from diffllm.train.schedule import lr_at
+from diffllm.train.schedule import decay_start, lr_at
 
 
 def opt(**kw) -> OptimConfig:
@@ -53,3 +53,29 @@ def test_constant_and_warmup_longer_than_the_run():
     assert lr_at(50, 100, opt(schedule="constant")) == 1.0
     short = opt(warmup_steps=1000)
     assert lr_at(0, 4, short) == pytest.approx(0.25) and lr_at(3, 4, short) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("warmup,fraction", [(0, 0.2), (10, 0.2), (10, 0.5), (3, 0.01), (10, 1.0)])
+def test_a_wsd_branch_has_the_lr_of_a_from_scratch_run_at_every_step(warmup, fraction):
+    """A branch of budget D trains the long run's steps before decay_start(D), then its own: its lr equals a D-step
+    run's at every step, for every long run of P >= D steps (D after the warmup)."""
+    o = opt(schedule="wsd", warmup_steps=warmup, decay_fraction=fraction)
+    for d in range(warmup + 1, 120):
+        start = decay_start(d, o)
+        for p in (d, d + 1, d + 7, 2 * d, 1000):
+            branch = [lr_at(s, p, o) for s in range(start)] + [lr_at(s, d, o) for s in range(start, d)]
+            assert branch == [lr_at(s, d, o) for s in range(d)], (d, p)
+
+
+def test_decay_start_is_where_the_lr_first_leaves_the_peak_by_hand():
+    """The first decay step holds the peak (progress 0); the next one is below it, counted here from the definition:
+    the last round(0.2 x T) steps decay, after a warmup of 10."""
+    o = opt(schedule="wsd", warmup_steps=10, decay_fraction=0.2)
+    for total in range(12, 200):
+        decay = max(1, round(0.2 * total))
+        by_hand = max(10, total - decay)
+        assert decay_start(total, o) == by_hand
+        if total - by_hand > 1:
+            first_below = next(s for s in range(total) if s >= 10 and lr_at(s, total, o) < 1.0)
+            assert first_below == by_hand + 1
+    assert decay_start(50, opt(schedule="wsd", decay_fraction=0.0)) == 50  # nothing decays
