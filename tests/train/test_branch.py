@@ -9,8 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
-from diffllm.runs import Run, read_metrics
+from diffllm.export import export_run
+from diffllm.results import collect
+from diffllm.runs import Run, consolidated_state_dict, read_metrics
 from tests.distributed import launch_train, run_train
 from tests.train.helpers import SESSION, TINY, comparable
 from tests.train.test_cli import diffllm_train
@@ -70,8 +73,12 @@ def test_a_branch_on_one_rank_equals_a_from_scratch_run_bit_for_bit(wsd, tmp_pat
     summary = json.loads((run_dir / "summary.json").read_text())
     ref = json.loads((scratch / "summary.json").read_text())
     assert summary["branch"] == record and ref["branch"] is None
-    assert (summary["final_train_loss"], summary["final_val_loss"], summary["tokens"]) == (
-        ref["final_train_loss"], ref["final_val_loss"], ref["tokens"])
+    mine, theirs = consolidated_state_dict(Run(run_dir).checkpoint()), consolidated_state_dict(Run(scratch).checkpoint())
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    # collectable and exportable like any run
+    (rec,) = [r for r in collect(tmp_path) if r.run_dir == str(run_dir)]
+    assert (rec.status, rec.tokens, rec.final_val_loss) == ("finished", BUDGET, ref["final_val_loss"])
+    assert export_run(run_dir, tmp_path / "hf").path.joinpath("config.json").is_file()
 
 
 @pytest.mark.slow
