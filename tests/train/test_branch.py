@@ -78,7 +78,7 @@ def test_a_branch_on_one_rank_equals_a_from_scratch_run_bit_for_bit(wsd, tmp_pat
     # collectable and exportable like any run
     (rec,) = [r for r in collect(tmp_path) if r.run_dir == str(run_dir)]
     assert (rec.status, rec.tokens, rec.final_val_loss) == ("finished", BUDGET, ref["final_val_loss"])
-    assert export_run(run_dir, tmp_path / "hf").path.joinpath("config.json").is_file()
+    assert (export_run(run_dir, tmp_path / "hf").out / "config.json").is_file()
 
 
 @pytest.mark.slow
