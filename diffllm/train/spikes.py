@@ -2,15 +2,16 @@
 window of the steps before it; a spike is counted and logged, and with action=skip|stop its update is dropped on
 every rank. The test, for the step's mean loss (all-reduced in step.py's agree()) and its pre-clip global grad norm:
 
-    z(x; H) = (x - mean(H)) / std(H)       H: the last `window` finite values before this step, std with n - 1
+    z(x; H) = (x - mean(H)) / std(H)       H: the last `window` values before this step, std with n - 1
     spike   = |H| >= warmup  and  std(H) > 0  and  z(x; H) > z_max            (one-sided: a drop is no spike)
 
-The step's own value is not in H; it joins H after it is judged, spike or not (as OLMo-core's SkipStepOptimizer
-does), so a lasting shift is absorbed after a few flagged steps instead of being flagged forever (a shift of D over a
-window of 128 steady values is flagged about 4 times at z_max=6), at the price of a less sensitive test while a large
-spike is in the window. Non-finite steps are the non-finite check's (step.py, optim.py): they are never spikes and
-never enter H. Everything here is plain float64 arithmetic on values that all ranks share, and `SpikeHistory` is
-checkpointed in TrainState, so a relaunch makes the same decisions as an uninterrupted run.
+The step's own value is not in H. After it is judged it joins H, a spike clipped to the threshold mean(H) + z_max
+std(H) (winsorized): one huge spike does not blind the test for the next `window` steps (as it would if it entered
+whole, OLMo-core's choice), and a lasting shift is still absorbed after a bounded number of flagged steps (in
+simulation, with window 128 and z_max 6, a shift of 10 std is flagged 4 times, of 100 std 22 times, of 1000 std 42
+times). Non-finite steps are the non-finite check's (step.py, optim.py): they are never spikes and never enter H.
+Everything here is plain float64 arithmetic on values that all ranks share, and `SpikeHistory` is checkpointed in
+TrainState, so a relaunch makes the same decisions as an uninterrupted run.
 
 When the grad norm is known: at ZeRO-0, before engine.step() (step.py's plain_grad_norm); at ZeRO-1/2/3 only inside
 DeepSpeed's step, after it computed the (all-reduced) norm and before it calls the optimizer on the first parameter
@@ -37,53 +38,57 @@ class SpikeHistory:
     max_grad_norm: Optional[float] = None  # the largest finite global grad norm of any step, skipped ones included
 
 
-def zscore(x: float, values: list) -> Optional[float]:
-    """(x - mean) / sample std of `values` (float64, exactly summed); None with fewer than 2 values or no spread."""
+def mean_std(values: list) -> Optional[tuple[float, float]]:
+    """(mean, sample std) of `values` in float64, exactly summed; None with fewer than 2 values."""
     n = len(values)
     if n < 2:
         return None
     mean = math.fsum(values) / n
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return (x - mean) / std if std > 0 else None
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def zscore(x: float, values: list) -> Optional[float]:
+    """(x - mean) / std of `values`; None with fewer than 2 values or no spread."""
+    ms = mean_std(values)
+    return None if ms is None or ms[1] == 0 else (x - ms[0]) / ms[1]
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One step's judgement: its values, their z-scores (None: not tested) and which of them spiked."""
+    """One step's judgement: its values, their z-scores (None: not tested), which of them spiked, and the values
+    that enter the windows (a spike clipped to its threshold; None: nothing enters)."""
 
     loss: float
     grad_norm: Optional[float]
     z_loss: Optional[float]
     z_grad: Optional[float]
     what: tuple  # () or a subset of ("loss", "grad_norm")
-
-    @property
-    def finite(self) -> bool:
-        return math.isfinite(self.loss) and (self.grad_norm is None or math.isfinite(self.grad_norm))
+    enters: tuple = (None, None)  # (loss, grad norm) for the windows
 
 
 def judge(cfg: SpikesConfig, h: SpikeHistory, loss: float, grad_norm: Optional[float]) -> Verdict:
     """The test of one step against the history before it (nothing is changed)."""
-    def test(x: Optional[float], window: list, z_max: float) -> Optional[float]:
-        if x is None or not math.isfinite(x) or not z_max or len(window) < cfg.warmup:
-            return None
-        return zscore(x, window)
-
     finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
-    z_l = test(loss, h.losses, cfg.z_loss) if finite else None
-    z_g = test(grad_norm, h.norms, cfg.z_grad) if finite else None
-    what = tuple(name for name, z, z_max in (("loss", z_l, cfg.z_loss), ("grad_norm", z_g, cfg.z_grad))
-                 if z is not None and z > z_max)
-    return Verdict(loss, grad_norm, z_l, z_g, what)
+    zs, spiked, enters = [], [], []
+    for x, window, z_max in ((loss, h.losses, cfg.z_loss), (grad_norm, h.norms, cfg.z_grad)):
+        ms = mean_std(window) if finite and x is not None and z_max and len(window) >= cfg.warmup else None
+        z = (x - ms[0]) / ms[1] if ms is not None and ms[1] > 0 else None
+        spike = z is not None and z > z_max
+        zs.append(z)
+        spiked.append(spike)
+        enters.append(None if not finite or x is None else ms[0] + z_max * ms[1] if spike else x)
+    what = tuple(name for name, spike in zip(("loss", "grad_norm"), spiked) if spike)
+    return Verdict(loss, grad_norm, zs[0], zs[1], what, tuple(enters))
 
 
 def remember(cfg: SpikesConfig, h: SpikeHistory, v: Verdict, dropped: bool) -> None:
-    """The step's values join the windows (finite steps only) and the counts move."""
-    if v.finite:
-        h.losses = (h.losses + [v.loss])[-cfg.window:]
-        if v.grad_norm is not None:
-            h.norms = (h.norms + [v.grad_norm])[-cfg.window:]
-            h.max_grad_norm = v.grad_norm if h.max_grad_norm is None else max(h.max_grad_norm, v.grad_norm)
+    """The step's values join the windows (finite steps only; spikes clipped) and the counts move."""
+    loss, norm = v.enters
+    if loss is not None:
+        h.losses = (h.losses + [loss])[-cfg.window:]
+    if norm is not None:
+        h.norms = (h.norms + [norm])[-cfg.window:]
+        h.max_grad_norm = v.grad_norm if h.max_grad_norm is None else max(h.max_grad_norm, v.grad_norm)
     h.spikes += bool(v.what)
     h.skipped += dropped
     h.skips_in_a_row = h.skips_in_a_row + 1 if dropped else 0
