@@ -167,8 +167,10 @@ def test_a_relaunch_after_kill_9_remakes_the_same_decisions(skip_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_log_mode_detects_at_zero3_and_changes_nothing(tokenizer, tmp_path):
-    """action=log under ZeRO-3 (norm from DeepSpeed's stage-3 optimizer): the same steps flagged, nothing skipped."""
+def test_log_mode_detects_at_zero3_and_changes_nothing(skip_run, tmp_path):
+    """action=log under ZeRO-3 (norm from DeepSpeed's stage-3 optimizer): the same steps flagged, nothing skipped.
+    The block grad norms at log steps, gathered from ZeRO-3's partitions here and ZeRO-2's fragments in the skip
+    run, agree at step 1 (the same weights and data), and lie below the global norm."""
     run_dir = tmp_path / "run"
     run_train(tiny(run_dir, 3, *ARGS), 2, tmp_path / "logs")
     recs = records(run_dir)
@@ -176,6 +178,12 @@ def test_log_mode_detects_at_zero3_and_changes_nothing(tokenizer, tmp_path):
     check_z(recs)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["spikes"], summary["spike_skips"], summary["skipped_steps"]) == (3, 0, 0)
+    zero2 = records(skip_run)
+    for i in (0, 1):
+        assert recs[1][f"grad_norm/{i}"] == pytest.approx(zero2[1][f"grad_norm/{i}"], rel=1e-6)
+        assert recs[1][f"act_max/{i}"] == zero2[1][f"act_max/{i}"] > 0
+        assert f"attn_logit_max/{i}" not in recs[1] and zero2[1][f"attn_logit_max/{i}"] > 0  # not under ZeRO-3
+    assert all(math.hypot(r["grad_norm/0"], r["grad_norm/1"]) < r["grad_norm"] for r in recs.values())
 
 
 @pytest.mark.slow
