@@ -44,15 +44,21 @@ def reference(model: DecoderLM, tokens: torch.Tensor) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
-def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference(arch):
-    """Two training micro-batches are kept (an eval forward under no_grad is not); the hooks come off after."""
+def two_armed_micro_batches(arch: str) -> tuple[DecoderLM, Diagnostics, list[torch.Tensor]]:
+    """A tiny model in training mode whose Diagnostics were armed for two micro-batches' forward and backward."""
     model = tiny_model(arch).train()
     diag = Diagnostics(model, say=lambda msg, error=False: None)
     batches = [torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
     diag.arm()
     for b in batches:
         model(b).float().pow(2).mean().backward()
+    return model, diag, batches
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference(arch):
+    """Two training micro-batches are kept (an eval forward under no_grad is not); the hooks come off after."""
+    model, diag, batches = two_armed_micro_batches(arch)
     model.eval()
     with torch.no_grad():
         model(torch.randint(0, 100, (2, 12)))  # a validation forward: not counted
@@ -195,12 +201,7 @@ def test_stability_telemetry_against_float64(arch):
     gradient norm, kept before the update."""
     from diffllm.eval.maps import causal_mask, logits
 
-    model = tiny_model(arch).train()
-    diag = Diagnostics(model, say=lambda msg, error=False: None)
-    batches = [torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
-    diag.arm()
-    for b in batches:
-        model(b).float().pow(2).mean().backward()
+    model, diag, batches = two_armed_micro_batches(arch)
     diag.keep_grad_norms()
     got = diag.collect(step=1)
     refs = [stability_reference(model, b) for b in batches]
