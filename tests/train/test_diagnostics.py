@@ -16,7 +16,7 @@ from diffllm.runs import Run, read_metrics
 from diffllm.train.config import LoggingConfig, TrainerConfig
 from diffllm.train.diagnostics import Diagnostics
 from diffllm.train.hooks import MetricsLogger
-from diffllm.train.spikes import SpikeHistory
+from diffllm.train.state import TrainState
 from tests.distributed import run_train
 from tests.train.helpers import tiny
 
@@ -80,7 +80,7 @@ def test_metrics_logger_hooks_only_the_logged_steps(tmp_path):
     """log_every=2 over 3 steps: the records of steps 2 and 3 hold the RMS of their own forwards only (step 1's is not
     mixed in), and a step that is not logged runs without hooks."""
     model = tiny_model("diff2").train()
-    state = SimpleNamespace(step=0, skipped_steps=0, wandb_id="x", spikes=SpikeHistory())
+    state = TrainState(wandb_id="x")
     trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=2), peak=None,
                               budget=SimpleNamespace(steps=3, tokens=3072, global_batch_tokens=1024),
                               stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
