@@ -70,7 +70,8 @@ def judge(cfg: SpikesConfig, h: SpikeHistory, loss: float, grad_norm: Optional[f
     """The test of one step against the history before it (nothing is changed)."""
     finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
     zs, spiked, enters = [], [], []
-    for x, window, z_max in ((loss, h.losses, cfg.z_loss), (grad_norm, h.norms, cfg.z_grad)):
+    for x, values, z_max in ((loss, h.losses, cfg.z_loss), (grad_norm, h.norms, cfg.z_grad)):
+        window = values[-cfg.window:]  # a relaunch may have made trainer.spikes.window smaller
         ms = mean_std(window) if finite and x is not None and z_max and len(window) >= cfg.warmup else None
         z = (x - ms[0]) / ms[1] if ms is not None and ms[1] > 0 else None
         spike = z is not None and z > z_max

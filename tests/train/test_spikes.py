@@ -52,6 +52,12 @@ def test_judge_arms_after_warmup_is_one_sided_and_slides_its_window():
     assert v.z_loss == pytest.approx((400.0 - mean) / std, rel=1e-14) and v.what == ("loss",)
 
 
+def test_a_smaller_window_after_a_relaunch_takes_the_last_values():
+    h = SpikeHistory(losses=[100.0, 100.0, 1.0, 1.1, 0.9, 1.0], norms=[])
+    v = judge(SpikesConfig(window=4, warmup=2, z_loss=3.0), h, 2.0, None)
+    assert v.z_loss == pytest.approx((2.0 - 1.0) / statistics.stdev([1.0, 1.1, 0.9, 1.0]), rel=1e-14)
+
+
 def test_nonfinite_steps_are_not_spikes_and_stay_out_of_the_window():
     cfg = SpikesConfig(window=8, warmup=2)
     h = SpikeHistory(losses=[1.0, 1.1], norms=[1.0, 1.2])
