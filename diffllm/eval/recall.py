@@ -45,7 +45,7 @@ def recall_prompt(tok, doc) -> RecallPrompt:
     return RecallPrompt(ids, answers)
 
 
-def bootstrap_interval(hits: np.ndarray, counts: np.ndarray, reps: int, level: float, seed: int) -> tuple:
+def bootstrap_interval(hits: np.ndarray, counts: np.ndarray, reps: int, level: float, seed) -> tuple:
     """(lo, hi): quantiles of sum(hits[i]) / sum(counts[i]) over `reps` resamples i of the prompts with replacement."""
     if reps < 1:
         return float("nan"), float("nan")
@@ -107,20 +107,20 @@ def recall_accuracy(model: torch.nn.Module, tok, task: RecallTask) -> dict:
         verdicts = answers_correct(model, prompts, task.batch_size)
         per[key] = (np.array([sum(v) for v in verdicts]), np.array([len(v) for v in verdicts]))
 
-    def summary(keys: list, seed: int) -> tuple:
+    def summary(keys: list, seed: list) -> tuple:
         hits = np.concatenate([per[k][0] for k in keys])
         counts = np.concatenate([per[k][1] for k in keys])
         return float(hits.sum() / counts.sum()), bootstrap_interval(hits, counts, task.bootstrap, task.level, seed)
 
     cells = []
     for i, (n, gap, length) in enumerate(per):
-        acc, (lo, hi) = summary([(n, gap, length)], task.seed + i)
+        acc, (lo, hi) = summary([(n, gap, length)], [task.seed, 0, i])
         cells.append({"n": n, "gap": gap, "length": length, "accuracy": acc, "lo": lo, "hi": hi,
                       "prompts": task.trials, "queries": int(per[(n, gap, length)][1].sum())})
     by_n, by_n_interval = {}, {}
     for n in task.n:
-        by_n[n], by_n_interval[n] = summary([k for k in per if k[0] == n], task.seed + len(per) + n)
-    mean, interval = summary(list(per), task.seed - 1)
+        by_n[n], by_n_interval[n] = summary([k for k in per if k[0] == n], [task.seed, 1, n])
+    mean, interval = summary(list(per), [task.seed, 2])
     return {"cells": cells, "by_n": by_n, "by_n_interval": by_n_interval, "mean": mean, "interval": interval,
             "level": task.level, "bootstrap": task.bootstrap}
 
