@@ -9,8 +9,8 @@ forward per prompt scores all N queries at once (eval needle's verdict, which eq
     accuracy(cell)  = sum over the cell's prompts of correct queries / sum of queries  (N queries per prompt)
     interval(cell)  = the (1 - level)/2 and (1 + level)/2 quantiles of that ratio over `bootstrap` resamples of the
                       cell's prompts with replacement (prompts, not queries, are the independent draws)
-by_n pools the cells of one N (every cell has `trials` prompts, so it is also the mean of their accuracies), and
-`mean` pools everything (the mean of by_n when every N has the same cells), each with its own interval.
+by_n pools the cells of one N (every cell has `trials` prompts of N queries, so it is also the mean of their
+accuracies), and `mean` pools every query of the grid (N=8 weighs four times N=2), each with its own interval.
 
 A separate command from eval needle: the grid's axes (gap, not depth), the prompts (the training generator's held-out
 documents, not haystacks with needles) and the bootstrap differ; the verdict is shared (needle.answers_correct).
