@@ -27,13 +27,13 @@ As a `data` source:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import numpy as np
 
 from .batch import Marked
-from .needle import FILLER, KEYS, VALUES
+from .needle import FILLER, KEYS, VALUES, set_fields
 
 SPLITS = ("train", "test")
 HELDOUT_EVERY = 8  # 1 in 8 binding sets is held out
@@ -57,23 +57,7 @@ class RecallSpec:
     @classmethod
     def parse(cls, path: str) -> "RecallSpec":
         """'recall' or 'recall:pairs=2-8,length=64,gap=0-16,docs=100000,seed=0,split=train'."""
-        head, _, rest = path.partition(":")
-        names = [f.name for f in fields(cls)]
-        if head != "recall":
-            raise ValueError(f"path {path!r}: a recall source's path is 'recall' or 'recall:key=value,...'")
-        spec = cls()
-        for item in filter(None, rest.split(",")):
-            key, _, value = item.partition("=")
-            if key not in names:
-                raise ValueError(f"path {path!r}: unknown key {key!r} (keys: {', '.join(names)})")
-            if key == "split":
-                spec.split = value
-                continue
-            try:
-                lo, _, hi = value.partition("-")
-                setattr(spec, key, (int(lo), int(hi or lo)) if key in ("pairs", "gap") else int(value))
-            except ValueError:
-                raise ValueError(f"path {path!r}: {key}={value!r} is not a number (pairs, gap: N or LO-HI)") from None
+        spec = set_fields(cls(), path, "recall", ("pairs", "gap"))
         try:
             check(spec.pairs[1], spec.gap[1], spec.length, spec.split)
         except ValueError as e:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..data.recall import check, recall_document
-from .common import EvalError, cli, load_run, out_dir, say, write_json
+from .common import EvalError, cli, load_run, out_dir, say, write_report
 from .needle import answers_correct
 
 
@@ -159,10 +159,7 @@ def run_recall(c: RecallConfig) -> dict:
     res = recall_accuracy(model, tok, task)
     res.update(run=str(run.dir), step=run.checkpoint(c.step).step, arch=mcfg.arch, model=mcfg.name, trials=c.trials)
     folder = out_dir(c.out, run.dir)
-    write_json(folder / "recall.json", res)
-    table = recall_table(res)
-    (folder / "recall.md").write_text(table + "\n")
-    print(table)
+    write_report(folder, "recall", res, recall_table(res))
     lo, hi = res["interval"]
     say(f"accuracy {res['mean']:.3f} [{lo:.3f}, {hi:.3f}] ({', '.join(f'N={n}: {a:.2f}' for n, a in res['by_n'].items())}"
         f"); wrote {folder}/recall.{{json,md}}")
