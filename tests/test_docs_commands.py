@@ -163,15 +163,16 @@ def _command(words: list[str]) -> tuple[str, list[str], int]:
 MODULES = {"diffllm.train": "train", "diffllm.eval.generate": "generate", "diffllm.eval.ppl": "eval ppl",
            "diffllm.eval.needle": "eval needle", "diffllm.eval.attention": "eval attention",
            "diffllm.eval.outliers": "eval outliers", "diffllm.eval.harness": "eval lm-eval",
-           "diffllm.eval.compare": "eval compare"}
+           "diffllm.eval.compare": "eval compare", "diffllm.eval.recall": "eval recall"}
 
 
 def _eval_config(name: str) -> type:
-    from diffllm.eval import attention, compare, generate, harness, needle, outliers, ppl
+    from diffllm.eval import attention, compare, generate, harness, needle, outliers, ppl, recall
 
     return {"generate": generate.GenerateConfig, "eval ppl": ppl.PplConfig, "eval needle": needle.NeedleConfig,
             "eval attention": attention.AttentionConfig, "eval outliers": outliers.OutliersConfig,
-            "eval lm-eval": harness.LmEvalConfig, "eval compare": compare.CompareConfig}[name]
+            "eval lm-eval": harness.LmEvalConfig, "eval compare": compare.CompareConfig,
+            "eval recall": recall.RecallConfig}[name]
 
 
 def _run_cli(words: list[str]) -> tuple[int, str, str]:

@@ -82,6 +82,11 @@ def _eval_needle():
     return main
 
 
+def _eval_recall():
+    from ..eval.recall import main
+    return main
+
+
 def _eval_attention():
     from ..eval.attention import main
     return main
@@ -161,6 +166,10 @@ _REGISTRY: dict[str, Command] = {
         _eval_needle, "multi-needle retrieval: accuracy by needles x depth x length, heatmap",
         examples=("diffllm eval needle run=runs/diff-tiny mode=synthetic",
                   "diffllm eval needle run=runs/diff-tiny mode=text lengths=[256,512]")),
+    "eval recall": Command(
+        _eval_recall, "associative recall on held-out key-value sets: accuracy by N x gap x length, bootstrap intervals",
+        examples=("diffllm eval recall run=runs/recall-tiny",
+                  "diffllm eval recall run=runs/recall-tiny n=[2,4,8] gaps=[0,16,32] lengths=[64,128] trials=64")),
     "eval attention": Command(
         _eval_attention, "attention mass on the answer needle vs the rest of the context, per layer",
         examples=("diffllm eval attention run=runs/diff-tiny",)),

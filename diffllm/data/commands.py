@@ -12,6 +12,7 @@ from ..config import build
 from .config import DataConfig
 from .loader import resolve_sources
 from .prepare import prepare_source
+from .sources import SYNTHETIC
 from .tokenizer import default_path, encode_throughput, ensure_tokenizer, train_and_save, train_sources, training_texts
 
 
@@ -47,7 +48,7 @@ def prepare_main(cfg: DictConfig) -> None:
     print("| source | files | docs | empty | undecodable | tokens | seconds | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")
     for src in sources:
-        if src.kind == "needle":
+        if src.kind in SYNTHETIC:
             print(f"| {src.name} | synthetic: generated on the fly, also with data.prepared_dir (nothing to prepare) |||||||")
             continue
         m = prepare_source(src, tok, out, int(cfg.workers))

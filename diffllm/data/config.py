@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle")  # needle: synthetic retrieval (needle.py)
+FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle", "recall")  # synthetic: needle.py, recall.py
 SAMPLE_BY = ("document", "paragraph", "line")
 LOSS_ON = ("all", "marked")
 

@@ -51,20 +51,7 @@ class NeedleSpec:
     @classmethod
     def parse(cls, path: str) -> "NeedleSpec":
         """'needle' or 'needle:n_needles=2-8,queries=16,filler=48,docs=100000,seed=0'."""
-        head, _, rest = path.partition(":")
-        names = [f.name for f in fields(cls)]
-        if head != "needle":
-            raise ValueError(f"path {path!r}: a needle source's path is 'needle' or 'needle:key=value,...'")
-        spec = cls()
-        for item in filter(None, rest.split(",")):
-            key, _, value = item.partition("=")
-            if key not in names:
-                raise ValueError(f"path {path!r}: unknown key {key!r} (keys: {', '.join(names)})")
-            try:
-                lo, _, hi = value.partition("-")
-                setattr(spec, key, (int(lo), int(hi or lo)) if key == "n_needles" else int(value))
-            except ValueError:
-                raise ValueError(f"path {path!r}: {key}={value!r} is not a number (n_needles: N or LO-HI)") from None
+        spec = set_fields(cls(), path, "needle", ("n_needles",))
         lo, hi = spec.n_needles
         if not 1 <= lo <= hi <= len(KEYS) or spec.queries < 1 or spec.filler < 0 or spec.docs < 1:
             raise ValueError(f"path {path!r}: needs 1 <= n_needles <= {len(KEYS)}, queries >= 1, filler >= 0, docs >= 1")
@@ -75,6 +62,29 @@ class NeedleSpec:
         import json
 
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def set_fields(spec, path: str, head: str, ranges: tuple):
+    """spec with the fields a synthetic source's path '<head>' or '<head>:key=value,...' sets: a key in `ranges`
+    takes N or LO-HI (a (lo, hi) tuple), a str field its text, any other an int; a bad key or number is a ValueError
+    naming the path."""
+    name, _, rest = path.partition(":")
+    names = [f.name for f in fields(spec)]
+    if name != head:
+        raise ValueError(f"path {path!r}: a {head} source's path is '{head}' or '{head}:key=value,...'")
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in names:
+            raise ValueError(f"path {path!r}: unknown key {key!r} (keys: {', '.join(names)})")
+        if isinstance(getattr(spec, key), str):
+            setattr(spec, key, value)
+            continue
+        try:
+            lo, _, hi = value.partition("-")
+            setattr(spec, key, (int(lo), int(hi or lo)) if key in ranges else int(value))
+        except ValueError:
+            raise ValueError(f"path {path!r}: {key}={value!r} is not a number ({', '.join(ranges)}: N or LO-HI)") from None
+    return spec
 
 
 def needle_document(rng: np.random.Generator, spec: NeedleSpec) -> Marked:

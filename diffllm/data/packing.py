@@ -127,7 +127,8 @@ class Packer:
 
     def _tokenize(self, docs: list) -> list[tuple[np.ndarray, np.ndarray]]:
         """(tokens + EOS, loss marks) per document, tokenized in one batch: a Marked document segment by segment, its
-        EOS marked as its last token; every other token marked 1. An empty document: no tokens, not even EOS."""
+        EOS unmarked (a task marks its answers; predicting the document's end is none of them, e.g. after a recall
+        document's last answer); every other document's tokens and EOS marked 1. An empty document: no tokens, not even EOS."""
         texts = [t for d in docs if isinstance(d, str) and d for t in (d.parts if isinstance(d, Marked) else [(d, True)])]
         ids = iter(self.tok.encode_batch([t for t, _ in texts])) if texts else iter(())
         out = []
@@ -142,7 +143,7 @@ class Packer:
             body = np.concatenate([np.asarray(t, np.int32) for t, _ in segs])
             marks = np.concatenate([np.full(len(t), counts, np.int32) for t, counts in segs])
             toks = np.append(body, np.int32(self.tok.eos_id)).astype(np.int32)
-            out.append((toks, np.append(marks, marks[-1] if len(marks) else 1).astype(np.int32)))
+            out.append((toks, np.append(marks, int(not isinstance(doc, Marked))).astype(np.int32)))
         return out
 
     def next_window(self) -> np.ndarray:

@@ -15,11 +15,13 @@ import numpy as np
 
 from .batch import Marked
 from .config import DataError, SourceConfig
+from . import needle, recall
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
 HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
 READ_BATCH = 256  # examples per arrow batch when streaming
 SNIFF_BYTES = 8192  # text and json files: the first 8 KiB must look like UTF-8 text
+SYNTHETIC = {"needle": (needle.NeedleSpec, needle.documents), "recall": (recall.RecallSpec, recall.documents)}
 MAX_UNDECODABLE = 0.2  # ... at most this share of their characters undecodable (U+FFFD after decoding)
 
 
@@ -31,7 +33,7 @@ class Source:
     """One source resolved to an ordered list of files (hub: shards), ready to be read by any rank or worker."""
 
     cfg: SourceConfig
-    kind: str  # json | parquet | text | hub | prepared
+    kind: str  # json | parquet | text | hub | prepared | needle | recall (SYNTHETIC: generated)
     files: list  # absolute paths (hub: shard labels; prepared: the original files' labels)
     fingerprint: str
     prepared: Optional[str] = None  # directory of pre-tokenized shards
@@ -119,16 +121,15 @@ def _semantic(cfg: SourceConfig) -> dict:
 
 def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -> Source:
     """Files of one source, checked (readable, non-empty, parquet magic) and fingerprinted. A synthetic source
-    (format needle) is generated on the fly, prepared_dir or not: `data prepare` skips it."""
-    if prepared_dir and cfg.format != "needle":
+    (format needle or recall) is generated on the fly, prepared_dir or not: `data prepare` skips it."""
+    if prepared_dir and cfg.format not in SYNTHETIC:
         return _resolve_prepared(cfg, where, Path(prepared_dir) / cfg.name)
     if cfg.format == "hub":
         return _resolve_hub(cfg, where)
-    if cfg.format == "needle":  # synthetic documents, generated on the fly (diffllm/data/needle.py)
-        from .needle import NeedleSpec
-
+    if cfg.format in SYNTHETIC:  # synthetic documents, generated on the fly (diffllm/data/needle.py, recall.py)
         try:
-            return Source(cfg, "needle", [cfg.paths[0]], _digest("needle", NeedleSpec.parse(cfg.paths[0]).fingerprint()))
+            spec = SYNTHETIC[cfg.format][0].parse(cfg.paths[0])
+            return Source(cfg, cfg.format, [cfg.paths[0]], _digest(cfg.format, spec.fingerprint()))
         except ValueError as e:
             raise DataError(f"{where}.{e}") from None
     files = [f for p in cfg.paths for f in _expand(p, where)]
@@ -225,10 +226,9 @@ class Reader:
         if self.src.kind == "prepared":
             yield from self._prepared_docs(f, start, stride)
             return
-        if self.src.kind == "needle":
-            from .needle import NeedleSpec, documents
-
-            yield from documents(NeedleSpec.parse(self.src.files[f]), f, start, stride)
+        if self.src.kind in SYNTHETIC:
+            spec, documents = SYNTHETIC[self.src.kind]
+            yield from documents(spec.parse(self.src.files[f]), f, start, stride)
             return
         label = self.src.files[f]
         ds = self._dataset().shard(num_shards=self.src.n_files, index=f, contiguous=True)

@@ -95,6 +95,13 @@ def write_json(path: Path, obj: Any) -> Path:
     return path
 
 
+def write_report(folder: Path, stem: str, res: dict, table: str) -> None:
+    """<folder>/<stem>.json (the results) and <stem>.md (the markdown table), and the table on stdout."""
+    write_json(Path(folder) / f"{stem}.json", res)
+    (Path(folder) / f"{stem}.md").write_text(table + "\n")
+    print(table)
+
+
 def read_json_or_none(path: Path) -> Any:
     """A results file, or None when it does not exist; a damaged one is a one-line EvalError."""
     path = Path(path)

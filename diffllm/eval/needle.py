@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
-from .common import EvalError, cli, load_run, out_dir, padded, say, write_json
+from .common import EvalError, cli, load_run, out_dir, padded, say, write_report
 
 CITIES = ("Paris", "London", "Rome", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Dublin", "Oslo", "Athens",
           "Cairo", "Tokyo", "Lima", "Sydney", "Toronto", "Boston", "Chicago", "Denver", "Seattle", "Mumbai", "Delhi",
@@ -229,11 +229,8 @@ def run_needle(c: NeedleConfig) -> dict:
     res.update(run=str(run.dir), step=run.checkpoint(c.step).step, arch=mcfg.arch, model=mcfg.name, mode=c.mode,
                queries=c.queries, trials=c.trials)
     folder = out_dir(c.out, run.dir)
-    write_json(folder / f"needle-{c.mode}.json", res)
-    table = needle_table(res)
-    (folder / f"needle-{c.mode}.md").write_text(table + "\n")
+    write_report(folder, f"needle-{c.mode}", res, needle_table(res))
     needle_heatmap(res, folder / f"needle-{c.mode}.png")
-    print(table)
     say(f"mean accuracy {res['mean']:.3f} ({', '.join(f'N={n}: {a:.2f}' for n, a in res['by_n'].items())}); "
         f"wrote {folder}/needle-{c.mode}.{{json,md,png}}")
     return res

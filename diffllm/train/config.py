@@ -24,7 +24,7 @@ SPIKE_ACTIONS = ("log", "skip", "stop")
 @dataclass
 class EvalConfig:
     """In-loop evaluation (`trainer.eval`, run by diffllm/train/eval_hook.py): diffllm/eval's perplexity / bits per
-    byte on extra data configs and multi-needle retrieval accuracy, every `every` steps and/or after the last step.
+    byte on extra data configs, multi-needle retrieval and associative-recall accuracy, every `every` steps and/or after the last step.
     Off by default; on when `every` > 0 or `at_end`, with at least one measure chosen."""
 
     every: int = 0  # steps between evaluations (0: none during training)
@@ -39,6 +39,11 @@ class EvalConfig:
     needle_queries: int = 1  # keys queried per prompt (at most N)
     needle_length: Optional[int] = None  # prompt length in tokens (null: data.seq_len)
     needle_seed: int = 0  # the prompts' own generator (never the training RNG)
+    recall_n: list = field(default_factory=list)  # associative recall (eval recall) for these N ([]: none)
+    recall_gaps: list = field(default_factory=lambda: [0, 16])  # filler words between the pairs and the queries
+    recall_length: int = 64  # words per recall prompt
+    recall_trials: int = 16  # held-out prompts per N x gap
+    recall_seed: int = 0
 
     @property
     def on(self) -> bool:
@@ -54,7 +59,7 @@ class EvalConfig:
 
         if self.every < 0:
             bad("every", f"must be >= 0, got {self.every}")
-        for key in ("batch_size", "needle_trials", "needle_queries"):
+        for key in ("batch_size", "needle_trials", "needle_queries", "recall_trials"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("ppl_max_tokens", "needle_length"):
@@ -79,9 +84,18 @@ class EvalConfig:
                 names = {"n_needles": "needle_n", "depths": "needle_depths", "queries": "needle_queries",
                          "trials": "needle_trials", "mode": "needle_mode"}
                 raise ValueError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
-        if self.on and not (self.ppl_data or self.needle_n):
+        if self.recall_n:
+            from ..eval.recall import RecallTask
+
+            try:
+                RecallTask(n=list(self.recall_n), gaps=list(self.recall_gaps), lengths=[self.recall_length]).validate()
+            except ValueError as e:  # its keys are RecallTask's: name ours
+                key, _, why = str(e).partition("=")
+                names = {"pairs": "recall_n", "length": "recall_length", "gap": "recall_gaps"}
+                raise ValueError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
+        if self.on and not (self.ppl_data or self.needle_n or self.recall_n):
             bad("every" if self.every else "at_end", "in-loop evaluation is on but measures nothing: set "
-                "trainer.eval.ppl_data=[<data config>] and/or trainer.eval.needle_n=[1,2]")
+                "trainer.eval.ppl_data=[<data config>], trainer.eval.needle_n=[1,2] and/or trainer.eval.recall_n=[2,4]")
 
 
 @dataclass

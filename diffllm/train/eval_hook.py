@@ -6,6 +6,7 @@ Each evaluation writes one metrics.jsonl record (and W&B, through MetricsLogger'
   eval/ppl/<name>/loss, eval/ppl/<name>/bpb   ppl.perplexity on a data config's held-out sources (<name>: the config,
                                               or <config>/<source> when it holds several)
   eval/needle/n<N>/acc, eval/needle/acc       needle.needle_accuracy (synthetic or text haystack), per N and overall
+  eval/recall/n<N>/acc, eval/recall/acc       recall.recall_accuracy (held-out key-value sets), per N and overall
   eval/time_s
 and one console line. The windows and prompts are built once (at the start) from the data and a seed of their own, so
 each evaluation scores the same tokens and the numbers equal `diffllm eval ppl` / `eval needle` on the checkpoint of
@@ -22,6 +23,8 @@ import torch
 
 from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy, task_prompts
 from ..eval.ppl import perplexity, score_sets
+from ..eval.recall import RecallTask, recall_accuracy
+from ..eval.recall import task_prompts as recall_prompts
 from .config import EvalConfig
 from .hooks import Hook
 
@@ -53,6 +56,7 @@ class InLoopEval(Hook):
         self.ppl_sets: dict[str, tuple[list, int]] = {}  # name -> ([Batch], bytes)
         self.needle: Optional[NeedleTask] = None
         self.haystack: Optional[list[int]] = None
+        self.recall: Optional[RecallTask] = None
 
     def on_start(self, trainer: "Trainer") -> None:
         c, model_len = self.cfg, trainer.model_cfg.max_seq_len
@@ -77,6 +81,13 @@ class InLoopEval(Hook):
                 task_prompts(self.needle, self.tok, model_len, self.haystack)
             except ValueError as e:
                 raise ValueError(f"trainer.eval.needle_length={length}: {str(e).removeprefix('lengths: ')}") from None
+        if c.recall_n:  # no bootstrap in the loop: the curve is the accuracies
+            self.recall = RecallTask(n=list(c.recall_n), gaps=list(c.recall_gaps), lengths=[c.recall_length],
+                                     trials=c.recall_trials, seed=c.recall_seed, batch_size=c.batch_size, bootstrap=0)
+            try:
+                recall_prompts(self.recall, self.tok, model_len)
+            except ValueError as e:
+                raise ValueError(f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}") from None
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
         c, step = self.cfg, trainer.state.step
@@ -100,6 +111,10 @@ class InLoopEval(Hook):
                     res = needle_accuracy(_Forward(trainer, to_cpu=True), self.tok, self.needle, self.haystack)
                     rec.update({f"eval/needle/n{n}/acc": acc for n, acc in res["by_n"].items()})
                     rec["eval/needle/acc"] = res["mean"]
+                if self.recall is not None:
+                    res = recall_accuracy(_Forward(trainer, to_cpu=True), self.tok, self.recall)
+                    rec.update({f"eval/recall/n{n}/acc": acc for n, acc in res["by_n"].items()})
+                    rec["eval/recall/acc"] = res["mean"]
         finally:
             engine.train(was_training)
         rec["eval/time_s"] = round(time.perf_counter() - t0, 3)
@@ -109,12 +124,13 @@ class InLoopEval(Hook):
 
 
 def eval_line(rec: dict) -> str:
-    """`eval step 32: shakespeare loss 5.1234 bpb 1.8765 | needle n1 0.50 n2 0.25 | 3.1 s`."""
+    """`eval step 32: shakespeare loss 5.1234 bpb 1.8765 | needle n1 0.50 n2 0.25 | recall n2 0.50 | 3.1 s`."""
     parts = [f"{k[len('eval/ppl/'):-len('/loss')]} loss {v:.4f} bpb {rec[k[:-len('loss')] + 'bpb']:.4f}"
              for k, v in rec.items() if k.startswith("eval/ppl/") and k.endswith("/loss")]
-    needles = [f"{k.split('/')[2]} {v:.2f}" for k, v in rec.items() if k.startswith("eval/needle/n")]
-    if needles:
-        parts.append("needle " + " ".join(needles))
+    for task in ("needle", "recall"):
+        accs = [f"{k.split('/')[2]} {v:.2f}" for k, v in rec.items() if k.startswith(f"eval/{task}/n")]
+        if accs:
+            parts.append(f"{task} " + " ".join(accs))
     return f"eval step {rec['step']}: " + " | ".join(parts + [f"{rec['eval/time_s']:.1f} s"])
 
 

@@ -127,6 +127,9 @@ def test_bad_values_are_one_line_errors():
         "trainer.eval.needle_n=[0,2]": "trainer.eval.needle_n=[0, 2]: each must be in 1..",
         "trainer.eval.needle_mode=txt": "trainer.eval.needle_mode: got 'txt', expected one of",
         "trainer.eval.every=-1": "trainer.eval.every: must be >= 0, got -1",
+        "trainer.eval.recall_n=[16]": "trainer.eval.recall_length=64: cannot hold 16 pairs, 16 queries and gap=16",
+        "trainer.eval.recall_n=[40]": "trainer.eval.recall_n=40: must be in 1..32",
+        "trainer.eval.recall_trials=0": "trainer.eval.recall_trials: must be >= 1, got 0",
     }
     for arg, message in cases.items():
         with pytest.raises(ValueError) as e:
