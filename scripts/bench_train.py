@@ -7,7 +7,9 @@ whose load drifts (other jobs) hits them all alike; the medians and their ratios
 
 --doc-mask adds, per preset and stage, diffllm's step with data.doc_mask=true (attention within documents: an
 explicit block-diagonal mask instead of the causal flag) on the same windows, and prints its step-time ratio to the
-plain step.
+plain step. --bf16 (trainer.precision=bf16) and --compile (trainer.compile=true) do the same for the GPU code paths:
+their step-time ratios to the plain (fp32, eager) step, per preset and stage. The first warm-up step of every variant
+is printed too: for a compiled variant it holds inductor's compile (or its load from the on-disk cache).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before the first round")
     p.add_argument("--doc-mask", action="store_true", help="also time data.doc_mask=true (ratio to the plain step)")
+    p.add_argument("--bf16", action="store_true", help="also time trainer.precision=bf16 (ratio to the fp32 step)")
+    p.add_argument("--compile", action="store_true", help="also time trainer.compile=true (ratio to the eager step)")
     return p.parse_args()
 
 
@@ -83,7 +87,7 @@ class Bare:
 class Ours:
     """diffllm's Trainer, set up as `diffllm train` does (real DeepSpeed engine), stepping with its own train_step."""
 
-    def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path, doc_mask: bool = False):
+    def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path, extra: list[str]):
         from diffllm.config import compose
         from diffllm.train.config import TrainConfig
         from diffllm.train.loop import Trainer
@@ -95,7 +99,7 @@ class Ours:
                                 f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
                                 f"trainer.zero_stage={stage}", "trainer.val_batches=1", "logging.wandb=disabled",
                                 "optim.lr=1e-3", "optim.warmup_steps=0", "optim.schedule=constant", f"run_dir={run_dir}",
-                                f"data.doc_mask={doc_mask}"])
+                                *extra])
         self.trainer = Trainer(TrainConfig.from_hydra(cfg))
         self.trainer.setup()
         self.trainer.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
@@ -116,19 +120,29 @@ def main() -> None:
     device = init_distributed(10.0)
     tok, data = batches(args.seq_len, args.micro_batch, 16)
     masked = batches(args.seq_len, args.micro_batch, 16, doc_mask=True)[1] if args.doc_mask else None
+    # option name -> (overrides, batches) of a variant of each diffllm step, timed against the plain step
+    options = {name: how for name, on, how in [("doc_mask", args.doc_mask, (["data.doc_mask=true"], masked)),
+                                                ("bf16", args.bf16, (["trainer.precision=bf16"], data)),
+                                                ("compiled", args.compile, (["trainer.compile=true"], data))] if on}
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     variants: dict[tuple[str, str], object] = {}
     for preset in args.archs:
         variants[(preset, "bare torch AdamW")] = Bare(preset, tok.vocab_size, device, data)
         for stage in args.stages:
+            plain = ["trainer.precision=fp32"] if args.bf16 else []  # else auto: fp32 on CPUs, bf16 on GPUs
             variants[(preset, f"diffllm ZeRO-{stage}")] = Ours(preset, stage, args.seq_len, args.micro_batch, data,
-                                                               tmp / f"{preset}-z{stage}")
-            if masked is not None:
-                variants[(preset, f"diffllm ZeRO-{stage}, doc_mask")] = Ours(
-                    preset, stage, args.seq_len, args.micro_batch, masked, tmp / f"{preset}-z{stage}-docs", doc_mask=True)
-    for v in variants.values():
-        for _ in range(args.warmup):
+                                                               tmp / f"{preset}-z{stage}", plain)
+            for name, (extra, batches_of) in options.items():
+                variants[(preset, f"diffllm ZeRO-{stage}, {name}")] = Ours(
+                    preset, stage, args.seq_len, args.micro_batch, batches_of, tmp / f"{preset}-z{stage}-{name}",
+                    plain + extra)
+    first: dict[tuple[str, str], float] = {}
+    for key, v in variants.items():
+        for i in range(args.warmup):
+            t0 = time.perf_counter()
             v.step()
+            if i == 0:
+                first[key] = time.perf_counter() - t0
     times: dict[tuple[str, str], list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
         for key, v in variants.items():
@@ -144,20 +158,23 @@ def main() -> None:
     print(f"\ndevice {device}, torch threads {torch.get_num_threads()}, {tokens} tokens/step (micro-batch "
           f"{args.micro_batch} x seq {args.seq_len}, no accumulation), {args.rounds} rounds x {args.steps} steps, "
           f"medians; ratio = step time / bare step time of the same preset")
-    print("| preset | loop | params | ms/step (median) | min | tokens/s | vs bare |")
-    print("|---|---|---|---|---|---|---|")
+    print("| preset | loop | params | ms/step (median) | min | tokens/s | vs bare | first warm-up step (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for (preset, loop), m in med.items():
         bare = med[(preset, "bare torch AdamW")]
         print(f"| {preset} | {loop} | {variants[(preset, loop)].params:,} | {1000 * m:.1f} | "
-              f"{1000 * min(times[(preset, loop)]):.1f} | {tokens / m:,.0f} | {m / bare:.3f} |")
+              f"{1000 * min(times[(preset, loop)]):.1f} | {tokens / m:,.0f} | {m / bare:.3f} | "
+              f"{first.get((preset, loop), float('nan')):.1f} |")
     if masked is not None:
         boundaries = sum(int((b.doc_ids[:, -1] > 0).sum()) for b in masked)
         print(f"\n{boundaries} of {16 * args.micro_batch} windows hold a document boundary")
-        print("| preset | loop | doc_mask=true / false step-time ratio |\n|---|---|---|")
+    titles = {"doc_mask": "doc_mask=true / false", "bf16": "bf16 / fp32", "compiled": "compiled / eager"}
+    for name in options:
+        print(f"\n| preset | loop | {titles[name]} step-time ratio |\n|---|---|---|")
         for preset in args.archs:
             for stage in args.stages:
                 loop = f"diffllm ZeRO-{stage}"
-                print(f"| {preset} | {loop} | {med[(preset, loop + ', doc_mask')] / med[(preset, loop)]:.3f} |")
+                print(f"| {preset} | {loop} | {med[(preset, f'{loop}, {name}')] / med[(preset, loop)]:.3f} |")
     if len(args.archs) == 2:
         a, b = args.archs
         print(f"\n| loop | {a} / {b} step-time ratio |\n|---|---|")

@@ -91,5 +91,10 @@ def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_
         for block in model.layers:
             block.compile()
     optimizer = build_optimizer(model, opt)
+    # bf16 without ZeRO wraps the optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose constructor runs one step
+    # with zero gradients to create the optimizer state: AdamW would count it (its bias correction then lags, the
+    # first real update being 0.735x an fp32 run's) and apply weight decay once. That step is skipped.
+    optimizer.force_skip = True
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    optimizer.force_skip = False
     return engine, optimizer
