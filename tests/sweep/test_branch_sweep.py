@@ -173,3 +173,13 @@ def compose_tiny():
     from diffllm.train.config import TrainConfig
 
     return TrainConfig.from_hydra(compose("train", ["model=diff-tiny", *TINY_SWEEP["overrides"]]))
+
+
+def test_launch_preflight_refuses_a_bad_branch_budget():
+    """`diffllm launch` checks branch budgets before it starts anything (the sweep's jobs get the same refusal)."""
+    from diffllm.launch.checks import check_train_overrides
+
+    good = [*TINY_SWEEP["overrides"], "trainer.tokens=16384", "trainer.branch_budgets=[8192]"]
+    check_train_overrides(good, 1)
+    with pytest.raises(ValueError, match=r"trainer.branch_budgets\[0\]=8000: not a whole number of steps"):
+        check_train_overrides([*good[:-1], "trainer.branch_budgets=[8000]"], 1)

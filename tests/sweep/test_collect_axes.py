@@ -43,8 +43,8 @@ def test_axis_columns_round_trip(tmp_path):
                _record("/r/b", **{"optim.lr": 1e-05, "model.lambda_init": 0.8, "optim.betas": (0.9, 0.99),
                                   "optim.schedule": "wsd", "trainer.compile": False})]
     text = to_csv(records)
-    assert text.splitlines()[0].endswith("selected,lambda_min,lambda_lowest,model.lambda_init,optim.betas,optim.lr,optim.schedule,"
-                                         "trainer.compile")
+    assert text.splitlines()[0].endswith("lambda_min,lambda_lowest,branch_parent,branch_tokens,model.lambda_init,"
+                                         "optim.betas,optim.lr,optim.schedule,trainer.compile")
     (tmp_path / "runs.csv").write_text(text)
     assert read_csv(tmp_path / "runs.csv") == records
     md = to_markdown(records, select=None)
