@@ -45,6 +45,9 @@ class RunRecord:
     selected: Optional[bool] = None  # at the best-of-grid value of its (series, size, budget) group
     lambda_min: Optional[float] = None  # Diff: the min over layers of lambda at the last metrics record
     lambda_lowest: Optional[float] = None  # Diff: the lowest lambda_min of any record (negative: a map was added)
+    spikes: Optional[int] = None  # loss / grad-norm spikes detected (trainer.spikes; summary.json)
+    skipped_steps: Optional[int] = None  # updates dropped: non-finite steps and skipped spikes
+    max_grad_norm: Optional[float] = None  # the largest pre-clip global grad norm of any step
     branch_parent: Optional[str] = None  # a WSD cooldown: its parent's run_dir (branch.json)
     branch_tokens: Optional[int] = None  # ... and the tokens it shares with the parent (trained once, by the parent)
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
@@ -152,6 +155,7 @@ def read_run(run_dir: Path) -> RunRecord:
         wall_time_s=s.get("wall_time_s"), world_size=s.get("world_size"),
         status=s.get("status", "unfinished") if s else "unfinished", **dict(zip(("lambda_min", "lambda_lowest"),
                                                                                  lambda_stats(run_dir))),
+        spikes=s.get("spikes"), skipped_steps=s.get("skipped_steps"), max_grad_norm=s.get("max_grad_norm"),
         branch_parent=branch.get("parent"), branch_tokens=branch.get("tokens"),
     )
 
@@ -219,9 +223,10 @@ def _preset_size(model: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------- runs.csv
-_INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size", "branch_tokens"}
+_INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size", "spikes",
+         "skipped_steps", "branch_tokens"}
 _FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
-           "lambda_min", "lambda_lowest"}
+           "lambda_min", "lambda_lowest", "max_grad_norm"}
 _BOOLS = {"under_trained", "selected"}
 
 

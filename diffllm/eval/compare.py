@@ -1,5 +1,6 @@
 """`diffllm eval compare runs=[a,b,...]`: one table and plots of every evaluation for several runs (the Diff vs
-Transformer report after a sweep). Each run's results are read from <run>/eval/*.json; a missing one is computed
+Transformer report after a sweep), with each run's stability record from training (spikes, skipped steps, max grad
+norm: its summary.json). Each run's results are read from <run>/eval/*.json; a missing one is computed
 first with the command's defaults (compute=false: leave it blank); what will be computed is said before it starts.
 The table and plots go to `out`, by default <the runs' common parent>/compare."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..runs import Run
 from .common import EvalError, cli, read_json_or_none, say, write_json
 from .report import markdown
 
@@ -65,6 +67,15 @@ def missing(runs: List[str], evals: List[str]) -> dict[str, List[str]]:
     return out
 
 
+TRAINING = ("spikes", "skipped_steps", "max_grad_norm")  # from the run's summary.json (diffllm/train/spikes.py)
+
+
+def training(run: str) -> dict:
+    """The run's stability record from its summary.json (None each for a run that has none, or predates them)."""
+    summary = Run(run).summary() or {}
+    return {key: summary.get(key) for key in TRAINING}
+
+
 def collect(run: str, evals: List[str], compute: bool) -> dict:
     got = {}
     for name in evals:
@@ -92,7 +103,7 @@ def row(run: str, r: dict) -> list:
             node = node[p]
         return node
 
-    first = next((v for v in r.values() if v), {})
+    first = next((v for name, v in r.items() if v and name != "training"), {})
     src = get("ppl", "sources", default={})
     ppl = next(iter(src.values())) if src else {}
     att = get("attention", "by_depth", default={})
@@ -100,11 +111,12 @@ def row(run: str, r: dict) -> list:
             ppl.get("bits_per_byte", float("nan")), get("needle", "mean"),
             get("outliers", "attention_logits", "top1"), get("outliers", "hidden_states", "top1"),
             get("outliers", "quantised_loss", "4") - get("outliers", "quantised_loss", "fp32"),
-            float(np.mean([np.mean(v["answer"]) for v in att.values()])) if att else float("nan")]
+            float(np.mean([np.mean(v["answer"]) for v in att.values()])) if att else float("nan")] + [
+        "-" if r.get("training", {}).get(key) is None else r["training"][key] for key in TRAINING]
 
 
 HEADER = ["run", "arch", "step", "loss", "bits/byte", "needle acc", "max abs logit", "max abs hidden",
-          "4-bit loss increase", "attention to answer"]
+          "4-bit loss increase", "attention to answer", "spikes", "skipped steps", "max grad norm"]
 
 
 def plots(results: dict, folder: Path) -> list[Path]:
@@ -153,7 +165,7 @@ def run_compare(c: CompareConfig) -> dict:
     elif todo:
         say("left blank (compute=false): " + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}"
                                                          for name, runs in todo.items()))
-    results = {run: collect(run, c.evals, c.compute) for run in c.runs}
+    results = {run: {**collect(run, c.evals, c.compute), "training": training(run)} for run in c.runs}
     folder = Path(c.out) if c.out else default_out(c.runs)
     folder.mkdir(parents=True, exist_ok=True)
     table = markdown(HEADER, [row(run, r) for run, r in results.items()])

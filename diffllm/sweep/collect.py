@@ -81,7 +81,8 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
     axes = axis_names(records)
     cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
-            "final_val_loss", "unigram_loss", "bigram_loss", "lambda_min", "lambda_lowest", "wall_time_s", "status"]
+            "final_val_loss", "unigram_loss", "bigram_loss", "lambda_min", "lambda_lowest", "spikes", "skipped_steps",
+            "max_grad_norm", "wall_time_s", "status"]
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
     varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
               for a in {r.arch for r in records}}

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 from .config import TrainConfig
 from .dist import strip_local_rank
-from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, Trainer  # noqa: F401 - documented below
+from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_SPIKES, Trainer  # noqa: F401 - documented below
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
 EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
@@ -53,6 +53,7 @@ def main() -> None:
     checkpoint: relaunch to continue (EXIT_PREEMPTED), 4 too many non-finite steps in a row (EXIT_NONFINITE), 5 no
     progress for trainer.stall_timeout_s (EXIT_STALLED: the one-line error names the stalled phase; relaunch), 6 a
     collective failed because another rank ended or stopped answering (EXIT_PEER_LOST; the other rank's log says
-    why)."""
+    why), 7 a loss or grad-norm spike with trainer.spikes.action=stop, or trainer.spikes.max_consecutive_skips
+    skipped in a row, after saving a checkpoint (EXIT_SPIKES)."""
     sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()

@@ -18,6 +18,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 NEEDLE_MODES = ("synthetic", "text")
+SPIKE_ACTIONS = ("log", "skip", "stop")
 
 
 @dataclass
@@ -84,6 +85,37 @@ class EvalConfig:
 
 
 @dataclass
+class SpikesConfig:
+    """Loss and grad-norm spikes (`trainer.spikes`, diffllm/train/spikes.py): a step whose loss or global grad norm
+    lies more than z_loss / z_grad sample standard deviations above the mean of the last `window` steps' values is a
+    spike, once `warmup` values are in the window. log: counted and logged; skip: its update is dropped on every
+    rank; stop: dropped, then the run saves and exits 7. max_consecutive_skips skipped spikes in a row: save, exit 7."""
+
+    action: str = "log"  # log | skip | stop
+    window: int = 128  # steps whose values the z-score is taken over (the step itself not among them)
+    warmup: int = 64  # values the window must hold before it judges (>= 2)
+    z_loss: float = 6.0  # loss spike: loss > mean + z_loss * std of the window (0: loss not tested)
+    z_grad: float = 6.0  # grad-norm spike: the same with the pre-clip global grad norm (0: not tested)
+    max_consecutive_skips: int = 5  # action=skip: this many skipped spikes in a row save and stop the run (exit 7)
+
+    def validate(self) -> None:
+        def bad(key: str, why: str) -> None:
+            raise ValueError(f"trainer.spikes.{key}: {why}")
+
+        if self.action not in SPIKE_ACTIONS:
+            bad("action", f"got {self.action!r}, expected one of {SPIKE_ACTIONS}")
+        if self.warmup < 2:
+            bad("warmup", f"must be >= 2 (a standard deviation needs two values), got {self.warmup}")
+        if self.window < self.warmup:
+            bad("window", f"must be >= trainer.spikes.warmup={self.warmup}, got {self.window}")
+        for key in ("z_loss", "z_grad"):
+            if not getattr(self, key) >= 0:
+                bad(key, f"must be >= 0 (0: not tested), got {getattr(self, key)}")
+        if self.max_consecutive_skips < 1:
+            bad("max_consecutive_skips", f"must be >= 1, got {self.max_consecutive_skips}")
+
+
+@dataclass
 class TrainerConfig:
     tokens: Tokens = 524288  # training budget; the run stops exactly here
     round_tokens: bool = False  # round a budget that is not a whole number of steps up to one (with a note)
@@ -112,13 +144,18 @@ class TrainerConfig:
     inject_nan_at_steps: list = field(default_factory=list)  # fault injection: rank 0's loss becomes NaN there
     inject_stall_at_steps: list = field(default_factory=list)  # fault injection: rank 0 hangs reading data there
     inject_step_delay_s: float = 0.0  # fault injection: rank 0 sleeps this long per step (a slow node; the numbers stay)
+    inject_loss_scale_at_steps: list = field(default_factory=list)  # fault injection: every rank's loss (so its gradients) x inject_loss_scale there
+    inject_loss_scale: float = 1000.0  # the factor of inject_loss_scale_at_steps (a spike)
     eval: EvalConfig = field(default_factory=EvalConfig)  # in-loop evaluation (off by default)
+    spikes: SpikesConfig = field(default_factory=SpikesConfig)  # loss / grad-norm spike detection (log by default)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.eval, EvalConfig):
-            from ..config import build
+        from ..config import build
 
+        if not isinstance(self.eval, EvalConfig):
             self.eval = build(EvalConfig, self.eval, "trainer.eval")
+        if not isinstance(self.spikes, SpikesConfig):
+            self.spikes = build(SpikesConfig, self.spikes, "trainer.spikes")
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:

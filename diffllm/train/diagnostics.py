@@ -1,19 +1,29 @@
-"""Diff diagnostics during training, added to the records that MetricsLogger writes (metrics.jsonl, W&B, the
-progress line):
+"""Diagnostics during training (Diff's lambda, and stability telemetry for every arch), added to the records that
+MetricsLogger writes (metrics.jsonl, W&B, the progress line):
 
     lambda/<i>, lambda_min   each layer's lambda (an attention module with a `lambda_full()` method: Diff V1), read
                              from the parameters after the step's update, and its min over layers
     lambda_mean/<i>          Diff V2: the mean of sigmoid(lambda_proj(x)) over the step's tokens and heads (an
                              attention module with a `lambda_proj` submodule), from the training forward
     attn_rms/<i>             RMS of each block's attention output, sqrt(mean(out^2)), from the training forward
+    act_max/<i>              the largest |activation| of each block's output (the residual stream after the block),
+                             max over the step's micro-batches and ranks
+    attn_logit_max/<i>       the largest |q k^T / sqrt(d)| over the causal positions of every softmax map of layer i
+                             (both maps of Diff), recomputed with the variant's `map_parts` from the attention input
+                             of the step's first micro-batch, one sequence at a time; max over ranks
+    grad_norm/<i>            the L2 norm of block i's gradient (pre-clip, averaged over ranks), before the update
 
 The forward-side values come from forward hooks that are armed only for the steps that will be logged (other steps
-pay nothing) and taken off after; they keep the mean over the step's micro-batches and ranks. They only count
-forwards in training mode with autograd on (validation runs in eval mode under no_grad). Under activation
-checkpointing the recomputation in backward calls each hook a second time with the same output, which leaves the
-mean unchanged. Inside a torch.compile'd block, hooks are not reliably traced: the forward-side values are then left
-out (said once). Reading lambda under ZeRO-3 gathers the few lambda vectors on every rank (a collective): every rank
-calls `collect` at the same steps, as it calls every hook.
+pay nothing) and taken off after; they keep the mean (the max for act_max and attn_logit_max) over the step's
+micro-batches and ranks. They only count forwards in training mode with autograd on (validation runs in eval mode
+under no_grad). Under activation checkpointing the recomputation in backward calls each hook a second time with the
+same output, which leaves the mean and the max unchanged. Inside a torch.compile'd block, hooks are not reliably
+traced: the forward-side values are then left out (said once). The attention logits are not recomputed under ZeRO-3
+(calling the q/k projections outside the module's own forward would disturb ZeRO-3's parameter prefetch): left out
+there (said once). The block grad norms are taken at the logged steps only (`keep_grad_norms`, between the last
+backward and the update) with DeepSpeed's `safe_get_full_grad`: under ZeRO that gathers each parameter's full
+gradient (about one all-reduce of the gradients per logged step). Reading lambda under ZeRO-3 gathers the few lambda
+vectors on every rank (a collective): every rank calls `collect` at the same steps, as it calls every hook.
 """
 from __future__ import annotations
 
@@ -24,7 +34,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .dist import all_reduce_sum, world_size
+from .dist import all_reduce_maxes, all_reduce_sum, world_size
 from .metrics import finite_or_none
 
 
@@ -42,13 +52,17 @@ class Diagnostics:
         self.lambda_layers = [i for i, a in enumerate(self.attns) if callable(getattr(a, "lambda_full", None))]
         self.gate_layers = [i for i, a in enumerate(self.attns) if isinstance(getattr(a, "lambda_proj", None),
                                                                               nn.Module)]
+        self.blocks = list(model.layers)
         self.compiled = any(getattr(block, "_compiled_call_impl", None) is not None for block in model.layers)
+        self.zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
         self.say = say
         self.warned: set[int] = set()
         self.handles: list = []
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
-        self.noted_compiled = False
+        self.noted_compiled = self.noted_zero3 = False
+        self.maxes: dict[str, float] = {}
+        self.grad_norms: dict[str, float] = {}
 
     # ----- forward-side values (armed for the logged steps only) ----------------------------------------------------
     @property
@@ -65,19 +79,65 @@ class Diagnostics:
                          "(trainer.compile=true) are not reliably traced")
                 self.noted_compiled = True
             return
-        self.sums, self.counts = {}, {}
+        self.sums, self.counts, self.maxes, self.grad_norms = {}, {}, {}, {}
         for i, attn in enumerate(self.attns):
             self.handles.append(attn.register_forward_hook(functools.partial(self._keep, f"attn_rms/{i}", rms)))
+            if not self.zero3:
+                self.handles.append(attn.register_forward_hook(functools.partial(self._logits, f"attn_logit_max/{i}")))
+        for i, block in enumerate(self.blocks):
+            self.handles.append(block.register_forward_hook(functools.partial(self._max, f"act_max/{i}")))
+        if self.zero3 and not self.noted_zero3:
+            self.say("note: attn_logit_max is not logged under ZeRO-3 (recomputing q and k outside the attention "
+                     "module's forward would disturb ZeRO-3's parameter prefetch)")
+            self.noted_zero3 = True
         for i in self.gate_layers:
             gate = functools.partial(self._keep, f"lambda_mean/{i}", lambda z: torch.sigmoid(z.detach().float()).mean())
             self.handles.append(self.attns[i].lambda_proj.register_forward_hook(gate))
 
     def _keep(self, key: str, fn, module: nn.Module, args, out: torch.Tensor) -> None:
-        if not (module.training and torch.is_grad_enabled()):  # a validation or evaluation forward
+        if not self._training(module):
             return
         value = fn(out)
         self.sums[key] = self.sums[key] + value if key in self.sums else value
         self.counts[key] = self.counts.get(key, 0) + 1
+
+    @staticmethod
+    def _training(module: nn.Module) -> bool:
+        return module.training and torch.is_grad_enabled()  # not a validation or evaluation forward
+
+    def _max(self, key: str, module: nn.Module, args, out: torch.Tensor) -> None:
+        if self._training(module):
+            self.maxes[key] = max(self.maxes.get(key, 0.0), float(out.detach().abs().max()))
+
+    def _logits(self, key: str, module: nn.Module, args, out: torch.Tensor) -> None:
+        """max |q k^T / sqrt(d)| over the causal positions of each map, on the step's first micro-batch (a forward
+        recomputed in backward under activation checkpointing finds the key already kept)."""
+        if not self._training(module) or key in self.maxes:
+            return
+        x, cos, sin = (a.detach() for a in args[:3])  # (B, T, E), rotary tables
+        T = x.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        top = 0.0
+        with torch.no_grad():
+            for b in range(x.shape[0]):  # one sequence at a time: (H, T, T) scores, not (B, H, T, T)
+                pairs, _ = module.map_parts(x[b:b + 1], cos, sin)
+                for q, k in pairs:  # (1, H, T, d) each, fp32
+                    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (1, H, T, T)
+                    top = max(top, float(scores.abs()[..., causal].max()))
+        self.maxes[key] = top
+
+    @torch.no_grad()
+    def keep_grad_norms(self) -> None:
+        """Each block's gradient norm, between the step's last backward and its update (armed steps only; every rank
+        calls it: under ZeRO, DeepSpeed gathers each parameter's full gradient collectively)."""
+        from deepspeed.utils import safe_get_full_grad
+
+        for i, block in enumerate(self.blocks):
+            sq = 0.0
+            for p in block.parameters():
+                g = safe_get_full_grad(p) if p.requires_grad else None
+                sq += 0.0 if g is None else float(g.detach().float().pow(2).sum())
+            self.grad_norms[f"grad_norm/{i}"] = math.sqrt(sq)
 
     def disarm(self) -> dict[str, Optional[float]]:
         """Take the hooks off; the mean over the step's micro-batches and ranks of each value they kept (every rank
@@ -90,8 +150,13 @@ class Diagnostics:
         keys = [f"attn_rms/{i}" for i in range(len(self.attns))] + [f"lambda_mean/{i}" for i in self.gate_layers]
         means = [float(self.sums[k]) / self.counts[k] if self.counts.get(k) else math.nan for k in keys]
         totals = all_reduce_sum(means)
-        self.sums, self.counts = {}, {}
-        return {k: finite_or_none(v / world_size()) for k, v in zip(keys, totals)}
+        max_keys = sorted(self.maxes)  # the same on every rank: the same hooks saw the same forwards
+        tops = all_reduce_maxes([self.maxes[k] for k in max_keys])
+        out = {k: finite_or_none(v / world_size()) for k, v in zip(keys, totals)}
+        out.update({k: finite_or_none(v) for k, v in zip(max_keys, tops)})
+        out.update({k: finite_or_none(v) for k, v in self.grad_norms.items()})
+        self.sums, self.counts, self.maxes, self.grad_norms = {}, {}, {}, {}
+        return out
 
     # ----- lambda from the parameters --------------------------------------------------------------------------------
     @torch.no_grad()

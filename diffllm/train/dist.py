@@ -89,11 +89,16 @@ def collective_device() -> torch.device:
 
 def all_reduce_max(flag: bool) -> bool:
     """True on every rank if it is True on any."""
+    return bool(all_reduce_maxes([float(flag)])[0])
+
+
+def all_reduce_maxes(values: list[float]) -> list[float]:
+    """Element-wise max over ranks, in float64."""
     if not dist.is_initialized():
-        return bool(flag)
-    t = torch.tensor([float(flag)], device=collective_device())
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return t.tolist()
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:

@@ -67,9 +67,14 @@ class Hook:
         """Each micro-batch's loss before its backward pass; returns the loss to use (fault injection replaces it)."""
         return loss
 
+    def on_before_update(self, trainer: "Trainer") -> None:
+        """After the step's last backward and its agreement across ranks, before the optimizer update: the step's
+        gradients are complete (under ZeRO, in DeepSpeed's partitions)."""
+
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
         """After each optimizer step. `record`: step, tokens, loss (mean over ranks and micro-batches; None if
-        non-finite), lr, grad_norm, skipped, step_time_s. Hooks may add keys before MetricsLogger writes it."""
+        non-finite), lr, grad_norm, skipped, step_time_s; at a spike also spike, z_loss, z_grad, spike_grad_norm.
+        Hooks may add keys before MetricsLogger writes it."""
 
     def on_validate(self, trainer: "Trainer", losses: dict[str, float]) -> None:
         """After a validation that is recorded: mean token loss per named held-out set."""
@@ -164,9 +169,9 @@ class Checkpointing(Hook):
 
 class MetricsLogger(Hook):
     """metrics.jsonl (and W&B) on rank 0, and the progress line: one record every log_every steps, at the last step
-    and at every skipped step, with throughput, MFU, wall-clock time, elapsed seconds and the mean loss over the
-    steps since the previous record (`loss` is the last step's), and the diagnostics of diagnostics.py (lambda per
-    layer, attention-output RMS)."""
+    and at every skipped or spiking step, with throughput, MFU, wall-clock time, elapsed seconds, the spike count,
+    the mean loss over the steps since the previous record (`loss` is the last step's), and the diagnostics of
+    diagnostics.py (lambda, attention-output RMS, grad norm, largest activation and attention logit per layer)."""
 
     def __init__(self) -> None:
         self.log: Optional[MetricsLog] = None
@@ -200,7 +205,7 @@ class MetricsLogger(Hook):
         self.window_t += record.pop("step_time_s")
         self.window_losses.append(record["loss"])
         s, b = trainer.state, trainer.budget
-        logged = self.logs_at(trainer, s.step) or record["skipped"]
+        logged = self.logs_at(trainer, s.step) or record["skipped"] or "spike" in record
         diagnostics = self.diag.collect(s.step) if self.diag is not None and logged else {}
         self.arm_for(trainer, s.step + 1)
         if not logged:
@@ -210,7 +215,7 @@ class MetricsLogger(Hook):
         tokens_per_s = steps * b.global_batch_tokens / max(self.window_t, 1e-9)
         record.update(loss_mean=sum(finite) / len(finite) if finite else None, tokens_per_s=tokens_per_s,
                       mfu=mfu(tokens_per_s / trainer.ws, trainer.stats.flops_per_token, trainer.peak),
-                      skipped_steps=s.skipped_steps, time=round(time.time(), 3),
+                      skipped_steps=s.skipped_steps, spikes=s.spikes.spikes, time=round(time.time(), 3),
                       elapsed_s=round(trainer.elapsed(), 3))
         if record["loss"] is None:
             record["nonfinite"] = True
@@ -220,6 +225,10 @@ class MetricsLogger(Hook):
             eta = (b.steps - s.step) * self.window_t / steps
             print(progress_line(record, b.steps, b.tokens, eta), flush=True)
         self.window_t, self.window_losses = 0.0, []
+
+    def on_before_update(self, trainer: "Trainer") -> None:
+        if self.diag is not None and self.diag.armed:
+            self.diag.keep_grad_norms()
 
     def on_validate(self, trainer: "Trainer", losses: dict[str, float]) -> None:
         if trainer.rank == 0:

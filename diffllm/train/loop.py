@@ -23,6 +23,7 @@ from .hooks import MAIN_VAL, Checkpointing, Hook, MetricsLogger, Validation
 from .metrics import device_name, peak_tflops
 from .resume import ResumePlan, note_changes, plan_resume
 from .signals import StopFlag
+from .spikes import SpikeGuard
 from .state import Resumable, TrainState
 from .step import train_step
 from .summary import Summary, banner, summary_of
@@ -33,6 +34,7 @@ EXIT_FINISHED = 0
 EXIT_PREEMPTED = 3  # a stop signal arrived; the step finished and a checkpoint was saved: relaunch to continue
 EXIT_NONFINITE = 4  # trainer.max_nonfinite_in_a_row consecutive steps had a non-finite loss or gradient
 EXIT_STALLED = STALL_EXIT_CODE  # 5: no progress for trainer.stall_timeout_s (the watchdog names the stalled phase)
+EXIT_SPIKES = 7  # trainer.spikes: a spike with action=stop, or max_consecutive_skips skipped in a row; saved first
 
 
 def say(msg: str, error: bool = False) -> None:
@@ -58,7 +60,7 @@ class Trainer:
         if self.run_obj.dir != self.run_dir:
             raise ValueError(f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
                              f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?")
-        self.state, self.stop = TrainState(), StopFlag()
+        self.state, self.stop, self.spikes = TrainState(), StopFlag(), SpikeGuard(cfg.trainer.spikes)
         self.watchdog = Watchdog(cfg.trainer.stall_timeout_s, rank=int(os.environ.get("RANK", "0")))
         self.saved_step, self.already_finished = -1, False
         self.save_wish = self.save_requested = False  # request_save(agree=True) / request_save()
@@ -206,6 +208,12 @@ class Trainer:
                     f"stopping (trainer.max_nonfinite_in_a_row={self.trainer.max_nonfinite_in_a_row}); the last "
                     f"checkpoint: {last.path if last else 'none'} (exit code {EXIT_NONFINITE})", error=True)
                 return EXIT_NONFINITE
+            why = self.spikes.stopping()
+            if why:
+                self.save()
+                say(f"error: {why} at step {s.step}; stopping after saving {self.ckpt.dir / f'step{s.step}'} (exit code "
+                    f"{EXIT_SPIKES}); relaunch to continue past the spike", error=True)
+                return EXIT_SPIKES
             if self.save_requested and s.step < b.steps:
                 self.save()
             self.save_requested = False

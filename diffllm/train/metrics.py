@@ -41,9 +41,10 @@ def progress_line(rec: dict, steps: int, budget_tokens: int, eta_s: float) -> st
     util = "n/a" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
     skipped = f" | skipped {rec['skipped_steps']}" if rec.get("skipped_steps") else ""
     lam = f" | λmin {rec['lambda_min']:.3f}" if rec.get("lambda_min") is not None else ""
+    spike = f" | SPIKE {rec['spike']} (spikes {rec['spikes']})" if rec.get("spike") else ""
     return (f"step {rec['step']}/{steps} | tokens {human(rec['tokens'])}/{human(budget_tokens)} | loss {loss} | "
             f"lr {rec['lr']:.3e} | gnorm {gnorm} | {human(rec['tokens_per_s'])} tok/s | MFU {util} | "
-            f"ETA {duration(eta_s)}{skipped}{lam}")
+            f"ETA {duration(eta_s)}{skipped}{spike}{lam}")
 
 
 def finite_or_none(x: Optional[float]) -> Optional[float]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .checkpoint import rng_state, set_rng_state
 from .dist import all_gather_object
+from .spikes import SpikeHistory
 
 
 @dataclass
@@ -18,18 +19,20 @@ class TrainState:
     tokens: int = 0  # training tokens seen = step x global_batch_tokens (what budgets, metrics and scaling count)
     loss_tokens: int = 0  # of their targets, those counted in the loss (all of them unless data.loss_on=marked)
     elapsed_s: float = 0.0  # wall time of all launches together, up to the last save
-    skipped_steps: int = 0  # non-finite steps skipped so far
+    skipped_steps: int = 0  # steps skipped so far (non-finite, or spikes with trainer.spikes.action=skip|stop)
     nonfinite_in_a_row: int = 0
     last_loss: Optional[float] = None
     last_val_loss: Optional[float] = None
     wandb_id: str = ""
+    spikes: SpikeHistory = field(default_factory=SpikeHistory)  # the spike test's windows and counts (spikes.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":
-        return cls(**{"loss_tokens": d["tokens"], **d})  # checkpoints from before loss masks counted every target
+        d = {"loss_tokens": d["tokens"], **d}  # checkpoints from before loss masks counted every target
+        return cls(**{**d, "spikes": SpikeHistory(**d.get("spikes", {}))})  # before spike tests: an empty window
 
 
 class Resumable:

@@ -1,5 +1,6 @@
 """One optimizer step, the body of the loop: grad_accum micro-batches, the step's one agreement across ranks (mean
-loss, a stop signal, a save wish), the skip of a non-finite step, and the metrics record of the step."""
+loss, a stop signal, a save wish), the skip of a non-finite step or a spike (spikes.py), and the metrics record of
+the step."""
 from __future__ import annotations
 
 import math
@@ -45,21 +46,25 @@ def train_step(t: "Trainer") -> tuple[dict, bool]:
             mean_loss, stop, loss_tokens = agree(t, loss_sum.item(), loss_tokens)
             plain_norm = plain_grad_norm(t.engine, t.trainer.zero_stage)
             t.optimizer.force_skip = not math.isfinite(mean_loss)
+            t.spikes.begin(t.state.spikes, mean_loss, lambda: step_grad_norm(t.engine, plain_norm))
+            t.optimizer.gate = t.spikes.gate if t.spikes.acts else None  # judged inside the optimizer step
             t.optimizer.skipped, ds_skipped = False, t.engine.skipped_steps
+            t.call_hooks("on_before_update")
             t.watchdog.beat("optimizer step")
         t.engine.step()
     skipped = t.optimizer.skipped or t.engine.skipped_steps > ds_skipped  # ours, or DeepSpeed's own check
-    t.optimizer.force_skip = False
+    t.optimizer.force_skip, t.optimizer.gate = False, None
     s = t.state
     s.step, s.tokens, s.loss_tokens = s.step + 1, s.tokens + t.budget.global_batch_tokens, s.loss_tokens + loss_tokens
     s.skipped_steps += skipped
-    s.nonfinite_in_a_row = s.nonfinite_in_a_row + 1 if skipped else 0
+    norm = step_grad_norm(t.engine, plain_norm)
+    spike = t.spikes.end(None if norm is None else float(norm))  # {} but at a spike
+    nonfinite = skipped and not t.spikes.dropped
+    s.nonfinite_in_a_row = s.nonfinite_in_a_row + 1 if nonfinite else 0
     s.last_loss = mean_loss
-    norm = t.engine.get_global_grad_norm()
-    norm = plain_norm if norm is None else norm
     rec = {"step": s.step, "tokens": s.tokens, "loss_tokens": s.loss_tokens, "loss": finite_or_none(mean_loss), "lr": lr,
-           "grad_norm": None if norm is None or skipped else finite_or_none(float(norm)),
-           "step_time_s": time.perf_counter() - t0, "skipped": skipped}
+           "grad_norm": None if norm is None or nonfinite else finite_or_none(float(norm)),
+           "step_time_s": time.perf_counter() - t0, "skipped": skipped, **spike}
     return rec, stop
 
 
@@ -73,6 +78,14 @@ def agree(t: "Trainer", local_loss_sum: float, local_loss_tokens: int) -> tuple[
     if wish > 0:
         t.request_save()
     return total / (t.budget.grad_accum * t.ws), stop > 0, int(counted)
+
+
+def step_grad_norm(engine, plain_norm: Optional[float]) -> Optional[float]:
+    """The step's pre-clip global grad norm, the same on every rank: DeepSpeed's under ZeRO (its optimizer computes
+    it at the start of its step; the engine copies it after), else `plain_norm`."""
+    norm = getattr(engine.optimizer, "_global_grad_norm", None)
+    norm = engine.get_global_grad_norm() if norm is None else norm
+    return plain_norm if norm is None else float(norm)
 
 
 def plain_grad_norm(engine, zero_stage: int) -> Optional[float]:

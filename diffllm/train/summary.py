@@ -36,7 +36,8 @@ def summary_of(t: "Trainer") -> dict:
         "global_batch_tokens": t.budget.global_batch_tokens, "final_train_loss": finite_or_none(s.last_loss),
         "final_val_loss": finite_or_none(s.last_val_loss), "wall_time_s": round(s.elapsed_s, 3),
         "world_size": t.ws, "zero_stage": t.trainer.zero_stage, "precision": t.precision,
-        "device": device_name(), "skipped_steps": s.skipped_steps, "status": "finished", "seed": t.seed,
+        "device": device_name(), "skipped_steps": s.skipped_steps, "spikes": s.spikes.spikes,
+        "spike_skips": s.spikes.skipped, "max_grad_norm": s.spikes.max_grad_norm, "status": "finished", "seed": t.seed,
         "doc_mask": t.data_cfg.doc_mask, "loss_on": t.data_cfg.loss_on,
         "checkpoint": str(t.run_obj.checkpoints_dir / f"step{s.step}"), "run_dir": str(t.run_dir),
         "branch": t.run_obj.branch(),  # a WSD cooldown: parent, step, tokens, parent_config_hash (None otherwise)

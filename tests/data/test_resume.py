@@ -2,6 +2,7 @@
 run token for token (single source, mixture, across an epoch boundary, 2 ranks x 2 DataLoader workers)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -18,9 +19,16 @@ def _roundtrip(states: list[dict]) -> list[dict]:
     return json.loads(json.dumps(states))  # the state must survive JSON as-is
 
 
+def _rows(loader, n: int) -> list[torch.Tensor]:
+    """n batches as (B, 3, T+1): tokens, document ids and loss marks, all compared."""
+    return [torch.stack([b.tokens, b.doc_ids, b.loss_mask.long()], dim=1) for b in (next(loader) for _ in range(n))]
+
+
 def check_resume(data, tok, world_size: int, k: int, m: int, micro: int = 2) -> list[dict]:
-    """Uninterrupted k+m batches per rank vs k batches, save, fresh loaders, m batches. Returns the saved states."""
-    ref = [take(build_train_loader(data, tok, r, world_size, micro), k + m) for r in range(world_size)]
+    """Uninterrupted k+m batches per rank vs k batches, save, fresh loaders, m batches, with the windows' document ids
+    and loss marks on (they must resume too). Returns the saved states."""
+    data = dataclasses.replace(data, doc_mask=True, loss_on="marked")
+    ref = [_rows(build_train_loader(data, tok, r, world_size, micro), k + m) for r in range(world_size)]
     first = [build_train_loader(data, tok, r, world_size, micro) for r in range(world_size)]
     for loader in first:
         take(loader, k)
@@ -28,7 +36,7 @@ def check_resume(data, tok, world_size: int, k: int, m: int, micro: int = 2) -> 
     for r in range(world_size):
         resumed = build_train_loader(data, tok, r, world_size, micro)
         resumed.load_state_dict(states)
-        got = take(resumed, m)
+        got = _rows(resumed, m)
         for i, (a, b) in enumerate(zip(got, ref[r][k:])):
             assert torch.equal(a, b), f"rank {r}: batch {k + i} differs after resume"
     return states

@@ -31,7 +31,9 @@ def test_compare_table_holds_each_commands_numbers(runs, tmp_path, capsys):
         assert cells[1] == ("transformer" if "transformer" in run else "diff")
         assert float(cells[3]) == pytest.approx(p["loss"], rel=1e-2) and float(cells[5]) == pytest.approx(n["mean"], abs=1e-2)
         assert float(cells[6]) == pytest.approx(o["attention_logits"]["top1"], rel=1e-2)
-        assert (cells[-1] == "nan") == ("transformer" in run)
+        assert (cells[compare.HEADER.index("attention to answer")] == "nan") == ("transformer" in run)
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        assert cells[-3:] == [str(summary["spikes"]), str(summary["skipped_steps"]), f"{summary['max_grad_norm']:.3g}"]
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         compare.main([f"runs=[{dirs[0]}]", "evals=[ppl,bleu]"])
@@ -55,3 +57,17 @@ def test_compare_says_what_it_computes_and_writes_beside_the_runs(runs, tmp_path
     assert "computing 1 missing evaluation(s)" in plan and plan.endswith("ppl for b")
     assert err.index(plan) < err.index("b: computing ppl")  # said before it starts
     assert (parent / "compare" / "compare.md").is_file() and list(cwd.iterdir()) == []
+
+
+def test_compare_shows_each_runs_stability_record_from_its_summary(tmp_path):
+    """spikes, skipped steps and the max grad norm come from summary.json ("-" for a run without them)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "summary.json").write_text(json.dumps({"spikes": 3, "skipped_steps": 2, "max_grad_norm": 893.14}))
+    (b / "summary.json").write_text(json.dumps({"tokens": 1}))  # a run from before spike detection
+    results = compare.run_compare(compare.CompareConfig(runs=[str(a), str(b)], evals=[], out=str(tmp_path / "cmp")))
+    assert results[str(a)]["training"] == {"spikes": 3, "skipped_steps": 2, "max_grad_norm": 893.14}
+    lines = (tmp_path / "cmp" / "compare.md").read_text().splitlines()
+    assert lines[0].endswith("| spikes | skipped steps | max grad norm |")
+    assert lines[2].endswith("| 3 | 2 | 893 |") and lines[3].endswith("| - | - | - |")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diffllm.results import RunRecord, find_axes, flatten, lambda_stats, read_csv, to_csv
+from diffllm.results import RunRecord, find_axes, flatten, lambda_stats, read_csv, read_run, to_csv
 from diffllm.scaling.baselines import BIGRAM_K
 from diffllm.sweep.collect import to_markdown
 from tests.scaling.synthetic import hand_baselines
@@ -43,8 +43,9 @@ def test_axis_columns_round_trip(tmp_path):
                _record("/r/b", **{"optim.lr": 1e-05, "model.lambda_init": 0.8, "optim.betas": (0.9, 0.99),
                                   "optim.schedule": "wsd", "trainer.compile": False})]
     text = to_csv(records)
-    assert text.splitlines()[0].endswith("lambda_min,lambda_lowest,branch_parent,branch_tokens,model.lambda_init,"
-                                         "optim.betas,optim.lr,optim.schedule,trainer.compile")
+    assert text.splitlines()[0].endswith("selected,lambda_min,lambda_lowest,spikes,skipped_steps,max_grad_norm,"
+                                         "branch_parent,branch_tokens,model.lambda_init,optim.betas,optim.lr,"
+                                         "optim.schedule,trainer.compile")
     (tmp_path / "runs.csv").write_text(text)
     assert read_csv(tmp_path / "runs.csv") == records
     md = to_markdown(records, select=None)
@@ -102,3 +103,16 @@ def test_lambda_columns_come_from_the_diff_diagnostics(tmp_path):
     plain.mkdir()
     (plain / "metrics.jsonl").write_text(json.dumps({"step": 25, "loss": 5.0}) + "\n")
     assert lambda_stats(plain) == (None, None) == lambda_stats(tmp_path / "missing")
+
+
+def test_stability_columns_come_from_the_summary_and_round_trip(tmp_path):
+    """spikes, skipped_steps, max_grad_norm: summary.json's (the trainer's spike detection); none for an older run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"model": "diff-micro-1", "arch": "diff", "spikes": 3,
+                                                  "skipped_steps": 2, "max_grad_norm": 893.14, "status": "finished"}))
+    record = read_run(run)
+    assert (record.spikes, record.skipped_steps, record.max_grad_norm) == (3, 2, 893.14)
+    (tmp_path / "runs.csv").write_text(to_csv([record, _record("/r/old")]))
+    assert read_csv(tmp_path / "runs.csv") == [record, _record("/r/old")]
+    assert _record("/r/old").spikes is None

@@ -16,6 +16,7 @@ from diffllm.runs import Run, read_metrics
 from diffllm.train.config import LoggingConfig, TrainerConfig
 from diffllm.train.diagnostics import Diagnostics
 from diffllm.train.hooks import MetricsLogger
+from diffllm.train.state import TrainState
 from tests.distributed import run_train
 from tests.train.helpers import tiny
 
@@ -43,15 +44,21 @@ def reference(model: DecoderLM, tokens: torch.Tensor) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
-def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference(arch):
-    """Two training micro-batches are kept (an eval forward under no_grad is not); the hooks come off after."""
+def two_armed_micro_batches(arch: str) -> tuple[DecoderLM, Diagnostics, list[torch.Tensor]]:
+    """A tiny model in training mode whose Diagnostics were armed for two micro-batches' forward and backward."""
     model = tiny_model(arch).train()
     diag = Diagnostics(model, say=lambda msg, error=False: None)
     batches = [torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
     diag.arm()
     for b in batches:
         model(b).float().pow(2).mean().backward()
+    return model, diag, batches
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference(arch):
+    """Two training micro-batches are kept (an eval forward under no_grad is not); the hooks come off after."""
+    model, diag, batches = two_armed_micro_batches(arch)
     model.eval()
     with torch.no_grad():
         model(torch.randint(0, 100, (2, 12)))  # a validation forward: not counted
@@ -73,7 +80,7 @@ def test_metrics_logger_hooks_only_the_logged_steps(tmp_path):
     """log_every=2 over 3 steps: the records of steps 2 and 3 hold the RMS of their own forwards only (step 1's is not
     mixed in), and a step that is not logged runs without hooks."""
     model = tiny_model("diff2").train()
-    state = SimpleNamespace(step=0, skipped_steps=0, wandb_id="x")
+    state = TrainState(wandb_id="x")
     trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=2), peak=None,
                               budget=SimpleNamespace(steps=3, tokens=3072, global_batch_tokens=1024),
                               stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
@@ -160,3 +167,61 @@ def test_compiled_blocks_are_not_hooked_and_say_so_once():
     assert not diag.armed and not any(block.attn._forward_hooks for block in model.layers)
     assert len(notes) == 1 and "trainer.compile=true" in notes[0]
     assert set(diag.collect(1)) == {"lambda/0", "lambda/1", "lambda/2", "lambda_min"}
+
+
+@torch.no_grad()
+def stability_reference(model: DecoderLM, tokens: torch.Tensor) -> dict[str, float]:
+    """In float64, by hand: each block output's largest |value|, and (the Transformer, whose attention is written
+    out here rather than rebuilt by map_parts) each layer's largest |q k^T / sqrt(d)| over the causal positions."""
+    from diffllm.model.layers import apply_rotary
+
+    m = copy.deepcopy(model).double()
+    x = m.tok_embeddings(tokens)
+    B, T = tokens.shape
+    cos, sin = rotary_cos_sin(T, m.cfg.rotary_dim, m.cfg.rope_theta, x.device, x.dtype)
+    out = {}
+    for i, block in enumerate(m.layers):
+        h, a = block.attn_norm(x), block.attn
+        if m.cfg.arch == "transformer":
+            q = apply_rotary(a.q_proj(h).view(B, T, a.n_heads, a.head_dim), cos, sin, a.interleaved).transpose(1, 2)
+            k = apply_rotary(a.k_proj(h).view(B, T, a.n_kv_heads, a.head_dim), cos, sin, a.interleaved).transpose(1, 2)
+            k = k.repeat_interleave(a.n_heads // a.n_kv_heads, dim=1)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(a.head_dim)  # (B, H, T, T)
+            out[f"attn_logit_max/{i}"] = float(scores.abs()[..., torch.ones(T, T, dtype=torch.bool).tril()].max())
+        x = x + a(h, cos, sin)
+        x = x + block.mlp(block.mlp_norm(x))
+        out[f"act_max/{i}"] = float(x.abs().max())
+    return out
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+def test_stability_telemetry_against_float64(arch):
+    """act_max: the max over both micro-batches; attn_logit_max: the first micro-batch's (Transformer: against
+    attention written out by hand; Diff: against eval's map_parts logits of both maps); grad_norm/<i>: each block's
+    gradient norm, kept before the update."""
+    from diffllm.eval.maps import causal_mask, logits
+
+    model, diag, batches = two_armed_micro_batches(arch)
+    diag.keep_grad_norms()
+    got = diag.collect(step=1)
+    refs = [stability_reference(model, b) for b in batches]
+    for i in range(3):
+        assert got[f"act_max/{i}"] == pytest.approx(max(r[f"act_max/{i}"] for r in refs), rel=1e-5)
+        grads = [p.grad.double() for p in model.layers[i].parameters() if p.grad is not None]
+        assert got[f"grad_norm/{i}"] == pytest.approx(math.sqrt(sum(float((g * g).sum()) for g in grads)), rel=1e-6)
+    if arch == "transformer":
+        for i in range(3):
+            assert got[f"attn_logit_max/{i}"] == pytest.approx(refs[0][f"attn_logit_max/{i}"], rel=1e-5)
+    else:
+        m = copy.deepcopy(model).double()
+        x = m.tok_embeddings(batches[0])
+        cos, sin = rotary_cos_sin(12, m.cfg.rotary_dim, m.cfg.rope_theta, x.device, x.dtype)
+        with torch.no_grad():
+            for i, block in enumerate(m.layers):
+                h = block.attn_norm(x)
+                pairs, _ = block.attn.map_parts(h, cos, sin)
+                want = max(float(logits(q, k).abs()[..., causal_mask(12)].max()) for q, k in pairs)
+                assert got[f"attn_logit_max/{i}"] == pytest.approx(want, rel=1e-5), i
+                x = x + block.attn(h, cos, sin)
+                x = x + block.mlp(block.mlp_norm(x))
+    assert all(not block._forward_hooks and not block.attn._forward_hooks for block in model.layers)

@@ -13,6 +13,7 @@ import pytest
 from diffllm.runs import read_metrics
 from diffllm.train.config import LoggingConfig, TrainerConfig
 from diffllm.train.hooks import MetricsLogger
+from diffllm.train.state import TrainState
 from tests.distributed import base_env
 from tests.train.golden import args_for, check_golden, golden_path, run_records
 
@@ -65,7 +66,7 @@ def test_a_user_hook_sees_every_event_and_leaves_the_golden_losses_unchanged(tok
 def test_metrics_window_mean_loss_time_and_elapsed(tmp_path):
     """log_every=3: the record at step 3 has the last step's loss and the mean of steps 1-3; a skipped (non-finite)
     step is recorded at once, with no mean (no finite loss in its window)."""
-    state = SimpleNamespace(step=0, skipped_steps=0, wandb_id="x")
+    state = TrainState(wandb_id="x")
     trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=3), peak=None,
                               budget=SimpleNamespace(steps=10, tokens=10240, global_batch_tokens=1024),
                               stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
