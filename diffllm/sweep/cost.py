@@ -78,7 +78,7 @@ class _Costs:
         if run.parent is None:
             return run.tokens
         _, batch, optim, _ = self.get(run)
-        key = f"sweep budget {run.tokens} of {run.model}"
+        key = f"sweep.tokens of {run.model}: budget"
         steps = budget_steps(run.tokens, key, batch)
         check_after_warmup(steps, optim, key, run.tokens)
         return run.tokens - decay_start(steps, optim) * batch
