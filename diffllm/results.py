@@ -48,12 +48,14 @@ class RunRecord:
     spikes: Optional[int] = None  # loss / grad-norm spikes detected (trainer.spikes; summary.json)
     skipped_steps: Optional[int] = None  # updates dropped: non-finite steps and skipped spikes
     max_grad_norm: Optional[float] = None  # the largest pre-clip global grad norm of any step
+    branch_parent: Optional[str] = None  # a WSD cooldown: its parent's run_dir (branch.json)
+    branch_tokens: Optional[int] = None  # ... and the tokens it shares with the parent (trained once, by the parent)
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
 
 
 COLUMNS = [f.name for f in fields(RunRecord) if f.name != "axes"]
 BOOKKEEPING = {"run_dir", "seed", "data.seed", "trainer.resume", "model.name", "data.tokenizer.path",
-               "model.init_from", "data.prepared_dir", "logging.name", "logging.tags"}
+               "model.init_from", "data.prepared_dir", "logging.name", "logging.tags", "trainer.branch_budgets"}
 PATHY = ("path", "dir", "run_dir", "prepared_dir")
 
 
@@ -142,6 +144,7 @@ def read_run(run_dir: Path) -> RunRecord:
     run = Run(run_dir)
     s = run.summary() or {}  # a damaged summary.json: a one-line ValueError naming it
     config = run.config() or {}
+    branch = s.get("branch") or run.branch() or {}
     model = s.get("model") or _preset_in_path(run_dir)
     return RunRecord(
         run_dir=str(run_dir), model=model, arch=s.get("arch") or _preset_arch(model),
@@ -153,6 +156,7 @@ def read_run(run_dir: Path) -> RunRecord:
         status=s.get("status", "unfinished") if s else "unfinished", **dict(zip(("lambda_min", "lambda_lowest"),
                                                                                  lambda_stats(run_dir))),
         spikes=s.get("spikes"), skipped_steps=s.get("skipped_steps"), max_grad_norm=s.get("max_grad_norm"),
+        branch_parent=branch.get("parent"), branch_tokens=branch.get("tokens"),
     )
 
 
@@ -182,6 +186,19 @@ def collect(root: str | Path) -> list[RunRecord]:
     return sorted(records, key=lambda r: (r.arch, _preset_size(r.model), r.tokens or 0, r.seed or 0, r.run_dir))
 
 
+def trained_compute(records: list[RunRecord]) -> tuple[int, float]:
+    """(tokens, FLOPs) the runs trained together: each run's own count, less the prefix a WSD cooldown shares with a
+    parent that is among `records` (that parent counted it: branch_tokens x the cooldown's FLOPs per token)."""
+    present = {str(Path(r.run_dir).resolve()) for r in records}
+    tokens, flops = 0, 0.0
+    for r in records:
+        t, f = r.tokens or 0, r.flops or 0.0
+        if r.branch_parent and r.branch_tokens and t and str(Path(r.branch_parent).resolve()) in present:
+            t, f = t - r.branch_tokens, f * (t - r.branch_tokens) / t
+        tokens, flops = tokens + t, flops + f
+    return tokens, flops
+
+
 @functools.lru_cache(maxsize=None)
 def _preset_arch(model: str) -> str:
     """A run without a summary yet: the arch its preset names ("unknown" for a name that is no preset)."""
@@ -207,14 +224,14 @@ def _preset_size(model: str) -> int:
 
 # ------------------------------------------------------------------------------------------------------- runs.csv
 _INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size", "spikes",
-         "skipped_steps"}
+         "skipped_steps", "branch_tokens"}
 _FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
            "lambda_min", "lambda_lowest", "max_grad_norm"}
 _BOOLS = {"under_trained", "selected"}
 
 
 def _parse(key: str, value: str) -> object:
-    if value == "" and key in _INTS | _FLOATS | _BOOLS:
+    if value == "" and key in _INTS | _FLOATS | _BOOLS | {"branch_parent"}:
         return None
     if key in _BOOLS:
         return value == "True"

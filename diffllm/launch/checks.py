@@ -18,6 +18,7 @@ def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig
     from omegaconf.errors import OmegaConfBaseException
 
     from ..config import compose
+    from ..train.branch import branch_points
     from ..train.config import TrainConfig, plan_budget
 
     try:
@@ -25,7 +26,7 @@ def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
     typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
-    plan_budget(typed.trainer, typed.data.seq_len, world_size)
+    branch_points(typed, plan_budget(typed.trainer, typed.data.seq_len, world_size))  # a bad branch budget too
     return typed
 
 

@@ -1,6 +1,7 @@
 """`diffllm sweep [--config-dir DIR] [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [shard=i/n]
-[dry_run=true]`
-runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH);
+[dry_run=true [gpu=h200 nodes=8 gpus_per_node=8]]`
+runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH); a dry run also
+prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=` its GPU-hours on that cluster;
 `diffllm sweep collect [sweep_dir=...] [out=...]` tabulates the summaries."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..config import hydra_app
 from ..config import CONFIG_PATH_ENV, build
 from ..launch.argv import shell
 from .collect import collect, write_tables
-from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs
+from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
 LAUNCHERS = ("basic", "submitit_slurm")
 
@@ -32,7 +33,7 @@ def run_sweep(cfg: DictConfig) -> int:
     runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
     for r in runs:
-        print(f"{r.status:>10}  {r.run_dir}")
+        print(f"{r.status:>10}  {r.run_dir}{_role(r, cfg.sweep_dir)}")
     print(f"{len(runs)} runs: {len(runs) - len(pending)} finished (skipped), {len(pending)} to run", flush=True)
     commands = multirun_commands(pending, grid, cfg.sweep_dir, launcher_overrides(cfg.launcher,
                                                                                     cfg.launcher_overrides))
@@ -43,7 +44,21 @@ def run_sweep(cfg: DictConfig) -> int:
         print(env + shell(argv), flush=True)
         if not cfg.dry_run:
             worst = max(worst, subprocess.call(argv))
+    if cfg.dry_run:
+        from .cost import Cluster, render, totals  # composes train configs: only a dry run needs it
+
+        cluster = Cluster(cfg.gpu, cfg.nodes, cfg.gpus_per_node, cfg.mfu) if cfg.get("gpu") else None
+        print(render(grid, totals(grid, cluster), cluster))
     return worst
+
+
+def _role(r, sweep_dir: str) -> str:
+    """Branch mode: what a run is in its family."""
+    if r.branch_budgets:
+        return f"  (stable; branches at {', '.join(token_label(b) for b in r.branch_budgets)})"
+    if r.parent is not None:
+        return f"  (cooldown from {Path(r.parent).relative_to(sweep_dir)})"
+    return ""
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from ..results import RunRecord, axis_names, collect as collect_runs, to_csv
+from ..results import RunRecord, axis_names, collect as collect_runs, to_csv, trained_compute
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
 from ..scaling.select import (DEFAULT_SELECT, check_select, choices_markdown, mark_selected, select_runs,
                               selection_dict, short_label, value_label)
@@ -55,6 +55,22 @@ def _rel(run_dir: str, root: str | Path) -> str:
     return str(Path(run_dir).relative_to(root)) if root and Path(run_dir).is_relative_to(root) else run_dir
 
 
+def _branch_cell(r: RunRecord, root: str | Path) -> str:
+    """A WSD cooldown: `<parent> @ <tokens shared>`; any other run: -."""
+    if not r.branch_parent:
+        return "-"
+    shared = f"{r.branch_tokens:,}" if r.branch_tokens is not None else "?"
+    return f"{_rel(r.branch_parent, Path(root).resolve() if root else root)} @ {shared}"
+
+
+def compute_line(records: list[RunRecord]) -> str:
+    """What the runs trained together: a cooldown's prefix is counted once, by its parent."""
+    tokens, flops = trained_compute(records)
+    shared = sum((r.tokens or 0) for r in records) - tokens
+    note = f" ({shared:,} tokens that WSD cooldowns share with their parents counted once)" if shared else ""
+    return f"Trained in all: {tokens:,} tokens, {flops:.4g} FLOPs{note}."
+
+
 def _axis_label(key: str, value: Any, varies: bool) -> str:
     """A null that never changes within the row's arch is "-" (not applicable: a Transformer's λ_init)."""
     return "-" if value is None and not varies else value_label(key, value)
@@ -70,7 +86,7 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
     varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
               for a in {r.arch for r in records}}
-    lines = ["| " + " | ".join(head) + " | selected | run_dir |", "|" + "---|" * (len(head) + 2)]
+    lines = ["| " + " | ".join(head) + " | branch of @ tokens | selected | run_dir |", "|" + "---|" * (len(head) + 3)]
     for r in records:
         d = asdict(r)
         cells = [_cell(c, d[c]) for c in cols[:3]]
@@ -78,7 +94,9 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
         cells += [_cell(c, d[c]) for c in cols[3:]]
         if r.under_trained:
             cells[-1] += " (under-trained)"
-        lines.append("| " + " | ".join(cells) + f" | {'*' if r.selected else ''} | {_rel(r.run_dir, root)} |")
+        lines.append("| " + " | ".join(cells) + f" | {_branch_cell(r, root)} | {'*' if r.selected else ''} | "
+                     f"{_rel(r.run_dir, root)} |")
+    lines += ["", compute_line(records)]
     sel = select_runs(records, select)
     if sel.select:
         lines += [""] + choices_markdown(selection_dict(sel))

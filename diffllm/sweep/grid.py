@@ -1,7 +1,14 @@
 """The sweep grid: presets x token budgets (absolute, or multiples of a tokens-per-parameter rule) x any other
 hyperparameter axes (learning rate, lambda_init, ...; per preset where needed) x seeds, one run directory each, and the
 Hydra multirun commands that run the pending ones (finished runs are skipped; unfinished ones resume from their
-checkpoints because the run directory is the same)."""
+checkpoints because the run directory is the same).
+
+Budget modes (`budget_mode`): `scratch` trains every budget from scratch; `branch` trains one WSD *stable* run per
+(model, axes, seed) to the largest budget, keeping a checkpoint where each smaller budget's decay begins
+(`trainer.branch_budgets`), and each smaller budget as a *cooldown* from it (`trainer.branch_from`,
+diffllm/train/branch.py). A stable run and its cooldowns are one *family*: a shard runs whole families, and a
+family's cooldowns are launched after its stable run's multirun returned (the sweep runs its commands in order,
+stable runs of a seed before their cooldowns), so a cooldown never waits on another process."""
 from __future__ import annotations
 
 import fnmatch
@@ -19,6 +26,8 @@ from ..results import kaplan_n
 from ..runs import Run as RunDir
 
 JOB_MODULE = "diffllm.sweep.job"
+BUDGET_MODES = ("scratch", "branch")
+BRANCH_KEYS = ("trainer.branch_budgets", "trainer.branch_from")  # set by the sweep itself in branch mode
 
 
 @dataclass
@@ -36,6 +45,7 @@ class SweepConfig:
     # {"diff-*": {model.lambda_init: [null, 0.8]}}: axes for the presets each glob matches (over `grid`; later wins)
     grid_by_model: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # axes per preset glob
     overrides: list[str] = field(default_factory=list)  # passed to every run (trainer.*, data.*, optim.*)
+    budget_mode: str = "scratch"  # scratch: every budget from scratch | branch: WSD stable run + cooldowns
 
     def validate(self) -> None:
         if not self.models:
@@ -50,10 +60,11 @@ class SweepConfig:
         for pattern in self.grid_by_model:
             if not any(fnmatch.fnmatchcase(m, pattern) for m in self.models):
                 raise ValueError(f"sweep.grid_by_model: {pattern!r} matches none of sweep.models")
-        overridden = {o.lstrip("+~").split("=", 1)[0] for o in self.overrides}
+        overridden = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[-1] for o in self.overrides}
+        self._check_budget_mode(overridden)
         for key, values in [*self.grid.items(), *(kv for g in self.grid_by_model.values() for kv in g.items())]:
             where = f"sweep.grid.{key}"
-            if key in ("model", "seed", "data.seed", "trainer.tokens", "run_dir"):
+            if key in ("model", "seed", "data.seed", "trainer.tokens", "run_dir", *BRANCH_KEYS):
                 raise ValueError(f"{where}: {key} is set by the sweep itself (models, seeds, tokens, sweep_dir)")
             if key in overridden:
                 raise ValueError(f"{where}: {key} is also in sweep.overrides; keep it in one place")
@@ -65,6 +76,18 @@ class SweepConfig:
         if missing and not self.tokens and not self.tokens_per_param:
             raise ValueError(f"sweep.tokens: no budget for {missing[0]} (set tokens, tokens_per_param or "
                              f"tokens_by_model)")
+
+
+    def _check_budget_mode(self, overridden: dict[str, str]) -> None:
+        if self.budget_mode not in BUDGET_MODES:
+            raise ValueError(f"sweep.budget_mode={self.budget_mode}: expected one of {', '.join(BUDGET_MODES)}")
+        for key in BRANCH_KEYS:
+            if key in overridden:
+                raise ValueError(f"sweep.overrides: {key} is set by the sweep itself (sweep.budget_mode=branch "
+                                 f"makes the branches); remove it")
+        if self.budget_mode == "branch" and overridden.get("optim.schedule") != "wsd":
+            raise ValueError("sweep.budget_mode=branch: branches need a warmup-stable-decay schedule; put "
+                             "optim.schedule=wsd in sweep.overrides")
 
 
 def axes_for(cfg: SweepConfig, model: str) -> dict[str, list[Any]]:
@@ -100,6 +123,14 @@ class Run:
     seed: int
     run_dir: Path
     axes: tuple[tuple[str, Any], ...] = ()  # (key, value) of each extra axis, in the sweep's key order
+    branch_budgets: tuple[int, ...] = ()  # branch mode, a stable run: the smaller budgets it keeps a checkpoint for
+    parent: Path | None = None  # branch mode, a cooldown: its stable run's run_dir
+    parent_tokens: int | None = None  # ... and that run's budget
+
+    @property
+    def family(self) -> Path:
+        """The stable run a cooldown branches from; any other run is its own family."""
+        return self.parent or self.run_dir
 
     @property
     def status(self) -> str:
@@ -142,48 +173,71 @@ def axis_keys(cfg: SweepConfig) -> list[str]:
     return list(dict.fromkeys(k for m in cfg.models for k in axes_for(cfg, m)))
 
 
-def plan_runs(cfg: SweepConfig, sweep_dir: str | Path) -> list[Run]:
+def plan_runs(cfg: SweepConfig, sweep_dir: str | Path, mode: str | None = None) -> list[Run]:
+    """Every run of the grid in `mode` (default: the config's budget_mode). Branch mode: per (model, axes, seed) the
+    stable run at the largest budget (branch_budgets: the others), then one cooldown per smaller budget, each in the
+    run directory scratch mode would give that budget."""
     cfg.validate()
     root, keys = Path(sweep_dir), axis_keys(cfg)
+    branch = (mode or cfg.budget_mode) == "branch"
     runs = []
     for m in cfg.models:
         axes = axes_for(cfg, m)
         ordered = [k for k in keys if k in axes]
-        for t in budgets(cfg, m):
+        tokens = budgets(cfg, m)
+        for t in ([tokens[-1]] if branch else tokens):
             for combo in itertools.product(*(axes[k] for k in ordered)):
                 point = tuple(zip(ordered, combo))
-                base = root / m / token_label(t) / (axes_label(point, keys) if point else "")
-                runs += [Run(m, t, s, base / f"seed{s}", point) for s in cfg.seeds_by_model.get(m, cfg.seeds)]
+                base = lambda b: root / m / token_label(b) / (axes_label(point, keys) if point else "")  # noqa: E731
+                for s in cfg.seeds_by_model.get(m, cfg.seeds):
+                    if not branch:
+                        runs.append(Run(m, t, s, base(t) / f"seed{s}", point))
+                        continue
+                    stable = Run(m, t, s, base(t) / f"seed{s}", point, branch_budgets=tuple(tokens[:-1]))
+                    runs += [stable] + [Run(m, d, s, base(d) / f"seed{s}", point, parent=stable.run_dir,
+                                            parent_tokens=t) for d in tokens[:-1]]
     return runs
 
 
 def shard_runs(runs: list[Run], shard: str | None) -> list[Run]:
-    """`shard=i/n`: every n-th run from the i-th, so n sweeps (processes, machines) split one grid between them."""
+    """`shard=i/n`: every n-th family (a run; in branch mode a stable run with its cooldowns) from the i-th, so n
+    sweeps (processes, machines) split one grid between them and a cooldown is run by the shard of its stable run."""
     if not shard:
         return runs
     i, _, n = str(shard).partition("/")
     if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n)):
         raise ValueError(f"shard={shard}: expected i/n with 0 <= i < n, e.g. shard=0/2")
-    return runs[int(i)::int(n)]
+    families = list(dict.fromkeys(r.family for r in runs))[int(i)::int(n)]
+    mine = set(families)
+    return [r for r in runs if r.family in mine]
 
 
 def multirun_commands(runs: list[Run], cfg: SweepConfig, sweep_dir: str | Path,
                       launcher_overrides: list[str]) -> list[list[str]]:
-    """One Hydra multirun per (budget, seed, axis values) over the models that still need it: `model=a,b,c`; seed by
-    seed, so a sweep cut short has whole seeds."""
+    """One Hydra multirun per (budget, seed, axis values[, branch budgets or parent budget]) over the models that still
+    need it: `model=a,b,c`; seed by seed, so a sweep cut short has whole seeds; in branch mode a seed's stable runs
+    before its cooldowns (`trainer.branch_from=<the stable run of the same model>`)."""
     groups: dict[tuple, list[str]] = defaultdict(list)
     for r in runs:
-        groups[(r.tokens, r.seed, r.axes)].append(r.model)
+        groups[(r.seed, r.parent_tokens is not None, r.tokens, r.axes, r.branch_budgets, r.parent_tokens)].append(
+            r.model)
     keys = axis_keys(cfg)
+    root = Path(sweep_dir)
+
+    def folder(tokens: int, axes: tuple) -> str:
+        return f"{token_label(tokens)}/{axes_label(axes, keys)}" if axes else token_label(tokens)
+
     commands = []
-    for (tokens, seed, axes), models in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0], repr(g[0][2]))):
-        label = token_label(tokens)
-        folder = f"{label}/{axes_label(axes, keys)}" if axes else label
-        tag = f"{label}-{axes_label(axes, keys)}-seed{seed}" if axes else f"{label}-seed{seed}"
+    for (seed, cooldown, tokens, axes, branch_budgets, parent_tokens), models in sorted(
+            groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2], repr(g[0][3]))):
+        tag = folder(tokens, axes).replace("/", "-") + f"-seed{seed}"
+        branch = [f"trainer.branch_budgets=[{','.join(map(str, branch_budgets))}]"] if branch_budgets else []
+        if cooldown:
+            branch = [f'trainer.branch_from="{root}/${{model.name}}/{folder(parent_tokens, axes)}/seed{seed}"']
         commands.append([
             sys.executable, "-m", JOB_MODULE, "--multirun", f"model={','.join(models)}", f"trainer.tokens={tokens}",
-            f"seed={seed}", f"data.seed={seed}", f'run_dir="{Path(sweep_dir)}/${{model.name}}/{folder}/seed{seed}"',
-            "trainer.resume=auto", *cfg.overrides, *(f"{k}={value_text(v)}" for k, v in axes),
-            f'hydra.sweep.dir="{Path(sweep_dir)}/.multirun/{tag}"', *launcher_overrides,
+            f"seed={seed}", f"data.seed={seed}", f'run_dir="{root}/${{model.name}}/{folder(tokens, axes)}/seed{seed}"',
+            "trainer.resume=auto", *cfg.overrides, *(f"{k}={value_text(v)}" for k, v in axes), *branch,
+            f'hydra.sweep.dir="{root}/.multirun/{tag}"', *launcher_overrides,
         ])
     return commands

@@ -44,8 +44,8 @@ def test_axis_columns_round_trip(tmp_path):
                                   "optim.schedule": "wsd", "trainer.compile": False})]
     text = to_csv(records)
     assert text.splitlines()[0].endswith("selected,lambda_min,lambda_lowest,spikes,skipped_steps,max_grad_norm,"
-                                         "model.lambda_init,optim.betas,optim.lr,optim.schedule,"
-                                         "trainer.compile")
+                                         "branch_parent,branch_tokens,model.lambda_init,optim.betas,optim.lr,"
+                                         "optim.schedule,trainer.compile")
     (tmp_path / "runs.csv").write_text(text)
     assert read_csv(tmp_path / "runs.csv") == records
     md = to_markdown(records, select=None)
