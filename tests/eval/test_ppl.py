@@ -95,7 +95,7 @@ def test_data_config_with_a_defaults_list(runs, tmp_path):
     (["run={empty}"], "no checkpoints"),
     (["run={missing}"], "no such directory"),
     (["run={run}", "seq_len=4096"], "longer than the model's context (128)"),
-    (["run={run}", "data=nosuchdata"], "data=nosuchdata: neither a data config (fineweb-edu, shakespeare, shakespeare-needle) nor a file"),
+    (["run={run}", "data=nosuchdata"], "data=nosuchdata: neither a data config (fineweb-edu, recall, shakespeare, shakespeare-needle) nor a file"),
     (["run={run}", "batch_sise=3"], "ppl.batch_sise: unknown key; did you mean batch_size?"),
 ])
 def test_bad_input_is_one_line(runs, tmp_path, capsys, argv, message):
