@@ -83,7 +83,8 @@ class Diagnostics:
         for i, attn in enumerate(self.attns):
             self.handles.append(attn.register_forward_hook(functools.partial(self._keep, f"attn_rms/{i}", rms)))
             if not self.zero3:
-                self.handles.append(attn.register_forward_hook(functools.partial(self._logits, f"attn_logit_max/{i}")))
+                self.handles.append(attn.register_forward_hook(functools.partial(self._logits, f"attn_logit_max/{i}"),
+                                                               with_kwargs=True))
         for i, block in enumerate(self.blocks):
             self.handles.append(block.register_forward_hook(functools.partial(self._max, f"act_max/{i}")))
         if self.zero3 and not self.noted_zero3:
@@ -109,21 +110,25 @@ class Diagnostics:
         if self._training(module):
             self.maxes[key] = max(self.maxes.get(key, 0.0), float(out.detach().abs().max()))
 
-    def _logits(self, key: str, module: nn.Module, args, out: torch.Tensor) -> None:
-        """max |q k^T / sqrt(d)| over the causal positions of each map, on the step's first micro-batch (a forward
-        recomputed in backward under activation checkpointing finds the key already kept)."""
+    def _logits(self, key: str, module: nn.Module, args, kwargs, out: torch.Tensor) -> None:
+        """max |q k^T / sqrt(d)| over the positions each map attends to (causal; within documents when the forward
+        had document masks), on the step's first micro-batch (a forward recomputed in backward under activation
+        checkpointing finds the key already kept)."""
         if not self._training(module) or key in self.maxes:
             return
-        x, cos, sin = (a.detach() for a in args[:3])  # (B, T, E), rotary tables
+        x, cos, sin = (a.detach() for a in args[:3])  # (B, T, E); rotary tables (T, r/2), or (B, T, r/2) per row
+        docs = kwargs.get("docs")
         T = x.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         top = 0.0
         with torch.no_grad():
             for b in range(x.shape[0]):  # one sequence at a time: (H, T, T) scores, not (B, H, T, T)
-                pairs, _ = module.map_parts(x[b:b + 1], cos, sin)
+                rows = (cos[b:b + 1], sin[b:b + 1]) if cos.dim() == 3 else (cos, sin)
+                seen = causal if docs is None else docs.mask[b, 0]  # (T, T) True = attended
+                pairs, _ = module.map_parts(x[b:b + 1], *rows)
                 for q, k in pairs:  # (1, H, T, d) each, fp32
                     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (1, H, T, T)
-                    top = max(top, float(scores.abs()[..., causal].max()))
+                    top = max(top, float(scores.abs()[..., seen].max()))
         self.maxes[key] = top
 
     @torch.no_grad()
