@@ -48,8 +48,11 @@ class RunRecord:
     spikes: Optional[int] = None  # loss / grad-norm spikes detected (trainer.spikes; summary.json)
     skipped_steps: Optional[int] = None  # updates dropped: non-finite steps and skipped spikes
     max_grad_norm: Optional[float] = None  # the largest pre-clip global grad norm of any step
+    act_max: Optional[float] = None  # the largest |activation| of any block output at any logged step (telemetry)
+    attn_logit_max: Optional[float] = None  # the largest |q k^T / sqrt(d)| of any layer at any logged step
     branch_parent: Optional[str] = None  # a WSD cooldown: its parent's run_dir (branch.json)
     branch_tokens: Optional[int] = None  # ... and the tokens it shares with the parent (trained once, by the parent)
+    branch_wall_s: Optional[float] = None  # ... and the parent's wall time up to the branch (in the cooldown's wall_time_s)
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
 
 
@@ -133,10 +136,19 @@ def _preset_in_path(run_dir: Path) -> str:
     return next((part for part in reversed(run_dir.parts) if part in names), run_dir.name)
 
 
-def lambda_stats(run_dir: Path) -> tuple[Optional[float], Optional[float]]:
-    """(last, lowest) lambda_min of the run's metrics.jsonl records (the trainer's Diff diagnostics); Nones without."""
-    values = [r["lambda_min"] for r in read_metrics(run_dir) if r.get("lambda_min") is not None]
-    return (values[-1], min(values)) if values else (None, None)
+def metrics_stats(run_dir: Path) -> dict:
+    """From the run's metrics.jsonl records (the trainer's diagnostics, diffllm/train/diagnostics.py): lambda_min at
+    the last record and its lowest (Diff), and the largest act_max/<i> and attn_logit_max/<i> of any record and layer
+    (a cooldown's file holds its own steps only). None where no record has the value."""
+    records = read_metrics(run_dir)
+    lambdas = [r["lambda_min"] for r in records if r.get("lambda_min") is not None]
+
+    def largest(prefix: str) -> Optional[float]:
+        values = [v for r in records for k, v in r.items() if k.startswith(prefix) and v is not None]
+        return max(values) if values else None
+
+    return {"lambda_min": lambdas[-1] if lambdas else None, "lambda_lowest": min(lambdas) if lambdas else None,
+            "act_max": largest("act_max/"), "attn_logit_max": largest("attn_logit_max/")}
 
 
 def read_run(run_dir: Path) -> RunRecord:
@@ -153,10 +165,10 @@ def read_run(run_dir: Path) -> RunRecord:
         tokens=s.get("tokens"), flops=s.get("flops"),
         final_train_loss=s.get("final_train_loss"), final_val_loss=s.get("final_val_loss"),
         wall_time_s=s.get("wall_time_s"), world_size=s.get("world_size"),
-        status=s.get("status", "unfinished") if s else "unfinished", **dict(zip(("lambda_min", "lambda_lowest"),
-                                                                                 lambda_stats(run_dir))),
+        status=s.get("status", "unfinished") if s else "unfinished", **metrics_stats(run_dir),
         spikes=s.get("spikes"), skipped_steps=s.get("skipped_steps"), max_grad_norm=s.get("max_grad_norm"),
         branch_parent=branch.get("parent"), branch_tokens=branch.get("tokens"),
+        branch_wall_s=branch.get("parent_elapsed_s"),
     )
 
 
@@ -186,6 +198,11 @@ def collect(root: str | Path) -> list[RunRecord]:
     return sorted(records, key=lambda r: (r.arch, _preset_size(r.model), r.tokens or 0, r.seed or 0, r.run_dir))
 
 
+def _shares_prefix(r: RunRecord, present: set) -> bool:
+    """A WSD cooldown whose parent is among the records (that parent trained the shared prefix)."""
+    return bool(r.branch_parent and r.branch_tokens and r.tokens and str(Path(r.branch_parent).resolve()) in present)
+
+
 def trained_compute(records: list[RunRecord]) -> tuple[int, float]:
     """(tokens, FLOPs) the runs trained together: each run's own count, less the prefix a WSD cooldown shares with a
     parent that is among `records` (that parent counted it: branch_tokens x the cooldown's FLOPs per token)."""
@@ -193,10 +210,27 @@ def trained_compute(records: list[RunRecord]) -> tuple[int, float]:
     tokens, flops = 0, 0.0
     for r in records:
         t, f = r.tokens or 0, r.flops or 0.0
-        if r.branch_parent and r.branch_tokens and t and str(Path(r.branch_parent).resolve()) in present:
+        if _shares_prefix(r, present):
             t, f = t - r.branch_tokens, f * (t - r.branch_tokens) / t
         tokens, flops = tokens + t, flops + f
     return tokens, flops
+
+
+def trained_wall(records: list[RunRecord]) -> Optional[tuple[float, float]]:
+    """(measured, from scratch) wall seconds of the runs, or None where no WSD cooldown shares a parent here, or a
+    time is missing. Measured: each run's wall_time_s, a cooldown's less its parent's time up to the branch
+    (branch_wall_s). From scratch: every run's budget at the time per token its family's parent (a run's own, for a
+    run with no cooldown here) measured: the same timings, priced as if no prefix were shared."""
+    present = {str(Path(r.run_dir).resolve()) for r in records}
+    cooldowns = [r for r in records if _shares_prefix(r, present)]
+    if not cooldowns or any(r.wall_time_s is None or not r.tokens for r in records) or any(
+            r.branch_wall_s is None for r in cooldowns):
+        return None
+    per_token = {str(Path(r.run_dir).resolve()): r.wall_time_s / r.tokens for r in records}
+    measured = sum(r.wall_time_s for r in records) - sum(r.branch_wall_s for r in cooldowns)
+    scratch = sum(r.tokens * per_token[str(Path(r.branch_parent).resolve()) if r in cooldowns else
+                                       str(Path(r.run_dir).resolve())] for r in records)
+    return measured, scratch
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,7 +260,7 @@ def _preset_size(model: str) -> int:
 _INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size", "spikes",
          "skipped_steps", "branch_tokens"}
 _FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
-           "lambda_min", "lambda_lowest", "max_grad_norm"}
+           "lambda_min", "lambda_lowest", "max_grad_norm", "act_max", "attn_logit_max", "branch_wall_s"}
 _BOOLS = {"under_trained", "selected"}
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from ..results import RunRecord, axis_names, collect as collect_runs, to_csv, trained_compute
+from ..results import RunRecord, axis_names, collect as collect_runs, to_csv, trained_compute, trained_wall
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
 from ..scaling.select import (DEFAULT_SELECT, check_select, choices_markdown, mark_selected, select_runs,
                               selection_dict, short_label, value_label)
@@ -68,7 +68,11 @@ def compute_line(records: list[RunRecord]) -> str:
     tokens, flops = trained_compute(records)
     shared = sum((r.tokens or 0) for r in records) - tokens
     note = f" ({shared:,} tokens that WSD cooldowns share with their parents counted once)" if shared else ""
-    return f"Trained in all: {tokens:,} tokens, {flops:.4g} FLOPs{note}."
+    wall = trained_wall(records)
+    timed = "" if wall is None else (f" Wall time: {wall[0]:,.0f} s (cooldowns: their own steps); from scratch at "
+                                     f"the same times per token: {wall[1]:,.0f} s (branch / scratch "
+                                     f"{wall[0] / wall[1]:.3f}).")
+    return f"Trained in all: {tokens:,} tokens, {flops:.4g} FLOPs{note}.{timed}"
 
 
 def _axis_label(key: str, value: Any, varies: bool) -> str:
@@ -82,7 +86,7 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
     axes = axis_names(records)
     cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
             "final_val_loss", "unigram_loss", "bigram_loss", "lambda_min", "lambda_lowest", "spikes", "skipped_steps",
-            "max_grad_norm", "wall_time_s", "status"]
+            "max_grad_norm", "act_max", "attn_logit_max", "wall_time_s", "status"]
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
     varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
               for a in {r.arch for r in records}}

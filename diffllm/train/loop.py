@@ -120,8 +120,9 @@ class Trainer:
             self.resumable.check(plan.saved)  # e.g. a world size its data streams cannot take: before any write
         if self.rank == 0:
             self.run_obj.prepare()  # every input is checked: run_dir is created (interrupted saves removed)
-            if plan.branch is not None:
-                branch.begin(self.run_obj, plan.branch)
+            if plan.branch is not None:  # with the parent's wall time at the branch (the cooldown's own: the rest)
+                saved_state = (plan.saved or {}).get("train_state") or {}
+                branch.begin(self.run_obj, {**plan.branch, "parent_elapsed_s": saved_state.get("elapsed_s")})
         barrier()
         self.ckpt = CheckpointManager(self.run_dir, self.trainer.keep_last, branch.pinned_tags(self.branch_points))
         self.ds_config = deepspeed_config(self.trainer, self.optim, self.budget, self.precision, plan.universal)

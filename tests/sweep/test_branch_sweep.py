@@ -17,7 +17,7 @@ from diffllm.config import compose
 from diffllm.hardware import lookup
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset
-from diffllm.results import find_axes, trained_compute
+from diffllm.results import find_axes, trained_compute, trained_wall
 from diffllm.sweep.collect import collect, to_markdown
 from diffllm.sweep.cost import Cluster, totals
 from diffllm.sweep.grid import SweepConfig, multirun_commands, plan_runs, shard_runs
@@ -161,6 +161,14 @@ def test_a_tiny_branch_sweep_end_to_end(tmp_path, tokenizer):
     table = to_markdown(records, root, select=None)
     assert "| diff-tiny/16384/seed1 @ 4,096 |" in table and "| - |" in table
     assert f"Trained in all: {26 * 1024:,} tokens" in table and "10,240 tokens that WSD cooldowns share" in table
+    # wall time: the cooldowns' own steps (their wall_time_s less the parent's up to the branch), against every
+    # budget at the stable run's time per token
+    own = [r.wall_time_s - r.branch_wall_s for r in records[:2]]
+    assert all(0 < x < r.wall_time_s for x, r in zip(own, records))
+    wall = trained_wall(records)
+    assert wall == pytest.approx((records[2].wall_time_s + sum(own), records[2].wall_time_s / 16384 * 36 * 1024))
+    assert f"from scratch at the same times per token: {wall[1]:,.0f} s (branch / scratch {wall[0] / wall[1]:.3f})" \
+        in table
 
     mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("summary.json")}
     again = _sweep(tmp_path / "configs", f"sweep_dir={root}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diffllm.results import RunRecord, find_axes, flatten, lambda_stats, read_csv, read_run, to_csv
+from diffllm.results import RunRecord, find_axes, flatten, metrics_stats, read_csv, read_run, to_csv
 from diffllm.scaling.baselines import BIGRAM_K
 from diffllm.sweep.collect import to_markdown
 from tests.scaling.synthetic import hand_baselines
@@ -44,7 +44,7 @@ def test_axis_columns_round_trip(tmp_path):
                                   "optim.schedule": "wsd", "trainer.compile": False})]
     text = to_csv(records)
     assert text.splitlines()[0].endswith("selected,lambda_min,lambda_lowest,spikes,skipped_steps,max_grad_norm,"
-                                         "branch_parent,branch_tokens,model.lambda_init,optim.betas,optim.lr,"
+                                         "act_max,attn_logit_max,branch_parent,branch_tokens,branch_wall_s,model.lambda_init,optim.betas,optim.lr,"
                                          "optim.schedule,trainer.compile")
     (tmp_path / "runs.csv").write_text(text)
     assert read_csv(tmp_path / "runs.csv") == records
@@ -90,19 +90,22 @@ def test_two_real_tiny_runs(tmp_path):
     assert Path(records[0].run_dir).name == "seed1"
 
 
-def test_lambda_columns_come_from_the_diff_diagnostics(tmp_path):
-    """lambda_min: the last record's; lambda_lowest: the lowest of any record (a line cut short by a kill is skipped);
-    none for a run whose records carry no lambda (the Transformer)."""
+def test_metrics_columns_come_from_the_diagnostics(tmp_path):
+    """lambda_min: the last record's; lambda_lowest: the lowest of any record; act_max / attn_logit_max: the largest
+    of any layer in any record (a line cut short by a kill is skipped); none for values no record carries."""
     diff = tmp_path / "diff"
     diff.mkdir()
-    records = [{"step": 25, "loss": 5.0, "lambda_min": 0.31}, {"step": 25, "val_loss": 5.1},
-               {"step": 50, "loss": 4.0, "lambda_min": -0.12}, {"step": 75, "loss": 3.5, "lambda_min": 0.05}]
-    (diff / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + '\n{"step": 100, "loss": 3.4, "lamb')
-    assert lambda_stats(diff) == (0.05, -0.12)
+    records = [{"step": 25, "loss": 5.0, "lambda_min": 0.31, "act_max/0": 3.0, "act_max/1": 7.5,
+                "attn_logit_max/0": 2.0, "attn_logit_max/1": 1.0}, {"step": 25, "val_loss": 5.1},
+               {"step": 50, "loss": 4.0, "lambda_min": -0.12, "act_max/0": 6.0, "act_max/1": 4.0},
+               {"step": 75, "loss": 3.5, "lambda_min": 0.05, "attn_logit_max/0": 9.25, "attn_logit_max/1": 0.5}]
+    (diff / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + '\n{"step": 100, "act_max/0": 99.0, "lamb')
+    assert metrics_stats(diff) == {"lambda_min": 0.05, "lambda_lowest": -0.12, "act_max": 7.5, "attn_logit_max": 9.25}
     plain = tmp_path / "transformer"
     plain.mkdir()
     (plain / "metrics.jsonl").write_text(json.dumps({"step": 25, "loss": 5.0}) + "\n")
-    assert lambda_stats(plain) == (None, None) == lambda_stats(tmp_path / "missing")
+    nothing = dict.fromkeys(("lambda_min", "lambda_lowest", "act_max", "attn_logit_max"))
+    assert metrics_stats(plain) == nothing == metrics_stats(tmp_path / "missing")
 
 
 def test_stability_columns_come_from_the_summary_and_round_trip(tmp_path):

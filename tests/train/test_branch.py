@@ -68,11 +68,14 @@ def test_a_branch_on_one_rank_equals_a_from_scratch_run_bit_for_bit(wsd, tmp_pat
     assert comparable(read_metrics(run_dir)) == comparable(read_metrics(scratch))
     record = json.loads((run_dir / "branch.json").read_text())
     config_hash = re.search(r"parent config (\w+)\)", out).group(1)
+    parent_wall = record.pop("parent_elapsed_s")  # the parent's wall time up to its checkpoint at the branch
+    assert 0 < parent_wall < json.loads((parent / "summary.json").read_text())["wall_time_s"]
     assert record == {"parent": str(parent.resolve()), "step": BRANCH_STEP, "tokens": BRANCH_STEP * 1024,
                       "parent_tokens": PARENT, "parent_config_hash": config_hash}
     summary = json.loads((run_dir / "summary.json").read_text())
     ref = json.loads((scratch / "summary.json").read_text())
-    assert summary["branch"] == record and ref["branch"] is None
+    assert summary["branch"] == {**record, "parent_elapsed_s": parent_wall} and ref["branch"] is None
+    assert summary["wall_time_s"] > parent_wall  # the cooldown's wall time counts the prefix, as a scratch run's does
     mine, theirs = consolidated_state_dict(Run(run_dir).checkpoint()), consolidated_state_dict(Run(scratch).checkpoint())
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     # collectable and exportable like any run
