@@ -11,7 +11,7 @@ export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo c
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast train bench clean test-packages
+.PHONY: install test test-slow test-all test-fast train bench clean test-packages
 
 install: $(STAMP)
 
@@ -40,11 +40,18 @@ test-packages:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_PACKAGES) >/dev/null; }; \
 	else echo "make: not root with apt-get: the real-SLURM and ssh/pdsh launch tests will skip"; fi
 
+# `make test`: every test not marked slow (target: 15 min on 2 cores). `make test-slow`: the slow-marked ones
+# (multi-process DeepSpeed runs, real SLURM and ssh launches, bf16 and compiled training: about 25 min more).
+# `make test-all` runs both, as CI does (.ci/run).
 test: install test-packages
-	$(BIN)/python -m pytest -q --durations=30 tests
+	$(BIN)/python -m pytest -q --durations=25 -m "not slow" tests
 
-test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+test-slow: install test-packages
+	$(BIN)/python -m pytest -q --durations=25 -m slow tests
+
+test-all: test test-slow
+
+test-fast: test
 
 train: install
 	$(BIN)/diffllm train

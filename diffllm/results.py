@@ -50,6 +50,9 @@ class RunRecord:
     max_grad_norm: Optional[float] = None  # the largest pre-clip global grad norm of any step
     act_max: Optional[float] = None  # the largest |activation| of any block output at any logged step (telemetry)
     attn_logit_max: Optional[float] = None  # the largest |q k^T / sqrt(d)| of any layer at any logged step
+    recall_acc: Optional[float] = None  # in-loop associative recall (trainer.eval.recall_n): the last accuracy
+    recall_step_50: Optional[int] = None  # ... the first evaluated step at which it reached 0.5 (None: never)
+    recall_step_90: Optional[int] = None  # ... and 0.9
     branch_parent: Optional[str] = None  # a WSD cooldown: its parent's run_dir (branch.json)
     branch_tokens: Optional[int] = None  # ... and the tokens it shares with the parent (trained once, by the parent)
     branch_wall_s: Optional[float] = None  # ... and the parent's wall time up to the branch (in the cooldown's wall_time_s)
@@ -138,17 +141,24 @@ def _preset_in_path(run_dir: Path) -> str:
 
 def metrics_stats(run_dir: Path) -> dict:
     """From the run's metrics.jsonl records (the trainer's diagnostics, diffllm/train/diagnostics.py): lambda_min at
-    the last record and its lowest (Diff), and the largest act_max/<i> and attn_logit_max/<i> of any record and layer
-    (a cooldown's file holds its own steps only). None where no record has the value."""
+    the last record and its lowest (Diff); the largest act_max/<i> and attn_logit_max/<i> of any record and layer;
+    the in-loop recall accuracy (eval/recall/acc, diffllm/train/eval_hook.py) at its last evaluation and the first
+    steps at which it reached 0.5 and 0.9. None where no record has the value."""
     records = read_metrics(run_dir)
     lambdas = [r["lambda_min"] for r in records if r.get("lambda_min") is not None]
+    recall = [(r.get("step"), r["eval/recall/acc"]) for r in records if r.get("eval/recall/acc") is not None]
+
+    def first_step(level: float) -> Optional[int]:
+        return next((step for step, acc in recall if acc >= level), None)
 
     def largest(prefix: str) -> Optional[float]:
         values = [v for r in records for k, v in r.items() if k.startswith(prefix) and v is not None]
         return max(values) if values else None
 
     return {"lambda_min": lambdas[-1] if lambdas else None, "lambda_lowest": min(lambdas) if lambdas else None,
-            "act_max": largest("act_max/"), "attn_logit_max": largest("attn_logit_max/")}
+            "act_max": largest("act_max/"), "attn_logit_max": largest("attn_logit_max/"),
+            "recall_acc": recall[-1][1] if recall else None, "recall_step_50": first_step(0.5),
+            "recall_step_90": first_step(0.9)}
 
 
 def read_run(run_dir: Path) -> RunRecord:
@@ -258,9 +268,10 @@ def _preset_size(model: str) -> int:
 
 # ------------------------------------------------------------------------------------------------------- runs.csv
 _INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size", "spikes",
-         "skipped_steps", "branch_tokens"}
+         "skipped_steps", "branch_tokens", "recall_step_50", "recall_step_90"}
 _FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
-           "lambda_min", "lambda_lowest", "max_grad_norm", "act_max", "attn_logit_max", "branch_wall_s"}
+           "lambda_min", "lambda_lowest", "max_grad_norm", "act_max", "attn_logit_max", "branch_wall_s",
+           "recall_acc"}
 _BOOLS = {"under_trained", "selected"}
 
 

@@ -87,6 +87,8 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
     cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
             "final_val_loss", "unigram_loss", "bigram_loss", "lambda_min", "lambda_lowest", "spikes", "skipped_steps",
             "max_grad_norm", "act_max", "attn_logit_max", "wall_time_s", "status"]
+    if any(r.recall_acc is not None for r in records):  # runs with in-loop recall evaluation
+        cols[-2:-2] = ["recall_acc", "recall_step_50", "recall_step_90"]
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
     varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
               for a in {r.arch for r in records}}

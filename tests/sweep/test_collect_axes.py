@@ -44,7 +44,8 @@ def test_axis_columns_round_trip(tmp_path):
                                   "optim.schedule": "wsd", "trainer.compile": False})]
     text = to_csv(records)
     assert text.splitlines()[0].endswith("selected,lambda_min,lambda_lowest,spikes,skipped_steps,max_grad_norm,"
-                                         "act_max,attn_logit_max,branch_parent,branch_tokens,branch_wall_s,model.lambda_init,optim.betas,optim.lr,"
+                                         "act_max,attn_logit_max,recall_acc,recall_step_50,recall_step_90,branch_parent,branch_tokens,"
+                                         "branch_wall_s,model.lambda_init,optim.betas,optim.lr,"
                                          "optim.schedule,trainer.compile")
     (tmp_path / "runs.csv").write_text(text)
     assert read_csv(tmp_path / "runs.csv") == records
@@ -100,11 +101,13 @@ def test_metrics_columns_come_from_the_diagnostics(tmp_path):
                {"step": 50, "loss": 4.0, "lambda_min": -0.12, "act_max/0": 6.0, "act_max/1": 4.0},
                {"step": 75, "loss": 3.5, "lambda_min": 0.05, "attn_logit_max/0": 9.25, "attn_logit_max/1": 0.5}]
     (diff / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + '\n{"step": 100, "act_max/0": 99.0, "lamb')
-    assert metrics_stats(diff) == {"lambda_min": 0.05, "lambda_lowest": -0.12, "act_max": 7.5, "attn_logit_max": 9.25}
+    assert metrics_stats(diff) == {"lambda_min": 0.05, "lambda_lowest": -0.12, "act_max": 7.5, "attn_logit_max": 9.25,
+                                   "recall_acc": None, "recall_step_50": None, "recall_step_90": None}
     plain = tmp_path / "transformer"
     plain.mkdir()
     (plain / "metrics.jsonl").write_text(json.dumps({"step": 25, "loss": 5.0}) + "\n")
-    nothing = dict.fromkeys(("lambda_min", "lambda_lowest", "act_max", "attn_logit_max"))
+    nothing = dict.fromkeys(("lambda_min", "lambda_lowest", "act_max", "attn_logit_max", "recall_acc",
+                             "recall_step_50", "recall_step_90"))
     assert metrics_stats(plain) == nothing == metrics_stats(tmp_path / "missing")
 
 
@@ -119,3 +122,26 @@ def test_stability_columns_come_from_the_summary_and_round_trip(tmp_path):
     (tmp_path / "runs.csv").write_text(to_csv([record, _record("/r/old")]))
     assert read_csv(tmp_path / "runs.csv") == [record, _record("/r/old")]
     assert _record("/r/old").spikes is None
+
+
+def test_recall_columns_come_from_the_in_loop_evaluation(tmp_path):
+    """recall_acc: the last eval/recall/acc; recall_step_50 / _90: the first evaluated step at or above 0.5 / 0.9
+    (a dip after it does not move it); shown in runs.md only when some run has them."""
+    run = tmp_path / "recall"
+    run.mkdir()
+    curve = [(100, 0.2), (200, 0.5), (300, 0.45), (400, 0.88), (500, 0.93), (600, 0.91)]
+    lines = [{"step": s, "loss": 1.0} for s in (100, 200)] + [{"step": s, "eval/recall/acc": a} for s, a in curve]
+    (run / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    stats = metrics_stats(run)
+    assert (stats["recall_acc"], stats["recall_step_50"], stats["recall_step_90"]) == (0.91, 200, 500)
+    never = tmp_path / "never"
+    never.mkdir()
+    (never / "metrics.jsonl").write_text(json.dumps({"step": 100, "eval/recall/acc": 0.3}) + "\n")
+    assert [metrics_stats(never)[k] for k in ("recall_acc", "recall_step_50", "recall_step_90")] == [0.3, None, None]
+    records = [read_run(run), read_run(never)]
+    table = to_markdown(records, tmp_path, select=None)
+    assert "| recall_acc | recall_step_50 | recall_step_90 | wall_time_s |" in table
+    assert "| 0.9100 | 200 | 500 |" in table and "| 0.3000 | - | - |" in table
+    assert "recall_acc" not in to_markdown([read_run(tmp_path / "missing")], tmp_path, select=None)
+    (tmp_path / "runs.csv").write_text(to_csv(records))
+    assert [r.recall_step_90 for r in read_csv(tmp_path / "runs.csv")] == [500, None]
