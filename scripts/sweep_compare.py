@@ -1,0 +1,74 @@
+"""Two collected sweeps side by side on the points they share: the same series (arch + axes), size, budget and seed.
+Made for a schedule control (configs/sweep/micro-branch-control.yaml: linear-schedule runs from scratch at some of
+configs/sweep/micro-branch.yaml's points, which WSD branches trained), usable for any two sweeps of one grid.
+
+    python scripts/sweep_compare.py a=runs/sweep/micro-branch b=runs/sweep/micro-branch-control [loss=final_val_loss]
+
+Per (series, size, budget): the mean loss over the shared seeds in each sweep, the seed spread of each (max - min), and
+the paired difference a - b (seed by seed: same data order, same initialisation) as mean [min..max]. Then, per (size,
+budget), the series ranked by mean loss in each sweep, and whether the order is the same. Each sweep's series are
+taken at their best-of-grid value of `select` (default optim.lr), as `sweep collect` marks them.
+"""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from diffllm.scaling.select import select_runs, size_of
+from diffllm.sweep.collect import collect
+
+
+def points(root: Path, loss: str, select: str) -> dict[tuple, float]:
+    """{(series, size, tokens, seed): loss} of the finished runs at their group's selected value."""
+    records = collect(root, select=select, baselines=False)
+    sel = select_runs(records, select, loss)
+    out = {}
+    for r in records:
+        value = getattr(r, loss)
+        if r.run_dir in sel.selected and r.status == "finished" and value is not None:
+            out[(sel.series[r.run_dir], size_of(r.model, r.arch), r.tokens, r.seed)] = value
+    return out
+
+
+def table(a: dict, b: dict, names: tuple[str, str]) -> list[str]:
+    shared = sorted(set(a) & set(b), key=lambda k: (k[1], k[2], k[0], k[3]))
+    groups: dict[tuple, list] = defaultdict(list)
+    for key in shared:
+        groups[key[:3]].append((a[key], b[key]))
+    na, nb = names
+    lines = [f"| series | size | tokens | seeds | {na} mean | {na} spread | {nb} mean | {nb} spread | "
+             f"{na} - {nb}: mean [min..max] |", "|---|---|---|---|---|---|---|---|---|"]
+    for (series, size, tokens), pairs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        xa, xb = [p[0] for p in pairs], [p[1] for p in pairs]
+        d = [p - q for p, q in pairs]
+        lines.append(f"| {series} | {size} | {tokens:,} | {len(pairs)} | {sum(xa) / len(xa):.4f} | "
+                     f"{max(xa) - min(xa):.4f} | {sum(xb) / len(xb):.4f} | {max(xb) - min(xb):.4f} | "
+                     f"{sum(d) / len(d):+.4f} [{min(d):+.4f}..{max(d):+.4f}] |")
+    lines += ["", f"| size | tokens | ranking in {na} (best first) | ranking in {nb} | same order |", "|---|---|---|---|---|"]
+    by_point: dict[tuple, dict] = defaultdict(dict)
+    for (series, size, tokens), pairs in groups.items():
+        by_point[(size, tokens)][series] = (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
+    for (size, tokens), means in sorted(by_point.items()):
+        ra = sorted(means, key=lambda s: means[s][0])
+        rb = sorted(means, key=lambda s: means[s][1])
+        lines.append(f"| {size} | {tokens:,} | {' < '.join(ra)} | {' < '.join(rb)} | {'yes' if ra == rb else 'no'} |")
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    args = dict(a.split("=", 1) for a in argv if "=" in a)
+    if set(args) - {"a", "b", "loss", "select"} or not {"a", "b"} <= set(args) or len(args) != len(argv):
+        sys.exit("usage: sweep_compare.py a=<sweep_dir> b=<sweep_dir> [loss=final_val_loss] [select=optim.lr]")
+    loss, select = args.get("loss", "final_val_loss"), args.get("select", "optim.lr")
+    a, b = Path(args["a"]), Path(args["b"])
+    pa, pb = points(a, loss, select), points(b, loss, select)
+    if not set(pa) & set(pb):
+        sys.exit(f"sweep_compare.py: {a} and {b} share no (series, size, tokens, seed) point")
+    print(f"{loss}: a = {a}, b = {b}; the points both sweeps trained")
+    print()
+    print("\n".join(table(pa, pb, (a.name, b.name))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
