@@ -3,6 +3,9 @@ Made for a schedule control (configs/sweep/micro-branch-control.yaml: linear-sch
 configs/sweep/micro-branch.yaml's points, which WSD branches trained), usable for any two sweeps of one grid.
 
     python scripts/sweep_compare.py a=runs/sweep/micro-branch b=runs/sweep/micro-branch-control [loss=final_val_loss]
+    python scripts/sweep_compare.py a=docs/micro-branch/runs.csv b=docs/micro-branch/control/runs.csv
+
+Each side is a sweep directory (collected here) or the runs.csv that `sweep collect` wrote for one.
 
 Per (series, size, budget): the mean loss over the shared seeds in each sweep, the seed spread of each (max - min), and
 the paired difference a - b (seed by seed: same data order, same initialisation) as mean [min..max]. Then, per (size,
@@ -15,13 +18,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from diffllm.results import read_csv
 from diffllm.scaling.select import select_runs, size_of
 from diffllm.sweep.collect import collect
 
 
 def points(root: Path, loss: str, select: str) -> dict[tuple, float]:
     """{(series, size, tokens, seed): loss} of the finished runs at their group's selected value."""
-    records = collect(root, select=select, baselines=False)
+    records = read_csv(root) if root.is_file() else collect(root, select=select, baselines=False)
     sel = select_runs(records, select, loss)
     out = {}
     for r in records:
@@ -62,12 +66,16 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: sweep_compare.py a=<sweep_dir> b=<sweep_dir> [loss=final_val_loss] [select=optim.lr]")
     loss, select = args.get("loss", "final_val_loss"), args.get("select", "optim.lr")
     a, b = Path(args["a"]), Path(args["b"])
+    for side in (a, b):
+        if not side.exists():
+            sys.exit(f"sweep_compare.py: {side} does not exist (give a sweep directory or its collected runs.csv)")
     pa, pb = points(a, loss, select), points(b, loss, select)
     if not set(pa) & set(pb):
         sys.exit(f"sweep_compare.py: {a} and {b} share no (series, size, tokens, seed) point")
     print(f"{loss}: a = {a}, b = {b}; the points both sweeps trained")
     print()
-    print("\n".join(table(pa, pb, (a.name, b.name))))
+    names = tuple(p.parent.name if p.is_file() else p.name for p in (a, b))
+    print("\n".join(table(pa, pb, names if names[0] != names[1] else ("a", "b"))))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ and how many runs took a lambda below zero. Every value comes from `sweep collec
 metrics.jsonl of each run).
 
     python scripts/sweep_stability.py sweep_dir=runs/sweep/micro-stability [out=docs/micro-stability/stability.md]
+    python scripts/sweep_stability.py sweep_dir=docs/micro-stability/runs.csv   # the table `sweep collect` wrote
 
 A run counts as diverged when it has no finite final validation loss or ends worse than the unigram baseline of its
 validation windows (it has unlearned even the token frequencies).
@@ -18,6 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from diffllm.results import read_csv
 from diffllm.scaling.select import series_label, size_of
 from diffllm.sweep.collect import collect
 
@@ -67,7 +69,10 @@ def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
     if set(args) - {"sweep_dir", "out"} or "sweep_dir" not in args or len(args) != len(argv):
         sys.exit("usage: sweep_stability.py sweep_dir=<dir> [out=<file.md>]")
-    records = collect(Path(args["sweep_dir"]), select=None)
+    source = Path(args["sweep_dir"])
+    if not source.exists():
+        sys.exit(f"sweep_stability.py: {source} does not exist (give a sweep directory or its collected runs.csv)")
+    records = read_csv(source) if source.is_file() else collect(source, select=None)
     unfinished = [r.run_dir for r in records if r.status != "finished"]
     if unfinished or any(LR not in r.axes for r in records):
         sys.exit(f"sweep_stability.py: {len(unfinished)} unfinished run(s), e.g. {unfinished[:1]}, or runs without "
