@@ -171,8 +171,9 @@ _REGISTRY: dict[str, Command] = {
         examples=("diffllm eval recall run=runs/recall-tiny",
                   "diffllm eval recall run=runs/recall-tiny n=[2,4,8] gaps=[0,16,32] lengths=[64,128] trials=64")),
     "eval attention": Command(
-        _eval_attention, "attention mass on the answer needle vs the rest of the context, per layer",
-        examples=("diffllm eval attention run=runs/diff-tiny",)),
+        _eval_attention, "attention mass on the answer (needle, or recall pair) vs the rest of the context, per layer",
+        examples=("diffllm eval attention run=runs/diff-tiny",
+                  "diffllm eval attention run=runs/diff-recall task=recall n=[2,4,8] gaps=[0,16] length=64 trials=32")),
     "eval outliers": Command(
         _eval_outliers, "top-k activation and attention-logit magnitudes; loss with quantised logits",
         examples=("diffllm eval outliers run=runs/diff-tiny",)),

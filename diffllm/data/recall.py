@@ -11,6 +11,8 @@ are marked (a `Marked` document: they alone count in the loss with data.loss_on=
 label is -100). Query j (0-based) of the key at pair i (0-based) is 2(N - i) + gap + 2j words after that key, so the
 mean distance is 2N + gap. Keys, values and filler are disjoint word lists (needle.py's: 32 keys, 32 values, 64
 filler words); keys and values are unique within a document (MQAR's split of the vocabulary into key and value ids).
+The unmarked context is segmented too (the pad, each pair " k v", the gap: every segment starts at a word boundary,
+so the packer's tokens are those of the whole text), which lets eval find each pair's tokens (eval/recall.py).
 
 Words, not reserved token ids: the packer tokenizes text documents, so a text task needs no new path through it and
 reads the same through any tokenizer; the words are single tokens in the BPEs diffllm trains (tested).
@@ -89,8 +91,8 @@ def recall_document(rng: np.random.Generator, n: int, gap: int, length: int, spl
             break
     filler = [FILLER[i] for i in rng.integers(0, len(FILLER), length - 4 * n)]
     pad, between = filler[: length - 4 * n - gap], filler[length - 4 * n - gap :]
-    context = pad + [w for kv in zip(keys, values) for w in kv] + between
-    parts = [("".join(" " + w for w in context), False)]
+    context = [pad] + [[k, v] for k, v in zip(keys, values)] + [between]  # segments: pad | " k v" each | gap
+    parts = [("".join(" " + w for w in words), False) for words in context if words]
     for a in rng.permutation(n):  # " k" | " v" (counts)
         parts += [(f" {keys[a]}", False), (f" {values[a]}", True)]
     return Marked(parts)

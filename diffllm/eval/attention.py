@@ -7,11 +7,18 @@ position that predicts the first answer token, per layer, averaged over heads an
 Transformer rows are softmax rows (they sum to 1). Diff rows are the differential map (A1 - lambda A2) / (1 - lambda):
 they also sum to 1, and entries may be negative. Each variant says how its map is rebuilt (see maps.py) and what it
 reports per layer beside it (Diff: lambda).
+
+task=recall reads the same rows on the associative-recall task's held-out prompts (eval recall's prompts: split=test,
+fixed N pairs, gap and length in words, `trials` per cell), at every query's predicting position (the token before
+its value), averaged over all queries of the cell's prompts:
+  answer  the mass on the queried key's pair " k v" in the context
+  noise   the mass on the rest of the context (filler and the other pairs; the query section, earlier queries and
+          answers and the key itself, is neither)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -19,38 +26,75 @@ import torch
 from .common import EvalError, cli, load_run, out_dir, say, write_json
 from .maps import attention_map, capture
 from .needle import Format, build_prompt, haystack_tokens
+from .recall import RecallPrompt, RecallTask, task_prompts
+
+TASKS = ("needle", "recall")
+
+
+class Probe(NamedTuple):
+    """One attention row to read: position `pos` of a prompt; answer = its mass on ids[start:end], noise = its mass
+    on the rest of ids[:context]."""
+
+    pos: int
+    answer: tuple  # [start, end)
+    context: int
+
+
+def needle_probes(p) -> List[Probe]:
+    """The position predicting the first answer token; the answer needle; the context before the first query."""
+    return [Probe(p.answers[0][0] - 1, p.needle, p.question)]
+
+
+def recall_probes(p: RecallPrompt) -> List[Probe]:
+    """Each query's position before its value; the queried pair; the context before the query section."""
+    return [Probe(s - 1, pair, p.question) for (s, _), pair in zip(p.answers, p.pairs)]
 
 
 @torch.inference_mode()
-def allocation(model: torch.nn.Module, prompts: list) -> dict:
-    """{"answer": [per layer], "noise": [per layer]}: mean attention mass from each prompt's answer position."""
+def row_masses(model: torch.nn.Module, prompts: List[tuple]) -> dict:
+    """{"answer": [per layer], "noise": [per layer]}: mean over every probe of (ids, [Probe, ...]) prompts, one forward
+    per prompt (up to its last probe: causal rows do not see what follows)."""
     n_layers = len(model.layers)
-    answer, noise = np.zeros(n_layers), np.zeros(n_layers)
-    for p in prompts:
-        pos = p.answers[0][0] - 1  # the position whose next token is the first answer token
+    answer, noise, count = np.zeros(n_layers), np.zeros(n_layers), 0
+    for ids, probes in prompts:
+        pos = [p.pos for p in probes]
         with capture(model) as got:
-            model(torch.tensor([p.ids[: pos + 1]]))
+            model(torch.tensor([ids[: max(pos) + 1]]))
         for i, (layer, (x, cos, sin)) in enumerate(zip(model.layers, got["inputs"])):
-            row = attention_map(layer.attn, x, cos, sin)[0, :, pos].mean(0)  # (T,): mean over heads
-            s, e = p.needle
-            a = float(row[s:e].sum())
-            answer[i] += a
-            noise[i] += float(row[: p.question].sum()) - a
-    return {"answer": (answer / len(prompts)).tolist(), "noise": (noise / len(prompts)).tolist()}
+            rows = attention_map(layer.attn, x, cos, sin)[0, :, pos].mean(0)  # (P, T): mean over heads
+            for row, p in zip(rows, probes):
+                a = float(row[p.answer[0] : p.answer[1]].sum())
+                answer[i] += a
+                noise[i] += float(row[: p.context].sum()) - a
+        count += len(probes)
+    return {"answer": (answer / count).tolist(), "noise": (noise / count).tolist()}
+
+
+def allocation(model: torch.nn.Module, prompts: list) -> dict:
+    """Needle prompts: mean attention mass from each prompt's answer position."""
+    return row_masses(model, [(p.ids, needle_probes(p)) for p in prompts])
+
+
+def recall_allocation(model: torch.nn.Module, prompts: List[RecallPrompt]) -> dict:
+    """Recall prompts: mean attention mass from every query's answer position."""
+    return row_masses(model, [(p.ids, recall_probes(p)) for p in prompts])
 
 
 @dataclass
 class AttentionConfig:
-    """Attention to the answer needle vs the rest of the context, per layer and answer depth."""
+    """Attention to the answer (needle, or recall pair) vs the rest of the context, per layer, depth or N x gap."""
 
     run: str = ""
     step: Any = "latest"
-    mode: str = "synthetic"  # synthetic | text (see eval needle)
+    task: str = "needle"  # needle | recall (the associative-recall task's held-out prompts, see eval recall)
+    mode: str = "synthetic"  # needle: synthetic | text (see eval needle)
     data: Any = None
     n_needles: int = 1
     depths: List[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
-    length: Optional[int] = None  # null: the model's context
-    trials: int = 4
+    n: List[int] = field(default_factory=lambda: [2, 4, 8])  # recall: key-value pairs per prompt
+    gaps: List[int] = field(default_factory=lambda: [0, 16])  # recall: filler words between pairs and queries
+    length: Optional[int] = None  # needle: tokens (null: the model's context); recall: words (null: 64)
+    trials: int = 4  # prompts per depth (needle) or per N x gap (recall)
     seed: int = 0
     out: Optional[str] = None
 
@@ -67,10 +111,26 @@ def attention_by_depth(model, tok, mode: str, haystack, n: int, depths: list, le
     return out
 
 
-def run_attention(c: AttentionConfig) -> dict:
+def attention_by_cell(model, tok, task: RecallTask) -> list:
+    """[{"n", "gap", "length", "queries", "answer": [...], "noise": [...]}] for a model in memory, one per N x gap x
+    length of `task` (eval recall's prompts: the same seed gives the same prompts)."""
+    cells = task_prompts(task, tok, model.cfg.max_seq_len)  # validates: one-line EvalErrors
+    return [{"n": n, "gap": gap, "length": length, "queries": sum(len(p.answers) for p in prompts),
+             **recall_allocation(model, prompts)} for (n, gap, length), prompts in cells.items()]
+
+
+def allocation_table(keys: List[str], cells: List[tuple]) -> str:
+    """Markdown: per cell (labels, {"answer", "noise"}) its mean over layers, then every cell's rows per layer."""
     from .report import markdown
 
-    run, mcfg, model, tok = load_run(c.run, c.step)
+    rows = [labels + ["mean", np.mean(v["answer"]), np.mean(v["noise"])] for labels, v in cells]
+    rows += [labels + [f"layer {i}", a, nz] for labels, v in cells
+             for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))]
+    return markdown(keys + ["layer", "attention to answer", "attention noise"], rows)
+
+
+def needle_attention(c: AttentionConfig, run, mcfg, model, tok) -> tuple[dict, dict, str]:
+    """(settings, results, table) of task=needle."""
     if c.mode not in ("synthetic", "text"):
         raise EvalError(f"mode={c.mode!r}: expected one of ('synthetic', 'text')")
     length = c.length or mcfg.max_seq_len
@@ -78,22 +138,36 @@ def run_attention(c: AttentionConfig) -> dict:
         raise EvalError(f"length={length}: exceeds the model's context ({mcfg.max_seq_len})")
     hay = haystack_tokens(run.config(), c.data, tok, 4 * length) if c.mode == "text" else None
     by_depth = attention_by_depth(model, tok, c.mode, hay, c.n_needles, c.depths, length, c.trials, c.seed)
+    settings = {"mode": c.mode, "length": length, "n_needles": c.n_needles}
+    table = allocation_table(["depth"], [([f"{float(d):g}%"], v) for d, v in by_depth.items()])
+    return settings, {"by_depth": by_depth}, table
+
+
+def recall_attention(c: AttentionConfig, run, mcfg, model, tok) -> tuple[dict, dict, str]:
+    """(settings, results, table) of task=recall."""
+    task = RecallTask(n=c.n, gaps=c.gaps, lengths=[c.length or RecallTask().lengths[0]], trials=c.trials, seed=c.seed)
+    cells = attention_by_cell(model, tok, task)
+    settings = {"task": "recall", "length": task.lengths[0], "trials": c.trials}
+    return settings, {"cells": cells}, allocation_table(["N", "gap"], [([v["n"], v["gap"]], v) for v in cells])
+
+
+def run_attention(c: AttentionConfig) -> dict:
+    if c.task not in TASKS:
+        raise EvalError(f"task={c.task!r}: expected one of {TASKS}")
+    run, mcfg, model, tok = load_run(c.run, c.step)
+    settings, results, table = (recall_attention if c.task == "recall" else needle_attention)(c, run, mcfg, model, tok)
     res = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
-           "mode": c.mode, "length": length, "n_needles": c.n_needles,
-           "normalisation": mcfg.variant.map_normalisation, "by_depth": by_depth}
+           **settings, "normalisation": mcfg.variant.map_normalisation, **results}
     reports = [layer.attn.report() for layer in model.layers]  # per-layer values the variant reports (Diff: lambda)
     res.update({key: [r[key] for r in reports] for key in reports[0]})
-    rows = [[f"{float(d):g}%", "mean"] + [np.mean(v["answer"]), np.mean(v["noise"])] for d, v in by_depth.items()]
-    rows += [[f"{float(d):g}%", f"layer {i}", a, nz] for d, v in by_depth.items()
-             for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))]
-    table = markdown(["depth", "layer", "attention to answer", "attention noise"], rows)
+    name = "attention" if c.task == "needle" else f"attention-{c.task}"  # compare reads attention.json as the needle's
     folder = out_dir(c.out, run.dir)
-    write_json(folder / "attention.json", res)
-    (folder / "attention.md").write_text(table + "\n")
+    write_json(folder / f"{name}.json", res)
+    (folder / f"{name}.md").write_text(table + "\n")
     print(table)
     for key in reports[0]:
         say(f"{key} per layer: " + ", ".join(f"{x:.3f}" for x in res[key]))
-    say(f"wrote {folder}/attention.{{json,md}}")
+    say(f"wrote {folder}/{name}.{{json,md}}")
     return res
 
 

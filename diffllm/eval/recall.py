@@ -32,17 +32,22 @@ from .needle import answers_correct
 class RecallPrompt:
     ids: List[int]  # [EOS] + the document's tokens
     answers: List[tuple]  # [start, end) of each query's value tokens in ids
+    pairs: List[tuple]  # [start, end) of the context's pair " k v" that each query asks for (answers' order)
+    question: int  # index of the first query token: ids[:question] is the context (filler and pairs)
 
 
 def recall_prompt(tok, doc) -> RecallPrompt:
-    """Tokenize a Marked recall document segment by segment, as the packer does; the marked segments are answers."""
-    ids, answers = [tok.eos_id], []
-    for text, counts in doc.parts:
+    """Tokenize a Marked recall document segment by segment, as the packer does; the marked segments are answers,
+    the segment before each its key " k", and the context segment " k v" (their text joined) its pair."""
+    ids, spans = [tok.eos_id], []
+    for text, _ in doc.parts:
         piece = tok.encode(text)
-        if counts:
-            answers.append((len(ids), len(ids) + len(piece)))
+        spans.append((len(ids), len(ids) + len(piece)))
         ids += piece
-    return RecallPrompt(ids, answers)
+    texts = [text for text, _ in doc.parts]
+    marked = [i for i, (_, counts) in enumerate(doc.parts) if counts]
+    pairs = [spans[texts.index(texts[i - 1] + texts[i])] for i in marked]  # keys are unique: the first is the pair
+    return RecallPrompt(ids, [spans[i] for i in marked], pairs, spans[marked[0] - 1][0])
 
 
 def bootstrap_interval(hits: np.ndarray, counts: np.ndarray, reps: int, level: float, seed) -> tuple:
@@ -94,8 +99,8 @@ def task_prompts(task: RecallTask, tok, max_seq_len: int) -> dict:
                                            for _ in range(task.trials)]
                 longest = max(len(p.ids) - 1 for p in cells[(n, gap, length)])
                 if longest > max_seq_len:
-                    raise EvalError(f"lengths: {length} words are {longest} tokens here, more than the model's "
-                                    f"context ({max_seq_len})")
+                    raise EvalError(f"length={length}: {length} words are {longest} tokens here, more than the "
+                                    f"model's context ({max_seq_len})")
     return cells
 
 
