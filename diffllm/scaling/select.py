@@ -3,7 +3,8 @@
 A run's axes (RunRecord.axes: the dotted config keys that differ between the runs of one (model, tokens) group) are
 split in two: the `select` axis (e.g. optim.lr), chosen per group, and the rest, which with the arch name a *series*
 (e.g. `diff λ_init=0.8`: Diff with model.lambda_init=0.8, its own curve). For each (series, size, budget) the selected
-value is the one with the lowest mean loss over its seeds; a value at the edge (min or max) of those tried is warned
+value is the one with the best mean over its seeds of the `by` metric (the lowest final validation loss by default;
+the highest held-out recall accuracy with by=recall_acc); a value at the edge (min or max) of those tried is warned
 about: the optimum may lie outside the grid. Gaps pair each non-baseline series with the baseline arch's series (the
 Transformer) at the same preset size and budget, seed by seed, each side at its own selected value.
 """
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 SHORT = {"model.lambda_init": "λ_init"}  # short labels for series and markdown; others: the last dotted component
 NULL = {"model.lambda_init": "formula"}  # what a null value means, per key (others: "null")
+SELECT_BY = ("final_val_loss", "final_train_loss", "recall_acc")  # RunRecord fields best-of-grid can choose by
+HIGHER_IS_BETTER = frozenset({"recall_acc"})  # ... the best is the highest mean; for the others, the lowest
 
 
 def short_label(key: str) -> str:
@@ -61,7 +64,7 @@ class Choice:
     tokens: Optional[int]
     value: Any  # the selected value (None without a select axis)
     values: tuple  # the values tried, in order
-    mean_loss: tuple  # mean loss over seeds at each value tried (same order)
+    means: tuple  # mean of the selection metric over seeds at each value tried (same order)
     seeds: int  # finished runs at the selected value
 
     @property
@@ -73,6 +76,7 @@ class Choice:
 @dataclass
 class Selection:
     select: Optional[str]  # the axis chosen over (None: nothing chosen; every run is selected)
+    by: str = "final_val_loss"  # the metric chosen by (SELECT_BY)
     series: dict[str, str] = field(default_factory=dict)  # run_dir -> series label
     arch: dict[str, str] = field(default_factory=dict)  # series label -> arch
     selected: set = field(default_factory=set)  # run_dirs at the selected value of their group
@@ -104,24 +108,35 @@ def check_select(select: Optional[str], axes: set) -> None:
         raise ValueError(f"select={select}: no run's config has this key{hint}")
 
 
-def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT) -> None:
+def check_select_by(by: str) -> None:
+    """`by` must be one of SELECT_BY; a typo gets a one-line did-you-mean."""
+    if by not in SELECT_BY:
+        near = difflib.get_close_matches(by, SELECT_BY, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"select_by={by}: expected one of {', '.join(SELECT_BY)}{hint}")
+
+
+def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
+                  by: str = "final_val_loss") -> None:
     """Each record's `selected` flag: at its group's best-of-grid value (None for runs no group holds: unfinished)."""
-    sel = select_runs(records, select)
+    sel = select_runs(records, select, by)
     for r in records:
         r.selected = (r.run_dir in sel.selected) if r.run_dir in sel.series else None
 
 
 def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
-                loss: str = "final_val_loss") -> Selection:
-    """Series, selected runs, choices and edge warnings. Only finished runs with a `loss` take part."""
+                by: str = "final_val_loss") -> Selection:
+    """Series, selected runs, choices and edge warnings. Only finished runs with a value of `by` take part."""
     axis_names = sorted({k for r in records for k in r.axes})
     check_select(select, set(axis_names))
+    check_select_by(by)
     select_axis = select if select in axis_names else None  # a constant key: nothing to choose
-    done = [r for r in records if r.status == "finished" and getattr(r, loss) is not None]
+    done = [r for r in records if r.status == "finished" and getattr(r, by) is not None]
     by_arch: dict[str, list] = defaultdict(list)
     for r in done:
         by_arch[r.arch].append(r)
-    sel = Selection(select_axis)
+    sel = Selection(select_axis, by)
+    sign = -1.0 if by in HIGHER_IS_BETTER else 1.0
     for arch, rs in by_arch.items():  # series axes: non-selected axes whose value differs within this arch
         varying = [k for k in axis_names if k != select_axis and len({repr(r.axes.get(k)) for r in rs}) > 1]
         for r in rs:
@@ -135,8 +150,8 @@ def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELE
         for r in rs:
             at[r.axes.get(select_axis) if select_axis else None].append(r)
         values = tuple(sorted(at, key=_order))
-        means = tuple(sum(getattr(r, loss) for r in at[v]) / len(at[v]) for v in values)
-        best = min(range(len(values)), key=lambda i: (means[i], i))
+        means = tuple(sum(getattr(r, by) for r in at[v]) / len(at[v]) for v in values)
+        best = min(range(len(values)), key=lambda i: (sign * means[i], i))
         choice = Choice(series, size_of(model, rs[0].arch), model, tokens, values[best], values, means,
                         len(at[values[best]]))
         sel.choices.append(choice)
@@ -209,9 +224,9 @@ def gap_dict(g: Gap) -> dict:
 
 
 def selection_dict(sel: Selection) -> dict:
-    return {"select": sel.select, "warnings": list(sel.warnings),
+    return {"select": sel.select, "by": sel.by, "warnings": list(sel.warnings),
             "choices": [{"series": c.series, "size": c.size, "model": c.model, "tokens": c.tokens, "value": c.value,
-                         "values": list(c.values), "mean_loss": list(c.mean_loss), "seeds": c.seeds,
+                         "values": list(c.values), "means": list(c.means), "seeds": c.seeds,
                          "at_edge": c.at_edge} for c in sel.choices]}
 
 
@@ -284,17 +299,18 @@ def gaps_markdown(gaps: list[dict], select: Optional[str]) -> list[str]:
 
 
 def choices_markdown(sel: dict) -> list[str]:
-    """The selection table (from selection_dict): mean loss at every value tried, the chosen one in bold."""
+    """The selection table (from selection_dict): the metric's mean at every value tried, the chosen one in bold."""
     select = sel["select"]
     if select is None:
         return []
-    label = short_label(select)
-    lines = [f"Best-of-grid over {select}: mean final loss over seeds at each {label} tried (selected in bold; "
-             "fits use the selected runs):", "", f"| series | size | tokens | {label}: mean loss | seeds |",
+    label, by = short_label(select), sel.get("by", "final_val_loss")
+    best = "highest" if by in HIGHER_IS_BETTER else "lowest"
+    lines = [f"Best-of-grid over {select}: mean {by} over seeds at each {label} tried (the {best} selected, in bold; "
+             "fits use the selected runs):", "", f"| series | size | tokens | {label}: mean {by} | seeds |",
              "|---|---|---|---|---|"]
     for c in sel["choices"]:
         cells = ", ".join((f"**{value_label(select, v)}: {m:.4f}**" if v == c["value"] else
-                           f"{value_label(select, v)}: {m:.4f}") for v, m in zip(c["values"], c["mean_loss"]))
+                           f"{value_label(select, v)}: {m:.4f}") for v, m in zip(c["values"], c["means"]))
         edge = " (edge)" if c["at_edge"] else ""
         lines.append(f"| {c['series']} | {c['size']} | {c['tokens']:,} | {cells}{edge} | {c['seeds']} |")
     lines += [f"\nWARNING: {w}" for w in sel["warnings"]]

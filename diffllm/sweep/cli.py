@@ -2,7 +2,8 @@
 [dry_run=true [gpu=h200 nodes=8 gpus_per_node=8]]`
 runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH); a dry run also
 prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=` its GPU-hours on that cluster;
-`diffllm sweep collect [sweep_dir=...] [out=...]` tabulates the summaries."""
+`diffllm sweep collect [sweep_dir=...] [out=...] [select=optim.lr] [select_by=final_val_loss|recall_acc]`
+tabulates the summaries."""
 from __future__ import annotations
 
 import os
@@ -72,9 +73,9 @@ def main() -> None:
 def collect_main() -> None:
     @hydra_app("sweep")
     def app(cfg: DictConfig) -> None:
-        select = cfg.get("select")
-        records = collect(cfg.sweep_dir, select=select)
-        csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir, select=select)
+        select, by = cfg.get("select"), cfg.get("select_by") or "final_val_loss"
+        records = collect(cfg.sweep_dir, select=select, by=by)
+        csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir, select=select, by=by)
         print(Path(md_path).read_text(), end="")
         print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
 

@@ -14,17 +14,19 @@ from typing import Any, Optional
 
 from ..results import RunRecord, axis_names, collect as collect_runs, to_csv, trained_compute, trained_wall
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
-from ..scaling.select import (DEFAULT_SELECT, check_select, choices_markdown, mark_selected, select_runs,
-                              selection_dict, short_label, value_label)
+from ..scaling.select import (DEFAULT_SELECT, check_select, check_select_by, choices_markdown, mark_selected,
+                              select_runs, selection_dict, short_label, value_label)
 
 
 def collect(root: str | Path, select: Optional[str] = DEFAULT_SELECT, baselines: bool = True,
-            notes: Optional[list[str]] = None) -> list[RunRecord]:
+            notes: Optional[list[str]] = None, by: str = "final_val_loss") -> list[RunRecord]:
     """Every run under `root`, sorted, with its axes; with `baselines`, its reference baselines (cached in
-    <root>/.baselines) and under-trained flag; its `selected` flag from best-of-grid over `select`. Problems that do
-    not stop the table (a baseline that cannot be computed) are appended to `notes` (without: printed as warnings)."""
+    <root>/.baselines) and under-trained flag; its `selected` flag from best-of-grid over `select` by the metric `by`.
+    Problems that do not stop the table (a baseline that cannot be computed) are appended to `notes` (without:
+    printed as warnings)."""
     records = collect_runs(root)
     check_select(select, set(axis_names(records)))  # a typo fails before the baselines are counted
+    check_select_by(by)
     if baselines:
         found: list[str] = []
         add_baselines(records, Path(root), found)
@@ -33,7 +35,7 @@ def collect(root: str | Path, select: Optional[str] = DEFAULT_SELECT, baselines:
                 print(f"warning: {note}", file=sys.stderr)
         else:
             notes += found
-    mark_selected(records, select)
+    mark_selected(records, select, by)
     return records
 
 
@@ -80,7 +82,8 @@ def _axis_label(key: str, value: Any, varies: bool) -> str:
     return "-" if value is None and not varies else value_label(key, value)
 
 
-def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT) -> str:
+def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT,
+                by: str = "final_val_loss") -> str:
     """The runs table (axes by short label; `*` marks the runs at their group's best-of-grid value, `under-trained`
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
     axes = axis_names(records)
@@ -103,7 +106,7 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
         lines.append("| " + " | ".join(cells) + f" | {_branch_cell(r, root)} | {'*' if r.selected else ''} | "
                      f"{_rel(r.run_dir, root)} |")
     lines += ["", compute_line(records)]
-    sel = select_runs(records, select)
+    sel = select_runs(records, select, by)
     if sel.select:
         lines += [""] + choices_markdown(selection_dict(sel))
     if any(r.bigram_loss is not None for r in records):
@@ -112,13 +115,13 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
 
 
 def write_tables(records: list[RunRecord], root: str | Path, out: str | Path,
-                 select: Optional[str] = DEFAULT_SELECT) -> tuple[Path, Path]:
+                 select: Optional[str] = DEFAULT_SELECT, by: str = "final_val_loss") -> tuple[Path, Path]:
     """runs.csv and runs.md under `out`; best-of-grid edge warnings also go to stderr."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "runs.csv", out / "runs.md"
     csv_path.write_text(to_csv(records))
-    md_path.write_text(to_markdown(records, root, select))
-    for w in select_runs(records, select).warnings:
+    md_path.write_text(to_markdown(records, root, select, by))
+    for w in select_runs(records, select, by).warnings:
         print(f"warning: {w}", file=sys.stderr)
     return csv_path, md_path

@@ -80,9 +80,9 @@ def alone(model: DecoderLM, tokens, splits):
 def test_packed_documents_equal_the_documents_alone(arch, backend, restart):
     """Logits and every parameter gradient. Without restart_positions the packed documents sit at their offsets;
     RoPE scores depend on relative positions only, so they still equal the documents alone (to rounding).
-    The fp32 kernel is held to the documents alone in float64 (eager, same weights): its own fp32 runs of the short
-    documents differ from float64 by up to ~1e-5 in the lambda gradients already (sums with cancellation), and fp32
-    RoPE angles at the offsets (not restarted) add ~1e-5 more there."""
+    The fp32 kernel is held to the documents alone in float64 (eager, same weights). Its lambda gradients are sums
+    with cancellation: fp32 puts them 2e-5 to 3.5e-5 (relative to their largest entry) from float64, by CPU (measured
+    here and on CI's), restarted or not, so they get 10x tol; a wrong mask is off by O(1), as the end of this test shows."""
     needs_triton(arch, backend)
     model = tiny(arch, backend)
     reference = model
@@ -95,8 +95,8 @@ def test_packed_documents_equal_the_documents_alone(arch, backend, restart):
     tol = 1e-5 if fused(arch, backend) else 1e-10  # fp32 kernel | float64
     assert rel_err(got, want) <= tol
     for (name, _), a, b in zip(model.named_parameters(), got_grads, want_grads):
-        loose = fused(arch, backend) and not restart and ".lambda_" in name
-        assert rel_err(a, b) <= (3 * tol if loose else tol), f"{name}: {rel_err(a, b):.2e}"
+        loose = fused(arch, backend) and ".lambda_" in name
+        assert rel_err(a, b) <= (10 * tol if loose else tol), f"{name}: {rel_err(a, b):.2e}"
     with torch.no_grad():  # the mask is what makes them equal: without it later documents see earlier ones
         assert rel_err(model(tokens), want) > 1e-3
 

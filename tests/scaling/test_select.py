@@ -154,3 +154,41 @@ def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFLLM_CONFIG_PATH", str(tmp_path))
     assert size_of("my-diff-2", "diff") == size_of("transformer-micro-2", "transformer") == "micro-2"
     assert size_of("diff-nopreset-9", "diff") == "nopreset-9" and size_of("odd", "diff") == "odd"
+
+
+def _recall_record(arch: str, seed: int, lr: float, loss: float, acc: float):
+    from diffllm.results import RunRecord
+
+    return RunRecord(run_dir=f"/runs/{arch}/{lr}/seed{seed}", model=f"{arch}-micro-2", arch=arch, seed=seed,
+                     total_params=1, nonembedding_params=1, block_params=1, tokens=1000, flops=1.0,
+                     final_train_loss=loss, final_val_loss=loss, wall_time_s=1.0, world_size=1, status="finished",
+                     axes={"optim.lr": lr}, recall_acc=acc)
+
+
+def test_select_by_recall_takes_the_highest_mean_accuracy():
+    """By loss the lowest mean loss wins (lr 0.004); by recall_acc the highest mean accuracy (lr 0.001: 0.7 against
+    0.55 and 0.35, though its loss is the worst), and the table says which metric and which way."""
+    from diffllm.scaling.select import choices_markdown, selection_dict
+
+    table = {0.001: (2.0, (0.8, 0.6)), 0.002: (1.9, (0.5, 0.6)), 0.004: (1.8, (0.3, 0.4))}
+    records = [_recall_record("transformer", seed, lr, loss, accs[seed - 1])
+               for lr, (loss, accs) in table.items() for seed in (1, 2)]
+    by_loss = select_runs(records, "optim.lr")
+    by_recall = select_runs(records, "optim.lr", by="recall_acc")
+    assert [c.value for c in by_loss.choices] == [0.004] and [c.value for c in by_recall.choices] == [0.001]
+    assert by_recall.choices[0].means == pytest.approx((0.7, 0.55, 0.35))
+    assert by_recall.selected == {r.run_dir for r in records if r.axes["optim.lr"] == 0.001}
+    assert by_recall.warnings and "the best optim.lr=0.001 is at the edge" in by_recall.warnings[0]
+    md = "\n".join(choices_markdown(selection_dict(by_recall)))
+    assert "mean recall_acc over seeds" in md and "the highest selected" in md and "**0.001: 0.7000**" in md
+
+
+def test_select_by_a_typo_is_one_line_with_a_suggestion(sweep):
+    root, _, _ = sweep
+    with pytest.raises(ValueError, match=r"select_by=recal_acc: expected one of final_val_loss, final_train_loss, "
+                                         r"recall_acc \(did you mean recall_acc\?\)"):
+        collect(root / "runs", baselines=False, by="recal_acc")
+    out = subprocess.run([sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root / 'runs'}",
+                          "select_by=recal_acc"], capture_output=True, text=True)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "select_by=recal_acc: expected one of" in out.stderr.strip().splitlines()[-1]
