@@ -4,6 +4,7 @@ sweep_stability, against values counted here."""
 from __future__ import annotations
 
 import importlib.util
+import statistics
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,27 @@ def test_sweep_stability_counts(tmp_path, capsys):
     assert t1[3:6] == ["1", "2", "0"] and t1[6] == "3.1000 [3.0000..3.2000]" and t1[7] == "1 [0..2]"
     assert t2[3:6] == ["2", "3", "2"] and t2[6] == "3.4000 [3.4000..3.4000]" and t2[8] == "30 [3..90]"
     assert d1[11:13] == ["-0.400", "1"] and t1[11:13] == ["-", "-"]
+
+
+def test_recall_study_takes_the_lr_with_every_seed_and_pairs_by_seed():
+    """scripts/recall_study.py: per series and size, the runs at the lr holding the most seeds (phase 2's), the mean
+    accuracy with its 95% t-interval, the seeds >= 0.9, the steps to 0.5 (median over those that got there) and the
+    seed-paired difference to the Transformer, against values computed here."""
+    study = load("recall_study")
+    t_accs, d_accs = [0.5, 0.6, 0.7], [0.9, 0.6, 0.95]
+    records = [record("transformer", s, 2.0, 0.006, recall_acc=a, recall_step_50=100 * s if a >= 0.5 else None)
+               for s, a in zip((1, 2, 3), t_accs)]
+    records += [record("transformer", 1, 2.0, 0.012, recall_acc=0.99)]  # phase 1's other lr: one seed, not chosen
+    records += [record("diff", s, 2.0, 0.003, recall_acc=a) for s, a in zip((1, 2, 3), d_accs)]
+    chosen = study.chosen_runs(records)
+    assert {k: [r.seed for r in rs] for k, rs in chosen.items()} == {("transformer", "micro-1"): [1, 2, 3],
+                                                                      ("diff", "micro-1"): [1, 2, 3]}
+    assert all(r.axes["optim.lr"] == 0.006 for r in chosen[("transformer", "micro-1")])
+    lines = study.main_table(chosen)
+    row = next(line for line in lines if line.startswith("| diff |"))
+    diffs = [d - t for d, t in zip(d_accs, t_accs)]  # 0.4, 0.0, 0.25
+    half = 4.303 * statistics.stdev(diffs) / 3 ** 0.5
+    mean = sum(diffs) / 3
+    assert f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] (n=3)" in row and "| 2/3 |" in row
+    t_row = next(line for line in lines if line.startswith("| transformer |"))
+    assert "| 0.006 | 3 | 0.600 [" in t_row and "| 0/3 |" in t_row and "| 200 (3/3) |" in t_row
