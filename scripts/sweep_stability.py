@@ -8,11 +8,16 @@ metrics.jsonl of each run).
     python scripts/sweep_stability.py sweep_dir=runs/sweep/micro-stability [out=docs/micro-stability/stability.md]
     python scripts/sweep_stability.py sweep_dir=docs/micro-stability/runs.csv   # the table `sweep collect` wrote
 
+With the run directories at hand (a sweep directory, or a runs.csv whose run_dir paths exist), a second table says
+where Diff's lambda goes negative: per run, the first logged step with a layer's lambda below zero, those layers, and
+each layer's lambda at the end.
+
 A run counts as diverged when it has no finite final validation loss or ends worse than the unigram baseline of its
 validation windows (it has unlearned even the token frequencies).
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -65,6 +70,28 @@ def rows(records: list) -> list[str]:
     return lines
 
 
+def lambda_rows(records: list) -> list[str]:
+    """Per run with a per-layer lambda in its metrics.jsonl: the first logged step where one is negative."""
+    lines = []
+    for r in sorted(records, key=lambda r: (size_of(r.model, r.arch), r.arch, r.axes[LR], r.seed or 0)):
+        path = Path(r.run_dir) / "metrics.jsonl"
+        if r.lambda_min is None or not path.is_file():
+            continue
+        logs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        logs = [m for m in logs if "lambda/0" in m]
+        layers = sorted((k for k in logs[-1] if k.startswith("lambda/")), key=lambda k: int(k.split("/")[1]))
+        first = next(((m["step"], [k.split("/")[1] for k in layers if m[k] < 0]) for m in logs
+                      if any(m[k] < 0 for k in layers)), None)
+        where = f"{first[0]} | {', '.join(first[1])}" if first else "- | -"
+        lines.append(f"| {r.arch} | {size_of(r.model, r.arch)} | {r.axes[LR]:g} | {r.seed} | {where} | "
+                     + ", ".join(f"{logs[-1][k]:.3g}" for k in layers) + " |")
+    if not lines:
+        return []
+    return ["", "Where lambda goes negative (per-layer lambda at every logged step, metrics.jsonl):", "",
+            "| arch | size | lr | seed | first step with a lambda < 0 | layers | lambda per layer at the end |",
+            "|---|---|---|---|---|---|---|"] + lines
+
+
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
     if set(args) - {"sweep_dir", "out"} or "sweep_dir" not in args or len(args) != len(argv):
@@ -79,7 +106,8 @@ def main(argv: list[str]) -> None:
                  f"an {LR} axis: finish the sweep first")
     text = ("Median [min..max] over seeds; spikes at trainer.spikes' defaults (z > 6 over a 128-step window, armed "
             "after 64 steps, action=log); diverged: no finite final validation loss, or worse than the unigram "
-            "baseline (its runs are left out of the loss column).\n\n" + "\n".join(rows(records)) + "\n")
+            "baseline (its runs are left out of the loss column).\n\n" + "\n".join(rows(records) + lambda_rows(records))
+            + "\n")
     if "out" in args:
         Path(args["out"]).parent.mkdir(parents=True, exist_ok=True)
         Path(args["out"]).write_text(text)
