@@ -63,7 +63,7 @@ def chosen_runs(records) -> dict[tuple, list]:
                    and len({repr(r.axes.get(k)) for r in rs}) > 1]
         for r in rs:
             by_lr[(series_label(r, varying), size_of(r.model, r.arch))][r.axes.get(LR)].append(r)
-    return {key: sorted(max(lrs.items(), key=lambda kv: (len(kv[1]), -kv[0]))[1], key=lambda r: r.seed)
+    return {key: sorted(max(lrs.items(), key=lambda kv: (len(kv[1]), -(kv[0] or 0)))[1], key=lambda r: r.seed)
             for key, lrs in by_lr.items()}
 
 
@@ -85,7 +85,8 @@ def main_table(chosen: dict) -> list[str]:
         accs = [final_acc(r) for r in rs]
         paired = [final_acc(r) - base[size][r.seed] for r in rs if r.seed in base.get(size, {})]
         diff = "-" if series == "transformer" or not paired else f"{fmt_ci(paired)} (n={len(paired)})"
-        lines.append(f"| {series} | {size} | {rs[0].axes.get(LR):g} | {len(rs)} | {fmt_ci(accs)} | "
+        lr = rs[0].axes.get(LR)  # None: the lr is no axis (one value for every run)
+        lines.append(f"| {series} | {size} | {'-' if lr is None else f'{lr:g}'} | {len(rs)} | {fmt_ci(accs)} | "
                      f"{sum(a >= 0.9 for a in accs)}/{len(rs)} | {steps_to(rs, 'recall_step_50')} | "
                      f"{steps_to(rs, 'recall_step_90')} | {diff} |")
     return lines
