@@ -3,12 +3,12 @@ directory after `diffllm sweep collect` and the eval commands have run on it:
 
     python scripts/recall_study.py sweep_dir=runs/sweep/micro-recall [out=docs/micro-retrieval]
 
-Per (series, size), the runs at the series' chosen lr: the lr with the most finished seeds (phase 1 tried three lrs
+Per (series, size), the runs at the series' chosen lr: the lr with the most finished seeds (phase 1 tried four lrs
 on seed 1; phase 2 ran seeds 2-5 at the lr `sweep collect select_by=recall_acc` chose, so that lr has them all). For
 each: the final held-out recall accuracy (`diffllm eval recall`'s eval/recall.json where it exists, else the last
 in-loop value) with a 95% t-interval over seeds, the fraction of seeds at >= 0.9, the steps to 0.5 and 0.9 (the first
-in-loop evaluation at that level: median over the seeds that got there), the seed-paired difference to the
-Transformer, accuracy by N and by gap (eval recall's cells, mean over seeds), and the attention probe's mass on the
+in-loop evaluation at that level: median over the seeds that got there; and 0.2, from the curves), the seed-paired
+difference to the Transformer, accuracy by N and by gap (eval recall's cells, mean over seeds), and the attention probe's mass on the
 answer's pair per layer (`diffllm eval attention task=recall`'s attention-recall.json, mean over seeds and cells).
 Writes <out>/study.md and <out>/recall_vs_step.png (the in-loop curves, mean over seeds, one panel per size).
 """
@@ -77,10 +77,19 @@ def steps_to(rs, field: str) -> str:
     return f"{statistics.median(got):.0f} ({len(got)}/{len(rs)})" if got else f"- (0/{len(rs)})"
 
 
+def steps_to_level(rs, level: float) -> str:
+    """The first in-loop evaluation at >= level, from each run's curve: median over the seeds that got there."""
+    got = [next((step for step, acc in curve(r.run_dir) if acc >= level), None) for r in rs]
+    got = [g for g in got if g is not None]
+    return f"{statistics.median(got):.0f} ({len(got)}/{len(rs)})" if got else f"- (0/{len(rs)})"
+
+
 def main_table(chosen: dict) -> list[str]:
     lines = ["| series | size | lr | seeds | final recall acc [95% CI] | seeds >= 0.9 | steps to 0.5 (reached) | "
-             "steps to 0.9 (reached) | minus Transformer, seed-paired [95% CI] |", "|---|---|---|---|---|---|---|---|---|"]
+             "steps to 0.9 (reached) | steps to 0.2 (reached) | minus Transformer, seed-paired [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     base = {size: {r.seed: final_acc(r) for r in rs} for (s, size), rs in chosen.items() if s == "transformer"}
+    has_curves = all((Path(r.run_dir) / "metrics.jsonl").is_file() for rs in chosen.values() for r in rs)
     for (series, size), rs in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         accs = [final_acc(r) for r in rs]
         paired = [final_acc(r) - base[size][r.seed] for r in rs if r.seed in base.get(size, {})]
@@ -88,7 +97,7 @@ def main_table(chosen: dict) -> list[str]:
         lr = rs[0].axes.get(LR)  # None: the lr is no axis (one value for every run)
         lines.append(f"| {series} | {size} | {'-' if lr is None else f'{lr:g}'} | {len(rs)} | {fmt_ci(accs)} | "
                      f"{sum(a >= 0.9 for a in accs)}/{len(rs)} | {steps_to(rs, 'recall_step_50')} | "
-                     f"{steps_to(rs, 'recall_step_90')} | {diff} |")
+                     f"{steps_to(rs, 'recall_step_90')} | {steps_to_level(rs, 0.2) if has_curves else '-'} | {diff} |")
     return lines
 
 
@@ -112,7 +121,8 @@ def cell_table(chosen: dict, key: str) -> list[str]:
     if not table:
         return []
     values = sorted(values)
-    lines = [f"| series | size | " + " | ".join(f"{key}={v}" for v in values) + " |", "|---|---|" + "---|" * len(values)]
+    lines = [f"| series | size | " + " | ".join(f"{key}={v}" for v in values) + " |",
+             "|---|---|" + "---|" * len(values)]
     for (series, size), per in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         cells = [f"{statistics.mean(per[v]):.3f}" if per.get(v) else "-" for v in values]
         lines.append(f"| {series} | {size} | " + " | ".join(cells) + " |")
@@ -121,7 +131,7 @@ def cell_table(chosen: dict, key: str) -> list[str]:
 
 def attention_table(chosen: dict) -> list[str]:
     """Attention mass on the queried pair (answer) and on the filler (noise) per layer, mean over seeds and cells."""
-    rows = []
+    rows, layers = [], 0
     for (series, size), rs in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         answer, noise = defaultdict(list), defaultdict(list)
         for r in rs:
@@ -131,13 +141,15 @@ def attention_table(chosen: dict) -> list[str]:
                     answer[layer].append(a)
                     noise[layer].append(n)
         if answer:
-            cells = [f"{statistics.mean(answer[k]):.3f} / {statistics.mean(noise[k]):.3f}" for k in sorted(answer)]
-            rows.append(f"| {series} | {size} | " + " | ".join(cells) + " |")
+            layers = max(layers, len(answer))
+            rows.append((series, size, [f"{statistics.mean(answer[k]):.3f} / {statistics.mean(noise[k]):.3f}"
+                                        for k in sorted(answer)]))
     if not rows:
         return []
-    layers = max(row.count("/") for row in rows)
     return ([f"| series | size | " + " | ".join(f"layer {k}: answer / noise" for k in range(layers)) + " |",
-             "|---|---|" + "---|" * layers] + rows)
+             "|---|---|" + "---|" * layers]
+            + [f"| {series} | {size} | " + " | ".join(cells + ["-"] * (layers - len(cells))) + " |"
+               for series, size, cells in rows])
 
 
 def plot(chosen: dict, path: Path) -> None:
