@@ -8,9 +8,9 @@ on seed 1; phase 2 ran seeds 2-5 at the lr `sweep collect select_by=recall_acc` 
 each: the final held-out recall accuracy (`diffllm eval recall`'s eval/recall.json where it exists, else the last
 in-loop value) with a 95% t-interval over seeds, the fraction of seeds at >= 0.9, the steps to 0.5 and 0.9 (the first
 in-loop evaluation at that level: median over the seeds that got there; and 0.2, from the curves), the seed-paired
-difference to the Transformer, accuracy by N and by gap (eval recall's cells, mean over seeds), and the attention probe's mass on the
-answer's pair per layer (`diffllm eval attention task=recall`'s attention-recall.json, mean over seeds and cells).
-Writes <out>/study.md and <out>/recall_vs_step.png (the in-loop curves, mean over seeds, one panel per size).
+difference to the Transformer, accuracy by N and by gap (eval recall's cells, mean over seeds), and the attention
+probe's mass on the answer's pair per layer (`diffllm eval attention task=recall`'s attention-recall.json, mean over
+seeds and cells). Writes <out>/study.md and <out>/recall_vs_step.png (the in-loop curves, mean over seeds, one panel per size).
 """
 from __future__ import annotations
 
