@@ -10,7 +10,8 @@ in-loop value) with a 95% t-interval over seeds, the fraction of seeds at >= 0.9
 in-loop evaluation at that level: median over the seeds that got there; and 0.2, from the curves), the seed-paired
 difference to the Transformer, accuracy by N and by gap (eval recall's cells, mean over seeds), and the attention
 probe's mass on the answer's pair per layer (`diffllm eval attention task=recall`'s attention-recall.json, mean over
-seeds and cells). Writes <out>/study.md and <out>/recall_vs_step.png (the in-loop curves, mean over seeds, one panel per size).
+seeds and cells). Writes <out>/study.md and <out>/recall_vs_step.png (the in-loop curves, mean over seeds, one panel
+per size).
 """
 from __future__ import annotations
 
