@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,11 +92,15 @@ def test_data_config_with_a_defaults_list(runs, tmp_path):
     assert list(res["sources"]) == ["plays-heldout"] and res["sources"]["plays-heldout"]["tokens"] == 200
 
 
+# The error names every data config the package ships: the files of configs/data, listed here by a glob.
+DATA_CONFIGS = ", ".join(sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs/data").glob("*.yaml")))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run={empty}"], "no checkpoints"),
     (["run={missing}"], "no such directory"),
     (["run={run}", "seq_len=4096"], "longer than the model's context (128)"),
-    (["run={run}", "data=nosuchdata"], "data=nosuchdata: neither a data config (fineweb-edu, recall, shakespeare, shakespeare-needle) nor a file"),
+    (["run={run}", "data=nosuchdata"], f"data=nosuchdata: neither a data config ({DATA_CONFIGS}) nor a file"),
     (["run={run}", "batch_sise=3"], "ppl.batch_sise: unknown key; did you mean batch_size?"),
 ])
 def test_bad_input_is_one_line(runs, tmp_path, capsys, argv, message):
