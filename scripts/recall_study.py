@@ -15,13 +15,14 @@ per size).
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from diffllm.runs import read_json, read_metrics
 from diffllm.scaling.select import series_label, size_of
 from diffllm.sweep.collect import collect
 
@@ -43,13 +44,17 @@ def fmt_ci(xs: list[float], digits: int = 3) -> str:
     return f"{m:.{digits}f}" if math.isnan(lo) else f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+def eval_json(r, name: str) -> dict | None:
+    """<run>/eval/<name>, or None where the eval command has not run on it."""
+    path = Path(r.run_dir) / "eval" / name
+    return read_json(path) if path.is_file() else None
 
 
-def curve(run_dir: str) -> list[tuple[int, float]]:
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [(r["step"], r["eval/recall/acc"]) for r in rows if r.get("eval/recall/acc") is not None]
+@functools.lru_cache(maxsize=None)
+def curve(run_dir: str) -> tuple[tuple[int, float], ...]:
+    """The in-loop recall accuracy by step (read once per run: the table and the plot both use it)."""
+    return tuple((m["step"], m["eval/recall/acc"]) for m in read_metrics(run_dir)
+                 if m.get("eval/recall/acc") is not None)
 
 
 def chosen_runs(records) -> dict[tuple, list]:
@@ -69,7 +74,7 @@ def chosen_runs(records) -> dict[tuple, list]:
 
 
 def final_acc(r) -> float:
-    ev = read_json(Path(r.run_dir) / "eval" / "recall.json")
+    ev = eval_json(r, "recall.json")
     return ev["mean"] if ev else r.recall_acc
 
 
@@ -109,7 +114,7 @@ def cell_table(chosen: dict, key: str) -> list[str]:
     values = set()
     for (series, size), rs in chosen.items():
         for r in rs:
-            ev = read_json(Path(r.run_dir) / "eval" / "recall.json")
+            ev = eval_json(r, "recall.json")
             if not ev:
                 continue
             hits, queries = defaultdict(float), defaultdict(int)
@@ -136,7 +141,7 @@ def attention_table(chosen: dict) -> list[str]:
     for (series, size), rs in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         answer, noise = defaultdict(list), defaultdict(list)
         for r in rs:
-            ev = read_json(Path(r.run_dir) / "eval" / "attention-recall.json")
+            ev = eval_json(r, "attention-recall.json")
             for c in (ev or {}).get("cells", []):
                 for layer, (a, n) in enumerate(zip(c["answer"], c["noise"])):
                     answer[layer].append(a)

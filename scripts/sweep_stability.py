@@ -17,7 +17,6 @@ validation windows (it has unlearned even the token frequencies).
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -25,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from diffllm.results import read_csv
+from diffllm.runs import read_metrics
 from diffllm.scaling.select import series_label, size_of
 from diffllm.sweep.collect import collect
 
@@ -74,11 +74,9 @@ def lambda_rows(records: list) -> list[str]:
     """Per run with a per-layer lambda in its metrics.jsonl: the first logged step where one is negative."""
     lines = []
     for r in sorted(records, key=lambda r: (size_of(r.model, r.arch), r.arch, r.axes[LR], r.seed or 0)):
-        path = Path(r.run_dir) / "metrics.jsonl"
-        if r.lambda_min is None or not path.is_file():
+        logs = [m for m in read_metrics(r.run_dir) if "lambda/0" in m] if r.lambda_min is not None else []
+        if not logs:
             continue
-        logs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        logs = [m for m in logs if "lambda/0" in m]
         layers = sorted((k for k in logs[-1] if k.startswith("lambda/")), key=lambda k: int(k.split("/")[1]))
         first = next(((m["step"], [k.split("/")[1] for k in layers if m[k] < 0]) for m in logs
                       if any(m[k] < 0 for k in layers)), None)

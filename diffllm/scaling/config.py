@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
+DEFAULT_SELECT_BY = "final_val_loss"  # ... and the metric it chooses by (scaling/select.py SELECT_BY)
 
 
 @dataclass

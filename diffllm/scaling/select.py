@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..results import flatten
-from .config import DEFAULT_SELECT
+from .config import DEFAULT_SELECT, DEFAULT_SELECT_BY
 
 if TYPE_CHECKING:
     from ..results import RunRecord
@@ -76,7 +76,7 @@ class Choice:
 @dataclass
 class Selection:
     select: Optional[str]  # the axis chosen over (None: nothing chosen; every run is selected)
-    by: str = "final_val_loss"  # the metric chosen by (SELECT_BY)
+    by: str = DEFAULT_SELECT_BY  # the metric chosen by (SELECT_BY)
     series: dict[str, str] = field(default_factory=dict)  # run_dir -> series label
     arch: dict[str, str] = field(default_factory=dict)  # series label -> arch
     selected: set = field(default_factory=set)  # run_dirs at the selected value of their group
@@ -117,7 +117,7 @@ def check_select_by(by: str) -> None:
 
 
 def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
-                  by: str = "final_val_loss") -> None:
+                  by: str = DEFAULT_SELECT_BY) -> None:
     """Each record's `selected` flag: at its group's best-of-grid value (None for runs no group holds: unfinished)."""
     sel = select_runs(records, select, by)
     for r in records:
@@ -125,7 +125,7 @@ def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SE
 
 
 def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
-                by: str = "final_val_loss") -> Selection:
+                by: str = DEFAULT_SELECT_BY) -> Selection:
     """Series, selected runs, choices and edge warnings. Only finished runs with a value of `by` take part."""
     axis_names = sorted({k for r in records for k in r.axes})
     check_select(select, set(axis_names))
@@ -303,7 +303,7 @@ def choices_markdown(sel: dict) -> list[str]:
     select = sel["select"]
     if select is None:
         return []
-    label, by = short_label(select), sel.get("by", "final_val_loss")
+    label, by = short_label(select), sel.get("by", DEFAULT_SELECT_BY)
     best = "highest" if by in HIGHER_IS_BETTER else "lowest"
     lines = [f"Best-of-grid over {select}: mean {by} over seeds at each {label} tried (the {best} selected, in bold; "
              "fits use the selected runs):", "", f"| series | size | tokens | {label}: mean {by} | seeds |",

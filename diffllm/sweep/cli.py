@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 from ..config import CONFIG_PATH_ENV, build
 from ..launch.argv import shell
+from ..scaling.config import DEFAULT_SELECT_BY
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
@@ -73,7 +74,7 @@ def main() -> None:
 def collect_main() -> None:
     @hydra_app("sweep")
     def app(cfg: DictConfig) -> None:
-        select, by = cfg.get("select"), cfg.get("select_by") or "final_val_loss"
+        select, by = cfg.get("select"), cfg.get("select_by") or DEFAULT_SELECT_BY
         records = collect(cfg.sweep_dir, select=select, by=by)
         csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir, select=select, by=by)
         print(Path(md_path).read_text(), end="")

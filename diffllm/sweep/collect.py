@@ -14,12 +14,13 @@ from typing import Any, Optional
 
 from ..results import RunRecord, axis_names, collect as collect_runs, to_csv, trained_compute, trained_wall
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
-from ..scaling.select import (DEFAULT_SELECT, check_select, check_select_by, choices_markdown, mark_selected,
-                              select_runs, selection_dict, short_label, value_label)
+from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from ..scaling.select import (check_select, check_select_by, choices_markdown, mark_selected, select_runs,
+                              selection_dict, short_label, value_label)
 
 
 def collect(root: str | Path, select: Optional[str] = DEFAULT_SELECT, baselines: bool = True,
-            notes: Optional[list[str]] = None, by: str = "final_val_loss") -> list[RunRecord]:
+            notes: Optional[list[str]] = None, by: str = DEFAULT_SELECT_BY) -> list[RunRecord]:
     """Every run under `root`, sorted, with its axes; with `baselines`, its reference baselines (cached in
     <root>/.baselines) and under-trained flag; its `selected` flag from best-of-grid over `select` by the metric `by`.
     Problems that do not stop the table (a baseline that cannot be computed) are appended to `notes` (without:
@@ -83,7 +84,7 @@ def _axis_label(key: str, value: Any, varies: bool) -> str:
 
 
 def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT,
-                by: str = "final_val_loss") -> str:
+                by: str = DEFAULT_SELECT_BY) -> str:
     """The runs table (axes by short label; `*` marks the runs at their group's best-of-grid value, `under-trained`
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
     axes = axis_names(records)
@@ -115,7 +116,7 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
 
 
 def write_tables(records: list[RunRecord], root: str | Path, out: str | Path,
-                 select: Optional[str] = DEFAULT_SELECT, by: str = "final_val_loss") -> tuple[Path, Path]:
+                 select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY) -> tuple[Path, Path]:
     """runs.csv and runs.md under `out`; best-of-grid edge warnings also go to stderr."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

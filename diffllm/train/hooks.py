@@ -41,10 +41,10 @@ MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss`
 
 
 def lm_loss(model, batch: "Batch", reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32: the one loss of training and
-    validation (float64 logits stay float64). With document ids the model attends within documents. With a loss mask (data.loss_on=marked) only
-    the marked targets count: their sum, or for "mean" their sum / their count (0 for none; a mask that marks every
-    target gives today's loss bit for bit)."""
+    """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32 (float64 logits stay float64): the
+    one loss of training and validation. With document ids the model attends within documents. With a loss mask
+    (data.loss_on=marked) only the marked targets count: their sum, or for "mean" their sum / their count (0 for
+    none; a mask that marks every target gives today's loss bit for bit)."""
     logits = model(batch.inputs, **batch.model_kwargs()).flatten(0, 1)  # (B*T, V)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     mask = batch.target_mask  # (B, T) bool, or None: every target counts
