@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from .errors import UserError
 
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}  # decimal, as token budgets are
 _COUNT = re.compile(r"\s*([+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([KMBGT]?)\s*", re.IGNORECASE)
@@ -14,21 +15,21 @@ def parse_count(value: Any, key: str, minimum: int = 1) -> int:
     suffix. Garbage, a fraction of a unit (`1.5`, `1.0000005M`) and anything below `minimum` (default 1: zero and
     negatives are refused) are a one-line ValueError starting with `key: `."""
     if isinstance(value, bool):
-        raise ValueError(f"{key}: expected a count like 20M, 1.5B or 4096, got {value!r}")
+        raise UserError(f"{key}: expected a count like 20M, 1.5B or 4096, got {value!r}")
     if isinstance(value, int):
         n = value
     else:
         m = _COUNT.fullmatch(str(value))
         if not m:
-            raise ValueError(f"{key}: expected a count like 20M, 1.5B or 4096, got {value!r}")
+            raise UserError(f"{key}: expected a count like 20M, 1.5B or 4096, got {value!r}")
         try:
             exact = Decimal(m.group(1).replace("_", "")) * _SUFFIX[m.group(2).upper()]
         except InvalidOperation:
-            raise ValueError(f"{key}: expected a count like 20M, 1.5B or 4096, got {value!r}") from None
+            raise UserError(f"{key}: expected a count like 20M, 1.5B or 4096, got {value!r}") from None
         if exact != exact.to_integral_value():
-            raise ValueError(f"{key}: {value!r} is not a whole number ({exact.normalize():f})")
+            raise UserError(f"{key}: {value!r} is not a whole number ({exact.normalize():f})")
         n = int(exact)
     if n < minimum:
-        raise ValueError(f"{key}: must be at least {minimum}, got {value!r}" if minimum != 1 else
+        raise UserError(f"{key}: must be at least {minimum}, got {value!r}" if minimum != 1 else
                          f"{key}: must be positive, got {value!r}")
     return n

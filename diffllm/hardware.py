@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+from .errors import UserError
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def lookup(name: str) -> GPU:
     try:
         return GPUS[name.lower()]
     except KeyError:
-        raise ValueError(f"gpu={name}: unknown GPU type (known: {', '.join(GPUS)})") from None
+        raise UserError(f"gpu={name}: unknown GPU type (known: {', '.join(GPUS)})") from None
 
 
 def peak_tflops(device_name: str) -> Optional[float]:

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import yaml
 
 from .runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
+from .errors import UserError
 
 
 @dataclass
@@ -193,10 +194,10 @@ def collect(root: str | Path) -> list[RunRecord]:
     """Every run under `root` with its axes, sorted by arch, preset size, budget, seed and directory."""
     root = Path(root)
     if not root.is_dir():
-        raise ValueError(f"sweep_dir={root}: no such directory")
+        raise UserError(f"sweep_dir={root}: no such directory")
     records = [read_run(d) for d in run_dirs(root)]
     if not records:
-        raise ValueError(f"sweep_dir={root}: no runs found (no summary.json, metrics.jsonl or checkpoints/ below)")
+        raise UserError(f"sweep_dir={root}: no runs found (no summary.json, metrics.jsonl or checkpoints/ below)")
     flats = {r.run_dir: flatten(Run(r.run_dir).config() or {}) for r in records}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:

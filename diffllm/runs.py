@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Optional, Union
+from .errors import UserError
 
 TAG = re.compile(r"^step(\d+)$")
 MODEL_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's module weights (complete under ZeRO 0-2, placeholders under 3)
@@ -69,9 +70,9 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); the file is damaged") from None
+        raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); the file is damaged") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file; the file is damaged") from None
+        raise UserError(f"{path}: not a text file; the file is damaged") from None
 
 
 def config_hash(config: dict) -> str:
@@ -101,7 +102,7 @@ def parse_metrics(text: str, path: Path) -> list[dict]:
         except json.JSONDecodeError as e:
             if i == len(lines) - 1:  # no newline after it: a write cut short
                 break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e.msg}); the file is damaged") from None
+            raise UserError(f"{path}: line {i + 1} is not valid JSON ({e.msg}); the file is damaged") from None
     return records
 
 
@@ -133,7 +134,7 @@ class Checkpoint:
 
         states = self.path / (MODEL_STATES if self.zero_stage < 3 else f"zero_pp_rank_0_{MODEL_STATES}")
         if not states.is_file():
-            raise ValueError(f"{self.path}: no {states.name} (an incomplete or foreign checkpoint)")
+            raise UserError(f"{self.path}: no {states.name} (an incomplete or foreign checkpoint)")
         try:
             try:
                 state = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
@@ -149,11 +150,11 @@ class Checkpoint:
 def read_meta(tag_dir: Path) -> dict:
     path = Path(tag_dir) / "meta.json"
     if not path.is_file():
-        raise ValueError(f"{tag_dir}: not a diffllm checkpoint (no meta.json); pass a step<N> folder, a checkpoints "
+        raise UserError(f"{tag_dir}: not a diffllm checkpoint (no meta.json); pass a step<N> folder, a checkpoints "
                          f"folder or a run directory")
     meta = read_json(path)
     if not isinstance(meta, dict) or "step" not in meta or "model" not in meta:
-        raise ValueError(f"{path}: not a diffllm checkpoint's meta.json (no step or model); the file is damaged")
+        raise UserError(f"{path}: not a diffllm checkpoint's meta.json (no step or model); the file is damaged")
     return meta
 
 
@@ -167,7 +168,7 @@ def find_checkpoint(path: Path) -> Optional[Checkpoint]:
         return None
     tag = latest.read_text().strip()
     if not (path / tag).is_dir():
-        raise ValueError(f"{latest}: points at {tag!r}, which does not exist in {path}")
+        raise UserError(f"{latest}: points at {tag!r}, which does not exist in {path}")
     return Checkpoint(path, tag, read_meta(path / tag))
 
 
@@ -177,7 +178,7 @@ class Run:
     def __init__(self, path: Union[str, Path]):
         path = Path(path)
         if path.exists() and not path.is_dir():
-            raise ValueError(f"{path}: is a file, not a run directory")
+            raise UserError(f"{path}: is a file, not a run directory")
         self.pinned: Optional[Checkpoint] = None
         if (path / "meta.json").is_file():  # a tag folder: <run>/checkpoints/step<N>
             self.pinned = find_checkpoint(path)
@@ -255,7 +256,7 @@ class Run:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise ValueError(f"run_dir={self.dir}: cannot create it ({e.strerror})") from None
+            raise UserError(f"run_dir={self.dir}: cannot create it ({e.strerror})") from None
         self.remove_partial()
 
     def append_metrics(self, rec: dict) -> None:
@@ -290,7 +291,7 @@ class Run:
         try:
             return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
-            raise ValueError(f"{path}: not a readable YAML config ({type(e).__name__}); the file is damaged") from None
+            raise UserError(f"{path}: not a readable YAML config ({type(e).__name__}); the file is damaged") from None
 
     # ----- checkpoints ---------------------------------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -310,16 +311,16 @@ class Run:
         if step == "latest":
             found = self.latest()
             if found is None:
-                raise ValueError(f"{self.dir}: no checkpoints (train it first, or pass a run directory that has "
+                raise UserError(f"{self.dir}: no checkpoints (train it first, or pass a run directory that has "
                                  f"checkpoints/)")
             return found
         try:
             step = int(step)
         except ValueError:
-            raise ValueError(f"step={step!r}: expected latest or a step number") from None
+            raise UserError(f"step={step!r}: expected latest or a step number") from None
         if step not in self.steps():
             have = ", ".join(map(str, self.steps())) or "none"
-            raise ValueError(f"step={step}: {self.dir} has no checkpoint at that step (steps: {have})")
+            raise UserError(f"step={step}: {self.dir} has no checkpoint at that step (steps: {have})")
         return Checkpoint(self.checkpoints_dir, f"step{step}", read_meta(self.checkpoints_dir / f"step{step}"))
 
     def remove_partial(self) -> None:
@@ -371,7 +372,7 @@ class Run:
 
         path, _ = choose_tokenizer(self)
         if path is None:
-            raise ValueError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory and no data.tokenizer.path in its "
+            raise UserError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory and no data.tokenizer.path in its "
                              f"config (a run from before runs kept their tokenizer: pass the tokenizer explicitly)")
         tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
         return load_tokenizer(str(path), tok_cfg.get("eos_token", "<|endoftext|>"))
@@ -384,11 +385,11 @@ class Run:
         try:
             cfg = ModelConfig(**ckpt.meta["model"])
         except TypeError as e:
-            raise ValueError(f"{ckpt.path / 'meta.json'}: its model config does not fit this diffllm ({e})") from None
+            raise UserError(f"{ckpt.path / 'meta.json'}: its model config does not fit this diffllm ({e})") from None
         model = DecoderLM(cfg)
         missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
         if missing or unexpected:
-            raise ValueError(f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
+            raise UserError(f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]}")
         return cfg, model.to(device).eval(), (self.tokenizer() if tokenizer else None)
 
@@ -434,7 +435,7 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
 
     states = ckpt.path / MODEL_STATES  # ZeRO-3 names it zero_pp_rank_<r>_mp_rank_00_model_states.pt, one per rank
     if not (states.is_file() or any(ckpt.path.glob(f"*_{MODEL_STATES}"))):
-        raise ValueError(f"{ckpt.path}: no {MODEL_STATES} (an incomplete or foreign checkpoint)")
+        raise UserError(f"{ckpt.path}: no {MODEL_STATES} (an incomplete or foreign checkpoint)")
     try:
         if ckpt.zero_stage == 0:
             module = torch.load(states, map_location="cpu", weights_only=False)["module"]
@@ -444,5 +445,5 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
         with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is the caller's (generate's text)
             return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
-        raise ValueError(f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
+        raise UserError(f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
                          f"an earlier step") from None

@@ -6,6 +6,7 @@ import difflib
 import os
 import sys
 
+from ..errors import UserError
 from .registry import COMMANDS
 
 
@@ -79,7 +80,7 @@ def dispatch(argv: list[str]) -> None:
     if cmd.config is not None:
         try:  # before the command's (heavy) imports: a mistyped preset answers at once
             check_group_options(rest, config_groups(cmd.config))
-        except ValueError as e:
+        except UserError as e:
             fail(prog, str(e))
     sys.argv = [prog] + rest  # Hydra (or the command's own parser) reads sys.argv
     cmd.entry()()

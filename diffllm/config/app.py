@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from ..errors import UserError
 from .loading import (CONFIG_DIR, check_typed, explain, fail, plus_to_force, register_schema, set_env,
                       take_config_dirs, use_search_path)
 
@@ -43,11 +44,11 @@ def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfi
                 set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
                 try:
                     check_typed(cfg, schema)
-                except ValueError as e:
+                except UserError as e:
                     fail(name, str(e))
                 try:
                     return task(cfg)
-                except ValueError as e:  # the command's own bad-input errors: one line naming the culprit, exit 2
+                except UserError as e:  # the command's own bad-input errors: one line naming the culprit, exit 2
                     if user_full_error == "1":
                         raise
                     fail(name, str(e))

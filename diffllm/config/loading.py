@@ -23,6 +23,7 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from ..errors import UserError
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "configs"  # a wheel install; a checkout keeps them in <repo>/configs
 CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS")
@@ -128,7 +129,7 @@ def load_group(group: str, name: str) -> DictConfig:
     node under its package: what `<group>=<name>` puts into a command's config. A missing option is a ValueError
     naming the nearest options."""
     if find_config(group, name) is None:
-        raise ValueError(unknown_option(group, name, group_options(group)))
+        raise UserError(unknown_option(group, name, group_options(group)))
     node = _compose_file(f"{group}/{name}")
     for part in group.split("/"):
         node = node[part]
@@ -171,13 +172,13 @@ def build(cls: type[T], node: Any, prefix: str) -> T:
     dot = f"{prefix}." if prefix else ""
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"{dot}{unknown[0]}: unknown key{_suggest(unknown[0], fields, dot)}"
+        raise UserError(f"{dot}{unknown[0]}: unknown key{_suggest(unknown[0], fields, dot)}"
                          f" (valid keys: {', '.join(sorted(fields))})")
     try:
         typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values), resolve=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        raise ValueError(f"{dot}{key}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{dot}{key}: {str(e).splitlines()[0]}") from None
     obj = cls(**typed)
     _call_validate(obj, prefix)
     return obj
@@ -194,11 +195,11 @@ def from_key_values(cls: type[T], argv: list[str], prefix: str) -> T:
         key, eq, raw = arg.partition("=")
         key = key.lstrip("+")
         if not eq:
-            raise ValueError(f"{arg!r}: expected key=value (keys: {', '.join(names)})")
+            raise UserError(f"{arg!r}: expected key=value (keys: {', '.join(names)})")
         if key not in names:
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {near[0]}?" if near else f" (keys: {', '.join(names)})"
-            raise ValueError(f"{prefix}.{key}: unknown key{hint}")
+            raise UserError(f"{prefix}.{key}: unknown key{hint}")
         if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":  # Hydra quoting: "prompt='Anne Elliot was'"
             raw = raw[1:-1]
         value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
@@ -214,7 +215,7 @@ def _yaml(raw: str, where: str) -> Any:
     try:
         return yaml.safe_load(raw) if raw != "" else None
     except yaml.YAMLError:
-        raise ValueError(f"{where}: cannot parse {raw!r}") from None
+        raise UserError(f"{where}: cannot parse {raw!r}") from None
 
 
 def field_defaults(cls: type) -> dict[str, Any]:
@@ -299,7 +300,7 @@ def check_group_options(argv: list[str], groups: list[str]) -> None:
     for arg in argv:
         m = re.fullmatch(r"([\w/]+)=([\w.\-]+)", arg)
         if m and m.group(1) in groups and find_config(m.group(1), m.group(2)) is None:
-            raise ValueError(unknown_option(m.group(1), m.group(2), group_options(m.group(1))))
+            raise UserError(unknown_option(m.group(1), m.group(2), group_options(m.group(1))))
 
 
 def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:

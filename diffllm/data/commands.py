@@ -14,6 +14,7 @@ from .loader import resolve_sources
 from .prepare import prepare_source
 from .sources import SYNTHETIC
 from .tokenizer import default_path, encode_throughput, ensure_tokenizer, train_and_save, train_sources, training_texts
+from ..errors import UserError
 
 
 @hydra_app("tokenizer", prog="diffllm tokenizer train")
@@ -41,7 +42,7 @@ def prepare_main(cfg: DictConfig) -> None:
     """Pre-tokenize every training (and held-out) source into out/<source>/ for data.prepared_dir=out."""
     data = build(DataConfig, cfg.data, "data")
     if data.prepared_dir:
-        raise ValueError("data.prepared_dir is set; prepare reads the raw sources (unset it)")
+        raise UserError("data.prepared_dir is set; prepare reads the raw sources (unset it)")
     tok = ensure_tokenizer(data)
     sources = resolve_sources(data) + (resolve_sources(data, val=True) if cfg.val and data.val else [])
     out = Path(cfg.out)

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
+from ..errors import UserError
+
 FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle", "recall")  # synthetic: needle.py, recall.py
 SAMPLE_BY = ("document", "paragraph", "line")
 LOSS_ON = ("all", "marked")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Bad data input or state: the message is one line naming the file or key and the problem."""
 
 

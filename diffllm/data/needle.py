@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from .batch import Marked
+from ..errors import UserError
 
 KEYS = ("lark", "bear", "cat", "deer", "eagle", "fox", "raven", "ox", "lion", "ape", "boar", "ass", "fly", "seal",
         "bird", "wolf", "ant", "beast", "serpent", "dog", "sheep", "fish", "calf", "bull", "horse", "lamb", "bat",
@@ -54,7 +55,7 @@ class NeedleSpec:
         spec = set_fields(cls(), path, "needle", ("n_needles",))
         lo, hi = spec.n_needles
         if not 1 <= lo <= hi <= len(KEYS) or spec.queries < 1 or spec.filler < 0 or spec.docs < 1:
-            raise ValueError(f"path {path!r}: needs 1 <= n_needles <= {len(KEYS)}, queries >= 1, filler >= 0, docs >= 1")
+            raise UserError(f"path {path!r}: needs 1 <= n_needles <= {len(KEYS)}, queries >= 1, filler >= 0, docs >= 1")
         return spec
 
     def fingerprint(self) -> str:
@@ -71,11 +72,11 @@ def set_fields(spec, path: str, head: str, ranges: tuple):
     name, _, rest = path.partition(":")
     names = [f.name for f in fields(spec)]
     if name != head:
-        raise ValueError(f"path {path!r}: a {head} source's path is '{head}' or '{head}:key=value,...'")
+        raise UserError(f"path {path!r}: a {head} source's path is '{head}' or '{head}:key=value,...'")
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
         if key not in names:
-            raise ValueError(f"path {path!r}: unknown key {key!r} (keys: {', '.join(names)})")
+            raise UserError(f"path {path!r}: unknown key {key!r} (keys: {', '.join(names)})")
         if isinstance(getattr(spec, key), str):
             setattr(spec, key, value)
             continue
@@ -83,7 +84,7 @@ def set_fields(spec, path: str, head: str, ranges: tuple):
             lo, _, hi = value.partition("-")
             setattr(spec, key, (int(lo), int(hi or lo)) if key in ranges else int(value))
         except ValueError:
-            raise ValueError(f"path {path!r}: {key}={value!r} is not a number ({', '.join(ranges)}: N or LO-HI)") from None
+            raise UserError(f"path {path!r}: {key}={value!r} is not a number ({', '.join(ranges)}: N or LO-HI)") from None
     return spec
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from .batch import Marked
 from .needle import FILLER, KEYS, VALUES, set_fields
+from ..errors import UserError
 
 SPLITS = ("train", "test")
 HELDOUT_EVERY = 8  # 1 in 8 binding sets is held out
@@ -63,9 +64,9 @@ class RecallSpec:
         try:
             check(spec.pairs[1], spec.gap[1], spec.length, spec.split)
         except ValueError as e:
-            raise ValueError(f"path {path!r}: {e}") from None
+            raise UserError(f"path {path!r}: {e}") from None
         if not 1 <= spec.pairs[0] <= spec.pairs[1] or not 0 <= spec.gap[0] <= spec.gap[1] or spec.docs < 1:
-            raise ValueError(f"path {path!r}: needs 1 <= pairs LO <= HI, 0 <= gap LO <= HI, docs >= 1")
+            raise UserError(f"path {path!r}: needs 1 <= pairs LO <= HI, 0 <= gap LO <= HI, docs >= 1")
         return spec
 
     def fingerprint(self) -> str:
@@ -75,11 +76,11 @@ class RecallSpec:
 def check(n: int, gap: int, length: int, split: str) -> None:
     """ValueError unless N pairs, `gap` and N queries fit `length` words and the split is known."""
     if not 1 <= n <= min(len(KEYS), len(VALUES)):
-        raise ValueError(f"pairs={n}: must be in 1..{min(len(KEYS), len(VALUES))}")
+        raise UserError(f"pairs={n}: must be in 1..{min(len(KEYS), len(VALUES))}")
     if gap < 0 or 4 * n + gap > length:
-        raise ValueError(f"length={length}: cannot hold {n} pairs, {n} queries and gap={gap} (needs 4N + gap words)")
+        raise UserError(f"length={length}: cannot hold {n} pairs, {n} queries and gap={gap} (needs 4N + gap words)")
     if split not in SPLITS:
-        raise ValueError(f"split={split!r}: expected one of {SPLITS}")
+        raise UserError(f"split={split!r}: expected one of {SPLITS}")
 
 
 def recall_document(rng: np.random.Generator, n: int, gap: int, length: int, split: str) -> Marked:

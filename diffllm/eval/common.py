@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from ..config import from_key_values
+from ..errors import UserError
 
 T = TypeVar("T")
 
 
-class EvalError(ValueError):
+class EvalError(UserError):
     """Bad evaluation input: the message is one line naming the key or file and the problem."""
 
 
@@ -30,7 +31,7 @@ def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[s
         return
     try:
         body(from_key_values(cls, argv, name.split()[-1]))
-    except (ValueError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
+    except (UserError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
         from ..config import fail
 
         fail(f"diffllm {name}", str(e).splitlines()[0] if str(e) else type(e).__name__)

@@ -7,13 +7,14 @@ import sys
 from omegaconf import DictConfig
 
 from ..config import hydra_app
+from ..errors import UserError
 
 
 def _required(cfg: DictConfig, key: str, command: str, example: str) -> str:
     """hydra_app turns the ValueError into one line on stderr, exit code 2."""
     value = cfg.get(key)
     if value in (None, "", "???"):
-        raise ValueError(f"{key}= is required (e.g. diffllm {command} {example})")
+        raise UserError(f"{key}= is required (e.g. diffllm {command} {example})")
     return str(value)
 
 

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from ..model import ModelConfig
+from ..errors import UserError
 
 # (ours, HF) name prefixes inside layer {i}.
 LAYER_NAMES = [
@@ -111,7 +112,7 @@ def check_config(cfg, want: dict, fmt: str) -> None:
     for key, value in want.items():
         got = getattr(cfg, key, None)
         if got != value:
-            raise ValueError(f"{fmt}: config.json {key}={got!r} is not supported (diffllm needs {value!r})")
+            raise UserError(f"{fmt}: config.json {key}={got!r} is not supported (diffllm needs {value!r})")
 
 
 def rope_theta(hf_cfg) -> float:
@@ -134,11 +135,11 @@ def common_model_kwargs(hf_cfg, fmt: str) -> dict:
     check_config(hf_cfg, {"hidden_act": "silu"}, fmt)
     rope = (getattr(hf_cfg, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope != "default":
-        raise ValueError(f"{fmt}: config.json rope_type={rope!r} (RoPE scaling) is not supported (diffllm needs "
+        raise UserError(f"{fmt}: config.json rope_type={rope!r} (RoPE scaling) is not supported (diffllm needs "
                          f"'default')")
     head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
     if head_dim * hf_cfg.num_attention_heads != hf_cfg.hidden_size:
-        raise ValueError(f"{fmt}: config.json head_dim={head_dim} x {hf_cfg.num_attention_heads} heads != "
+        raise UserError(f"{fmt}: config.json head_dim={head_dim} x {hf_cfg.num_attention_heads} heads != "
                          f"hidden_size={hf_cfg.hidden_size} (diffllm needs d_model = heads x head_dim)")
     return dict(
         name=getattr(hf_cfg, "_name_or_path", "") and str(hf_cfg._name_or_path).rstrip("/").split("/")[-1] or fmt,
@@ -157,7 +158,7 @@ def drop_zero_o_bias(sd: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.T
     for name, t in sd.items():
         if name.endswith("self_attn.o_proj.bias"):
             if t.abs().max().item() != 0:
-                raise ValueError(f"{fmt}: {name} is non-zero; diffllm's output projection has no bias")
+                raise UserError(f"{fmt}: {name} is non-zero; diffllm's output projection has no bias")
             continue
         out[name] = t
     return out

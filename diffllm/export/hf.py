@@ -22,6 +22,7 @@ import torch
 from ..model import ModelConfig
 from ..runs import Run, read_metrics
 from . import diffllama, llama, remote, stablelm
+from ..errors import UserError
 
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, remote)}
 NATIVE = (stablelm, llama, diffllama)
@@ -43,7 +44,7 @@ def check_format_name(fmt: str) -> None:
 
         near = difflib.get_close_matches(fmt, list(FORMATS) + ["auto"], n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ValueError(f"format={fmt!r}: expected one of auto, {', '.join(FORMATS)}{hint}")
+        raise UserError(f"format={fmt!r}: expected one of auto, {', '.join(FORMATS)}{hint}")
 
 
 def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]:
@@ -61,7 +62,7 @@ def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]
     check_format_name(fmt)
     why = FORMATS[fmt].why_not(cfg)
     if why is not None:
-        raise ValueError(f"format={fmt} cannot represent this model exactly: {why}; use format=remote (or auto)")
+        raise UserError(f"format={fmt} cannot represent this model exactly: {why}; use format=remote (or auto)")
     return FORMATS[fmt], f"format={fmt} requested"
 
 
@@ -82,7 +83,7 @@ def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[s
     from transformers import GenerationConfig
 
     if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+        raise UserError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if fmt is remote:  # the bundle's own classes: the model the user will load

@@ -15,6 +15,7 @@ import torch
 from ..model import DecoderLM, ModelConfig
 from ..runs import Run, choose_tokenizer, consolidated_state_dict, read_json
 from .hf import FORMATS, remote
+from ..errors import UserError
 
 BY_MODEL_TYPE = {m.MODEL_TYPE: m for m in FORMATS.values()}
 
@@ -28,18 +29,18 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     bins = sorted(path.glob("pytorch_model*.bin"))
     if bins:
         return {k: v for f in bins for k, v in torch.load(f, map_location="cpu", weights_only=True).items()}
-    raise ValueError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
+    raise UserError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
 
 
 def read_hf(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(ModelConfig, our state dict) of an HF model directory; one-line ValueError for what we cannot represent."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path}: not a Hugging Face model directory (no config.json)")
+        raise UserError(f"{path}: not a Hugging Face model directory (no config.json)")
     model_type = read_json(path / "config.json").get("model_type")
     fmt = BY_MODEL_TYPE.get(model_type)
     if fmt is None:
-        raise ValueError(f"{path}: model_type={model_type!r} cannot be imported (supported: "
+        raise UserError(f"{path}: model_type={model_type!r} cannot be imported (supported: "
                          f"{', '.join(sorted(BY_MODEL_TYPE))})")
     if fmt is remote:
         from .remote.configuration_diffllm import DiffLLMConfig
@@ -59,7 +60,7 @@ def read_hf(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torch.Tensor
     missing, unexpected = sorted(set(expected) - set(ours)), sorted(set(ours) - set(expected))
     bad_shape = [k for k in expected if k in ours and ours[k].shape != expected[k].shape]
     if missing or unexpected or bad_shape:
-        raise ValueError(f"{path}: weights do not fit the {model_type} config (missing {missing[:2]}, unexpected "
+        raise UserError(f"{path}: weights do not fit the {model_type} config (missing {missing[:2]}, unexpected "
                          f"{unexpected[:2]}, wrong shape {bad_shape[:2]})")
     return cfg, ours
 
@@ -73,7 +74,7 @@ def load_pretrained(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torc
     latest checkpoint, or the step<N> folder given)."""
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"model.init_from={path}: no such directory")
+        raise UserError(f"model.init_from={path}: no such directory")
     if is_run(path):
         ckpt = Run(path).checkpoint("latest")
         return ModelConfig(**ckpt.meta["model"]), consolidated_state_dict(ckpt)
@@ -90,7 +91,7 @@ def import_hf(src: Union[str, Path], out: Union[str, Path]) -> tuple[ModelConfig
     run = Run(out.resolve())
     if run.files():
         what = "checkpoints" if run.checkpoints_dir.exists() else ", ".join(p.name for p in run.files())
-        raise ValueError(f"out={out}: already holds {what}; choose a new run directory")
+        raise UserError(f"out={out}: already holds {what}; choose a new run directory")
     cfg, sd = read_hf(src)
     tok_path, _ = choose_tokenizer(run, init_from=src)
     tok = load_tokenizer(str(tok_path), "<|endoftext|>") if tok_path else None  # the folder's own eos_token wins

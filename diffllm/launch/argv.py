@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from .hostfile import check_fits, read_hostfile
+from ..errors import UserError
 
 LAUNCHERS = ("torchrun", "deepspeed", "slurm")
 TRAIN_MODULE = "diffllm.train"
@@ -53,21 +54,21 @@ class LaunchConfig:
 
     def validate(self) -> None:
         if self.launcher not in LAUNCHERS:
-            raise ValueError(f"launcher={self.launcher}: expected one of {', '.join(LAUNCHERS)}")
+            raise UserError(f"launcher={self.launcher}: expected one of {', '.join(LAUNCHERS)}")
         if self.nodes < 1 or self.procs < 1:
-            raise ValueError(f"nodes={self.nodes}, procs={self.procs}: both must be >= 1")
+            raise UserError(f"nodes={self.nodes}, procs={self.procs}: both must be >= 1")
         if self.launcher == "torchrun" and self.nodes > 1:
             if not self.master_addr:
-                raise ValueError(f"--nodes {self.nodes}: torchrun needs --master-addr <host of node rank 0> (the "
+                raise UserError(f"--nodes {self.nodes}: torchrun needs --master-addr <host of node rank 0> (the "
                                  f"rendezvous host every node can reach) and --node-rank 0..{self.nodes - 1}")
             if self.node_rank is None or not 0 <= self.node_rank < self.nodes:
                 given = "missing" if self.node_rank is None else f"{self.node_rank} is out of range"
-                raise ValueError(f"--node-rank: {given}; with --nodes {self.nodes} give each node its rank, "
+                raise UserError(f"--node-rank: {given}; with --nodes {self.nodes} give each node its rank, "
                                  f"0..{self.nodes - 1} (0 on --master-addr {self.master_addr})")
         if self.rdzv_timeout_s < 1:
-            raise ValueError(f"--rdzv-timeout-s {self.rdzv_timeout_s}: must be >= 1")
+            raise UserError(f"--rdzv-timeout-s {self.rdzv_timeout_s}: must be >= 1")
         if self.signal_lead_s <= self.shutdown_timeout_s and self.launcher == "slurm":
-            raise ValueError(f"signal_lead_s={self.signal_lead_s}: must exceed shutdown_timeout_s="
+            raise UserError(f"signal_lead_s={self.signal_lead_s}: must exceed shutdown_timeout_s="
                              f"{self.shutdown_timeout_s}, or SLURM kills the job while it saves")
 
 
@@ -98,7 +99,7 @@ def deepspeed_argv(cfg: LaunchConfig, overrides: list[str], executable: str = "d
         check_fits(read_hostfile(cfg.hostfile), cfg.nodes, cfg.procs, cfg.hostfile)
         argv += ["--hostfile", cfg.hostfile, "--launcher", cfg.ds_launcher]
     elif cfg.nodes > 1:
-        raise ValueError(f"nodes={cfg.nodes}: the deepspeed launcher needs --hostfile <path> with `host slots=N` "
+        raise UserError(f"nodes={cfg.nodes}: the deepspeed launcher needs --hostfile <path> with `host slots=N` "
                          f"lines (or --launcher torchrun / slurm)")
     argv += ["--num_nodes", str(cfg.nodes), "--num_gpus", str(cfg.procs), "--master_port", str(cfg.master_port)]
     if cfg.master_addr:

@@ -6,6 +6,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from .argv import LaunchConfig
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
@@ -24,7 +25,7 @@ def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig
     try:
         cfg = compose("train", overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
+        raise UserError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
     typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
     branch_points(typed, plan_budget(typed.trainer, typed.data.seq_len, world_size))  # a bad branch budget too
     return typed
@@ -61,13 +62,13 @@ def check_hosts_reachable(hosts: list[str], path: str, timeout_s: int = 10) -> N
                                   "-o", "StrictHostKeyChecking=accept-new", host, "true"],
                                  capture_output=True, text=True, timeout=timeout_s + 5)
         except FileNotFoundError:
-            raise ValueError(f"hostfile {path}: no `ssh` on this machine to reach {host!r} "
+            raise UserError(f"hostfile {path}: no `ssh` on this machine to reach {host!r} "
                              f"(install openssh-client, or use --launcher torchrun / slurm)") from None
         except subprocess.TimeoutExpired:
-            raise ValueError(f"hostfile {path}: host {host!r} did not answer over ssh within {timeout_s} s") from None
+            raise UserError(f"hostfile {path}: host {host!r} did not answer over ssh within {timeout_s} s") from None
         if out.returncode != 0:
             why = (out.stderr.strip().splitlines() or [f"ssh exit code {out.returncode}"])[-1]
-            raise ValueError(f"hostfile {path}: host {host!r} is not reachable over ssh ({why})")
+            raise UserError(f"hostfile {path}: host {host!r} is not reachable over ssh ({why})")
 
 
 def needs_ssh(cfg: LaunchConfig) -> bool:

@@ -19,6 +19,7 @@ from .help import usage
 from .hostfile import read_hostfile
 from .remote_env import remote_env, write_env_file
 from .slurm import sbatch_script
+from ..errors import UserError
 
 _USER_CPP_LOG_LEVEL = os.environ.get("TORCH_CPP_LOG_LEVEL")  # main() quiets c10d here; children get this back
 EXIT_STOPPED = 3  # Ctrl-C (or SIGTERM) under `diffllm launch`: the workers saved a checkpoint; relaunch to continue
@@ -47,27 +48,27 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
         key, _, value = arg[2:].partition("=")
         key = key.replace("-", "_")
         if key not in names:
-            raise ValueError(f"--{key.replace('_', '-')}: unknown launch option (valid: "
+            raise UserError(f"--{key.replace('_', '-')}: unknown launch option (valid: "
                              f"{', '.join('--' + n.replace('_', '-') for n in names)})")
         if not value and names[key].type in ("bool", bool) and (i >= len(argv) or argv[i] not in ("true", "false")):
             value = "true"  # a bare flag: --dry-run
         elif not value:
             if i >= len(argv):
-                raise ValueError(f"--{key.replace('_', '-')}: needs a value")
+                raise UserError(f"--{key.replace('_', '-')}: needs a value")
             value, i = argv[i], i + 1
         if key == "setup":
             setup.append(value)
         elif key == "env":
             k, eq, v = value.partition("=")
             if not eq:
-                raise ValueError(f"--env {value}: expected KEY=VALUE")
+                raise UserError(f"--env {value}: expected KEY=VALUE")
             env[k] = v
         else:
             given[key] = value
     base = OmegaConf.load(find_config("", "launch"))
     launcher = str(given.get("launcher", base.get("launcher", "torchrun")))
     if find_config("launcher", launcher) is None:
-        raise ValueError(f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
+        raise UserError(f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
                          f"(known: {', '.join(group_options('launcher'))})")
     merged = OmegaConf.merge(base, load_group("launcher", launcher), given)
     if setup:
@@ -187,6 +188,6 @@ def main() -> None:
     except HelpRequested:
         print(usage(), end="")
         code = 0
-    except ValueError as e:
+    except UserError as e:
         fail("diffllm launch", str(e))
     sys.exit(code)

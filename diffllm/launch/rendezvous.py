@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 from .argv import LaunchConfig
+from ..errors import UserError
 
 _POLL_S = 0.5
 
@@ -26,19 +27,19 @@ def roll_call(cfg: LaunchConfig) -> None:
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/DistNetworkError with long texts
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         if host and ("in use" in text.lower() or "errno: 98" in text.lower()):
-            raise ValueError(f"rendezvous port {cfg.master_port} on {cfg.master_addr} is already in use (another "
+            raise UserError(f"rendezvous port {cfg.master_port} on {cfg.master_addr} is already in use (another "
                              f"run, or a leftover process?): pick a free one with --master-port") from None
         if host:
-            raise ValueError(f"node rank 0 cannot host the rendezvous at {where}: {text} (is --master-addr "
+            raise UserError(f"node rank 0 cannot host the rendezvous at {where}: {text} (is --master-addr "
                              f"{cfg.master_addr} this machine?)") from None
-        raise ValueError(f"node rank {cfg.node_rank}: could not reach the rendezvous at {where} within "
+        raise UserError(f"node rank {cfg.node_rank}: could not reach the rendezvous at {where} within "
                          f"{cfg.rdzv_timeout_s} s (node rank 0 not started there?): {text}") from None
     store.set(f"node{cfg.node_rank}", "here")
     ranks = [f"node{r}" for r in range(cfg.nodes)]
     while not store.check(ranks):
         if time.monotonic() > deadline:
             missing = [r for r in range(cfg.nodes) if not store.check([f"node{r}"])]
-            raise ValueError(f"rendezvous at {where} timed out after {cfg.rdzv_timeout_s} s: node rank(s) "
+            raise UserError(f"rendezvous at {where} timed out after {cfg.rdzv_timeout_s} s: node rank(s) "
                              f"{', '.join(map(str, missing))} never joined ({cfg.nodes - len(missing)} of "
                              f"{cfg.nodes} nodes did; start `diffllm launch ... --node-rank "
                              f"{missing[0]}` there, or raise --rdzv-timeout-s)")

@@ -14,6 +14,7 @@ from .documents import Documents, causal_mask
 from .layers import apply_rotary
 from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
+from ..errors import UserError
 
 try:  # flash-attn is an optional GPU extra; it cannot be built on CPU machines.
     from flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -82,7 +83,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
         qt, kt = q.transpose(1, 2), k.transpose(1, 2)
         outs = [_flash(qt, kt, vs.transpose(1, 2), docs) for vs in v.split(q.shape[-1], dim=-1)]
         return torch.cat(outs, dim=-1).transpose(1, 2)
-    raise ValueError(f"unknown attention backend {backend!r}")
+    raise UserError(f"unknown attention backend {backend!r}")
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Optional[Documents]) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
+from ..errors import UserError
 
 NORMS = ("rmsnorm", "layernorm")
 BACKENDS = ("eager", "sdpa", "flash", "triton")
@@ -45,7 +46,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:
-            raise ValueError(f"model.{key}: {why}")
+            raise UserError(f"model.{key}: {why}")
 
         from .variant import variant  # the registry imports the variant modules, which import this one
 

@@ -29,6 +29,7 @@ from .documents import Documents
 from .layers import RMSNorm, apply_rotary
 from .remote import RemoteAttention, attend
 from .variant import AttentionVariant, Heads, register
+from ..errors import UserError
 
 
 def _fused_diff_attention():
@@ -181,10 +182,10 @@ class DiffAttention(AttentionVariant):
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         if cfg.n_heads % 2 or cfg.kv_heads % 2:
-            raise ValueError(f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, "
+            raise UserError(f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, "
                              f"{cfg.kv_heads})")
         if not cfg.lambda_std >= 0:
-            raise ValueError(f"model.lambda_std: must be >= 0, got {cfg.lambda_std}")
+            raise UserError(f"model.lambda_std: must be >= 0, got {cfg.lambda_std}")
 
     @classmethod
     def remote_config(cls, cfg: ModelConfig) -> dict:
@@ -196,7 +197,7 @@ class DiffAttention(AttentionVariant):
         inits = getattr(hf_cfg, "lambda_inits", None)
         if inits and any(abs(a - lambda_init_at(cfg, i)) > 0 for i, a in enumerate(inits)):
             if len(set(inits)) != 1:
-                raise ValueError(f"remote: config.json lambda_inits={inits} is neither diffllm's schedule nor a "
+                raise UserError(f"remote: config.json lambda_inits={inits} is neither diffllm's schedule nor a "
                                  f"constant")
             cfg.lambda_init = float(inits[0])
 

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Optional
 
 import torch
+from ..errors import UserError
 
 
 def causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
@@ -40,11 +41,11 @@ class Documents:
 
     def __init__(self, ids: torch.Tensor, n_queries: Optional[int] = None, restart_positions: bool = False):
         if ids.dim() != 2:
-            raise ValueError(f"doc_ids: want (B, S) document ids, got shape {tuple(ids.shape)}")
+            raise UserError(f"doc_ids: want (B, S) document ids, got shape {tuple(ids.shape)}")
         self.ids = ids.long()  # (B, S)
         self.n_queries = ids.shape[1] if n_queries is None else n_queries
         if not 0 < self.n_queries <= ids.shape[1]:
-            raise ValueError(f"Documents: n_queries={n_queries} must be in [1, {ids.shape[1]}] (the key positions)")
+            raise UserError(f"Documents: n_queries={n_queries} must be in [1, {ids.shape[1]}] (the key positions)")
         self.restart_positions = restart_positions
 
     @cached_property
@@ -77,7 +78,7 @@ class Documents:
         """(cu_seqlens int32 (n_docs + 1,), max_seqlen) of the documents over the flattened (B * S) tokens, for
         flash_attn_varlen_func; a document never spans two rows. Only without a KV cache (Tq = S)."""
         if self.n_queries != self.ids.shape[1]:
-            raise ValueError("Documents.varlen: needs the queries at every key position (no KV cache)")
+            raise UserError("Documents.varlen: needs the queries at every key position (no KV cache)")
         return self._varlen
 
     @cached_property

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from ..config import build, fail, group_options, load_group
 from .config import ModelConfig
+from ..errors import UserError
 
 
 def preset_names() -> list[str]:
@@ -28,7 +29,7 @@ def load_preset(name: str) -> ModelConfig:
     if name not in names:
         near = difflib.get_close_matches(name, names, n=3)
         hint = f"did you mean {', '.join(near)}? " if near else ""
-        raise ValueError(f"model={name}: unknown preset ({hint}known: {', '.join(names)})")
+        raise UserError(f"model={name}: unknown preset ({hint}known: {', '.join(names)})")
     return build(ModelConfig, _composed(name), "model")
 
 

@@ -11,6 +11,7 @@ from .config import ModelConfig
 from .documents import Documents
 from .layers import SwiGLU, build_norm, rotary_cos_sin
 from .variant import init_parameter
+from ..errors import UserError
 
 
 class Block(nn.Module):
@@ -68,11 +69,11 @@ class DecoderLM(nn.Module):
         B, T = tokens.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+            raise UserError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
         if doc_ids is not None and doc_ids.shape != tokens.shape:
-            raise ValueError(f"doc_ids: want the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
+            raise UserError(f"doc_ids: want the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
         if restart_positions and doc_ids is None:
-            raise ValueError("restart_positions needs doc_ids (the document of each token)")
+            raise UserError("restart_positions needs doc_ids (the document of each token)")
         docs = None
         if cache is not None:
             cache.check_room(T)

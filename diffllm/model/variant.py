@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 from torch import nn
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -143,7 +144,7 @@ ENV = "DIFFLLM_VARIANTS"  # comma-separated modules that register more variants
 def register(cls: type[AttentionVariant]) -> type[AttentionVariant]:
     """Class decorator: make `cls` the variant for `model.arch = cls.arch`."""
     if cls.arch in _REGISTRY and _REGISTRY[cls.arch] is not cls:
-        raise ValueError(f"arch {cls.arch!r} registered twice ({_REGISTRY[cls.arch].__name__}, {cls.__name__})")
+        raise UserError(f"arch {cls.arch!r} registered twice ({_REGISTRY[cls.arch].__name__}, {cls.__name__})")
     _REGISTRY[cls.arch] = cls
     return cls
 
@@ -161,7 +162,7 @@ def variants() -> dict[str, type[AttentionVariant]]:
         try:
             importlib.import_module(name)  # cached after the first time; its @register fills the table
         except ImportError as e:
-            raise ValueError(f"{ENV}: cannot import {name!r} ({e})") from None
+            raise UserError(f"{ENV}: cannot import {name!r} ({e})") from None
     return dict(sorted(_REGISTRY.items(), key=lambda kv: (not kv[1].baseline, kv[0])))
 
 
@@ -171,7 +172,7 @@ def variant(arch: str) -> type[AttentionVariant]:
     if arch not in table:
         near = difflib.get_close_matches(str(arch), table, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ValueError(f"model.arch: got {arch!r}, expected one of {tuple(table)}{hint}")
+        raise UserError(f"model.arch: got {arch!r}, expected one of {tuple(table)}{hint}")
     return table[arch]
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..results import RunRecord
@@ -131,13 +132,13 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
     run = Run(run_dir)
     config, summary = run.config() or {}, run.summary() or {}
     if "data" not in config or "trainer" not in config:
-        raise ValueError("no config.yaml with data and trainer (a run from before runs kept one)")
+        raise UserError("no config.yaml with data and trainer (a run from before runs kept one)")
     if (config["data"] or {}).get("loss_on", "all") != "all":
-        raise ValueError("data.loss_on=marked: its validation loss counts the marked targets only, the unigram/bigram "
+        raise UserError("data.loss_on=marked: its validation loss counts the marked targets only, the unigram/bigram "
                          "baselines every target")
     data, budget, batch, n_val = _layout(config, summary)
     if budget.tokens > MAX_TOKENS:
-        raise ValueError(f"a budget of {budget.tokens:,} tokens is more than the baselines count "
+        raise UserError(f"a budget of {budget.tokens:,} tokens is more than the baselines count "
                          f"(diffllm.scaling.baselines.MAX_TOKENS = {MAX_TOKENS:,})")
     tok = run.tokenizer()
     path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (batch, n_val))}.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+from ..errors import UserError
 
 DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
 DEFAULT_SELECT_BY = "final_val_loss"  # ... and the metric it chooses by (scaling/select.py SELECT_BY)
@@ -26,11 +27,11 @@ class PlanConfig:
 
     def validate(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
-            raise ValueError(f"nodes={self.nodes}, gpus_per_node={self.gpus_per_node}: need at least one GPU")
+            raise UserError(f"nodes={self.nodes}, gpus_per_node={self.gpus_per_node}: need at least one GPU")
         if not 0 < self.mfu <= 1:
-            raise ValueError(f"mfu={self.mfu}: must be in (0, 1]")
+            raise UserError(f"mfu={self.mfu}: must be in (0, 1]")
         if self.zero_stage not in (None, 0, 1, 2, 3):
-            raise ValueError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
+            raise UserError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
 
 
 @dataclass
@@ -53,12 +54,12 @@ class ScalingConfig:
 
     def validate(self) -> None:
         if self.params not in ("block", "nonembedding", "total"):
-            raise ValueError(f"params={self.params}: expected block, nonembedding or total")
+            raise UserError(f"params={self.params}: expected block, nonembedding or total")
         if self.loss not in ("final_val_loss", "final_train_loss"):
-            raise ValueError(f"loss={self.loss}: expected final_val_loss or final_train_loss")
+            raise UserError(f"loss={self.loss}: expected final_val_loss or final_train_loss")
         if self.joint not in ("auto", "final", "curves", "none"):
-            raise ValueError(f"joint={self.joint}: expected auto, final, curves or none")
+            raise UserError(f"joint={self.joint}: expected auto, final, curves or none")
         if self.compute_ref is not None and not self.compute_ref > 0:
-            raise ValueError(f"compute_ref={self.compute_ref}: must be a positive number of FLOPs (or null)")
+            raise UserError(f"compute_ref={self.compute_ref}: must be a positive number of FLOPs (or null)")
         if self.compute_grid < 2:
-            raise ValueError(f"compute_grid={self.compute_grid}: need at least 2 values of C for the exponents")
+            raise UserError(f"compute_grid={self.compute_grid}: need at least 2 values of C for the exponents")

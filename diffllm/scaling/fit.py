@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ..errors import UserError
 
 ALPHAS = np.concatenate([np.linspace(0.005, 0.1, 39, endpoint=False), np.linspace(0.1, 3.0, 300)])
 
@@ -78,7 +79,7 @@ def _scale(x: np.ndarray) -> float:
 def fit_power_law(x, loss, alphas: np.ndarray = ALPHAS) -> PowerLaw:
     x, y = np.asarray(x, dtype=float), np.asarray(loss, dtype=float)
     if len(x) < 3 or len(np.unique(x)) < 2:
-        raise ValueError(f"a power-law fit needs >= 3 points at >= 2 sizes (got {len(x)} at {len(np.unique(x))})")
+        raise UserError(f"a power-law fit needs >= 3 points at >= 2 sizes (got {len(x)} at {len(np.unique(x))})")
     x0 = _scale(x)
     feats = (x / x0)[None, :] ** -alphas[:, None]  # (G, P)
     X = np.stack([np.ones_like(feats), feats], axis=-1)
@@ -103,7 +104,7 @@ def _refine(alphas, c, sse, design, y, rounds: int = 3):
 def fit_joint(n, d, loss, alphas: np.ndarray | None = None) -> JointLaw:
     n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
     if len(y) < 5 or len(np.unique(n)) < 2 or len(np.unique(d)) < 2:
-        raise ValueError(f"L(N, D) needs >= 5 points over >= 2 sizes and >= 2 token counts (got {len(y)} points, "
+        raise UserError(f"L(N, D) needs >= 5 points over >= 2 sizes and >= 2 token counts (got {len(y)} points, "
                          f"{len(np.unique(n))} sizes, {len(np.unique(d))} token counts)")
     n0, d0 = _scale(n), _scale(d)
     grid_a = grid_b = np.linspace(0.02, 2.0, 60) if alphas is None else alphas

@@ -18,6 +18,7 @@ from ..model.config import ModelConfig
 from ..model.presets import check_model_overrides
 from .activations import ActivationBytes, activation_bytes
 from .config import PlanConfig
+from ..errors import UserError
 
 __all__ = ["PlanConfig", "make_plan", "render", "plan_dict"]
 
@@ -50,7 +51,7 @@ def model_states(psi: int, largest_layer: int, stage: int, gpus_per_node: int, n
     """Per-GPU bytes of the model states of `psi` parameters under ZeRO `stage` on nodes x gpus_per_node GPUs."""
     n = gpus_per_node * nodes
     if offload and stage < 2:
-        raise ValueError(f"offload with zero_stage={stage}: the planner models offload for ZeRO-2 and -3 only")
+        raise UserError(f"offload with zero_stage={stage}: the planner models offload for ZeRO-2 and -3 only")
     if stage == 3:
         gather = 4.0 * largest_layer
         if offload:  # params and optimizer on the CPU (DeepSpeed: offload_param=cpu, offload_optimizer=cpu, zero_init)
@@ -141,7 +142,7 @@ def make_plan(cfg: ModelConfig, pc: PlanConfig) -> Plan:
     batch = parse_count(pc.global_batch_tokens, "global_batch_tokens")
     world = pc.nodes * pc.gpus_per_node
     if batch % (seq_len * world):
-        raise ValueError(
+        raise UserError(
             f"global_batch_tokens={batch}: not a whole number of {seq_len}-token sequences per GPU on {world} GPUs "
             f"(use a multiple of {seq_len * world})")
     samples_per_gpu = batch // (seq_len * world)
@@ -154,12 +155,12 @@ def make_plan(cfg: ModelConfig, pc: PlanConfig) -> Plan:
     rows = [_row(pc, cfg, act, stats.total_params, largest, seq_len, samples_per_gpu, budget, s, c, o)
             for s in stages for o in offloads for c in ckpts if not (o and s < 2)]
     if not rows:
-        raise ValueError(f"offload=true with zero_stage={pc.zero_stage}: offload needs ZeRO-2 or -3")
+        raise UserError(f"offload=true with zero_stage={pc.zero_stage}: offload needs ZeRO-2 or -3")
     plan = Plan(cfg, pc, gpu, seq_len, stats.total_params, stats.nonembedding_params, stats.flops_per_token, tokens,
                 batch, samples_per_gpu, rows)
     if not plan.fitting:
         best = min(rows, key=lambda r: r.total)
-        raise ValueError(
+        raise UserError(
             f"cluster too small: {cfg.name} needs {best.total / GiB:.1f} GiB per GPU even with ZeRO-{best.stage}"
             f"{' + offload' if best.offload else ''}{' + activation checkpointing' if best.checkpointing else ''} at "
             f"micro_batch_size={max(best.micro_batch, 1)} (model states {best.states.gpu / GiB:.1f} GiB), but "

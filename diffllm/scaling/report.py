@@ -31,6 +31,7 @@ from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tok
 from .config import ScalingConfig
 from .select import (Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
                      paired_gaps, run_rows, runs_markdown, select_runs, selection_dict, under_trained_note)
+from ..errors import UserError
 
 def _n(r: RunRecord, params: str) -> Optional[int]:
     return {"block": r.block_params, "nonembedding": r.nonembedding_params, "total": r.total_params}[params]
@@ -135,7 +136,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     cfg.validate()
     finished = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
     if not finished:
-        raise ValueError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
+        raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
     sel = select_runs(finished, cfg.select, cfg.loss)
     notes = list(notes or [])
     done = [r for r in finished if r.run_dir in sel.selected and (cfg.include_undertrained or not r.under_trained)]
@@ -143,12 +144,12 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     if note:
         notes.append(note)
     if not done:
-        raise ValueError(f"sweep_dir={cfg.sweep_dir}: no run left to fit ({note})")
+        raise UserError(f"sweep_dir={cfg.sweep_dir}: no run left to fit ({note})")
     budget = cfg.tokens or max({r.tokens for r in done}, key=lambda t: (len({_n(r, cfg.params) for r in done
                                                                              if r.tokens == t}), t))
     at_budget = [r for r in done if r.tokens == budget]
     if not at_budget:
-        raise ValueError(f"tokens={budget}: no finished run has this budget")
+        raise UserError(f"tokens={budget}: no finished run has this budget")
     points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes)
     gaps, gap_notes = paired_gaps(finished, sel, baseline().arch, cfg.loss)
     result: dict = {"config": asdict(cfg), "runs": len(finished), "fit_runs": len(done), "power_law_tokens": budget,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..results import flatten
 from .config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..results import RunRecord
@@ -105,7 +106,7 @@ def check_select(select: Optional[str], axes: set) -> None:
     if select not in keys:
         near = difflib.get_close_matches(select, sorted(keys), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise ValueError(f"select={select}: no run's config has this key{hint}")
+        raise UserError(f"select={select}: no run's config has this key{hint}")
 
 
 def check_select_by(by: str) -> None:
@@ -113,7 +114,7 @@ def check_select_by(by: str) -> None:
     if by not in SELECT_BY:
         near = difflib.get_close_matches(by, SELECT_BY, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise ValueError(f"select_by={by}: expected one of {', '.join(SELECT_BY)}{hint}")
+        raise UserError(f"select_by={by}: expected one of {', '.join(SELECT_BY)}{hint}")
 
 
 def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,

@@ -20,13 +20,14 @@ from ..launch.argv import shell
 from ..scaling.config import DEFAULT_SELECT_BY
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
+from ..errors import UserError
 
 LAUNCHERS = ("basic", "submitit_slurm")
 
 
 def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:
     if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher={launcher}: expected one of {', '.join(LAUNCHERS)}")
+        raise UserError(f"launcher={launcher}: expected one of {', '.join(LAUNCHERS)}")
     return ([f"hydra/launcher={launcher}"] if launcher != "basic" else []) + list(extra)
 
 

@@ -24,6 +24,7 @@ from ..model.accounting import model_stats
 from ..model.presets import load_preset
 from ..results import kaplan_n
 from ..runs import Run as RunDir
+from ..errors import UserError
 
 JOB_MODULE = "diffllm.sweep.job"
 BUDGET_MODES = ("scratch", "branch")
@@ -49,44 +50,44 @@ class SweepConfig:
 
     def validate(self) -> None:
         if not self.models:
-            raise ValueError("sweep.models: empty; list the presets to sweep")
+            raise UserError("sweep.models: empty; list the presets to sweep")
         for m in self.models:
             load_preset(m)  # unknown preset -> one-line error naming it
         for m in list(self.tokens_by_model) + list(self.seeds_by_model):
             if m not in self.models:
-                raise ValueError(f"sweep.tokens_by_model/seeds_by_model: {m} is not in sweep.models")
+                raise UserError(f"sweep.tokens_by_model/seeds_by_model: {m} is not in sweep.models")
         if self.params not in ("total", "nonembedding", "block"):
-            raise ValueError(f"sweep.params={self.params}: expected total, nonembedding or block")
+            raise UserError(f"sweep.params={self.params}: expected total, nonembedding or block")
         for pattern in self.grid_by_model:
             if not any(fnmatch.fnmatchcase(m, pattern) for m in self.models):
-                raise ValueError(f"sweep.grid_by_model: {pattern!r} matches none of sweep.models")
+                raise UserError(f"sweep.grid_by_model: {pattern!r} matches none of sweep.models")
         overridden = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[-1] for o in self.overrides}
         self._check_budget_mode(overridden)
         for key, values in [*self.grid.items(), *(kv for g in self.grid_by_model.values() for kv in g.items())]:
             where = f"sweep.grid.{key}"
             if key in ("model", "seed", "data.seed", "trainer.tokens", "run_dir", *BRANCH_KEYS):
-                raise ValueError(f"{where}: {key} is set by the sweep itself (models, seeds, tokens, sweep_dir)")
+                raise UserError(f"{where}: {key} is set by the sweep itself (models, seeds, tokens, sweep_dir)")
             if key in overridden:
-                raise ValueError(f"{where}: {key} is also in sweep.overrides; keep it in one place")
+                raise UserError(f"{where}: {key} is also in sweep.overrides; keep it in one place")
             if not isinstance(values, (list, tuple)) or not values:
-                raise ValueError(f"{where}: expected a non-empty list of values, got {values!r}")
+                raise UserError(f"{where}: expected a non-empty list of values, got {values!r}")
             if any(isinstance(v, (list, tuple, dict)) for v in values):
-                raise ValueError(f"{where}: values must be scalars (numbers, strings, null)")
+                raise UserError(f"{where}: values must be scalars (numbers, strings, null)")
         missing = [m for m in self.models if m not in self.tokens_by_model]
         if missing and not self.tokens and not self.tokens_per_param:
-            raise ValueError(f"sweep.tokens: no budget for {missing[0]} (set tokens, tokens_per_param or "
+            raise UserError(f"sweep.tokens: no budget for {missing[0]} (set tokens, tokens_per_param or "
                              f"tokens_by_model)")
 
 
     def _check_budget_mode(self, overridden: dict[str, str]) -> None:
         if self.budget_mode not in BUDGET_MODES:
-            raise ValueError(f"sweep.budget_mode={self.budget_mode}: expected one of {', '.join(BUDGET_MODES)}")
+            raise UserError(f"sweep.budget_mode={self.budget_mode}: expected one of {', '.join(BUDGET_MODES)}")
         for key in BRANCH_KEYS:
             if key in overridden:
-                raise ValueError(f"sweep.overrides: {key} is set by the sweep itself (sweep.budget_mode=branch "
+                raise UserError(f"sweep.overrides: {key} is set by the sweep itself (sweep.budget_mode=branch "
                                  f"makes the branches); remove it")
         if self.budget_mode == "branch" and overridden.get("optim.schedule") != "wsd":
-            raise ValueError("sweep.budget_mode=branch: branches need a warmup-stable-decay schedule; put "
+            raise UserError("sweep.budget_mode=branch: branches need a warmup-stable-decay schedule; put "
                              "optim.schedule=wsd in sweep.overrides")
 
 
@@ -206,7 +207,7 @@ def shard_runs(runs: list[Run], shard: str | None) -> list[Run]:
         return runs
     i, _, n = str(shard).partition("/")
     if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n)):
-        raise ValueError(f"shard={shard}: expected i/n with 0 <= i < n, e.g. shard=0/2")
+        raise UserError(f"shard={shard}: expected i/n with 0 <= i < n, e.g. shard=0/2")
     families = list(dict.fromkeys(r.family for r in runs))[int(i)::int(n)]
     mine = set(families)
     return [r for r in runs if r.family in mine]

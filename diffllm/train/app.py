@@ -8,6 +8,7 @@ import sys
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from ..errors import UserError
 from ..config import hydra_app
 from .config import TrainConfig
 from .dist import strip_local_rank
@@ -27,7 +28,7 @@ def lost_peer(e: BaseException) -> bool:
 def _app(cfg: DictConfig) -> None:
     try:
         code = Trainer(TrainConfig.from_hydra(cfg)).run()
-    except ValueError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
+    except UserError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
         print(f"diffllm train: error: {e}", file=sys.stderr, flush=True)
         code = EXIT_BAD_INPUT
     except RuntimeError as e:

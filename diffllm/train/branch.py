@@ -20,6 +20,7 @@ from ..counts import parse_count
 from ..runs import Run, read_metrics
 from .hooks import Hook
 from .schedule import decay_start
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from .config import Budget, OptimConfig, TrainConfig
@@ -30,7 +31,7 @@ def budget_steps(tokens, key: str, global_batch_tokens: int) -> int:
     n, b = parse_count(tokens, key), global_batch_tokens
     if n % b:
         use = f"{n // b * b} or {(n // b + 1) * b}" if n > b else f"{b}"
-        raise ValueError(f"{key}={tokens}: not a whole number of steps of trainer.global_batch_tokens={b}; use {use}")
+        raise UserError(f"{key}={tokens}: not a whole number of steps of trainer.global_batch_tokens={b}; use {use}")
     return n // b
 
 
@@ -40,7 +41,7 @@ def branch_points(cfg: "TrainConfig", budget: "Budget") -> dict[int, int]:
     if not budgets:
         return {}
     if opt.schedule != "wsd" or opt.decay_fraction == 0:
-        raise ValueError(f"trainer.branch_budgets: branches need a decay to branch into: optim.schedule=wsd with "
+        raise UserError(f"trainer.branch_budgets: branches need a decay to branch into: optim.schedule=wsd with "
                          f"optim.decay_fraction > 0 (got optim.schedule={opt.schedule}, "
                          f"optim.decay_fraction={opt.decay_fraction})")
     points = {}
@@ -48,7 +49,7 @@ def branch_points(cfg: "TrainConfig", budget: "Budget") -> dict[int, int]:
         key = f"trainer.branch_budgets[{i}]"
         steps = budget_steps(tokens, key, budget.global_batch_tokens)
         if steps > budget.steps:
-            raise ValueError(f"{key}={tokens}: beyond this run's budget trainer.tokens={budget.tokens} ({steps} > "
+            raise UserError(f"{key}={tokens}: beyond this run's budget trainer.tokens={budget.tokens} ({steps} > "
                              f"{budget.steps} steps); a branch budget is at most the run's own")
         check_after_warmup(steps, opt, key, tokens)
         points[decay_start(steps, opt)] = steps * budget.global_batch_tokens
@@ -58,7 +59,7 @@ def branch_points(cfg: "TrainConfig", budget: "Budget") -> dict[int, int]:
 def check_after_warmup(steps: int, opt: "OptimConfig", key: str, tokens) -> None:
     """A budget shorter than the warmup warms up to its own end: no prefix is shared with a longer run."""
     if steps <= opt.warmup_steps:
-        raise ValueError(f"{key}={tokens}: {steps} steps, not more than optim.warmup_steps={opt.warmup_steps}; a "
+        raise UserError(f"{key}={tokens}: {steps} steps, not more than optim.warmup_steps={opt.warmup_steps}; a "
                          f"branch must decay after the warmup: use a larger budget")
 
 

@@ -20,6 +20,7 @@ import torch
 
 from ..runs import Checkpoint, Run, damaged_checkpoint
 from .dist import barrier, rank
+from ..errors import UserError
 
 
 class CheckpointManager:
@@ -50,7 +51,7 @@ class CheckpointManager:
         except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
             raise damaged_checkpoint(res.dir / tag, e) from None
         if path is None:
-            raise ValueError(f"{res.dir / tag}: DeepSpeed found no checkpoint files there; the checkpoint is damaged")
+            raise UserError(f"{res.dir / tag}: DeepSpeed found no checkpoint files there; the checkpoint is damaged")
         return client, tag
 
     @staticmethod

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
 from ..counts import parse_count
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -55,7 +56,7 @@ class EvalConfig:
         from ..config import find_config, group_options
 
         def bad(key: str, why: str) -> None:
-            raise ValueError(f"trainer.eval.{key}: {why}")
+            raise UserError(f"trainer.eval.{key}: {why}")
 
         if self.every < 0:
             bad("every", f"must be >= 0, got {self.every}")
@@ -83,7 +84,7 @@ class EvalConfig:
                 key, _, why = str(e).partition("=")
                 names = {"n_needles": "needle_n", "depths": "needle_depths", "queries": "needle_queries",
                          "trials": "needle_trials", "mode": "needle_mode"}
-                raise ValueError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
+                raise UserError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
         if self.recall_n:
             from ..eval.recall import RecallTask
 
@@ -92,7 +93,7 @@ class EvalConfig:
             except ValueError as e:  # its keys are RecallTask's: name ours
                 key, _, why = str(e).partition("=")
                 names = {"pairs": "recall_n", "length": "recall_length", "gap": "recall_gaps"}
-                raise ValueError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
+                raise UserError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
         if self.on and not (self.ppl_data or self.needle_n or self.recall_n):
             bad("every" if self.every else "at_end", "in-loop evaluation is on but measures nothing: set "
                 "trainer.eval.ppl_data=[<data config>], trainer.eval.needle_n=[1,2] and/or trainer.eval.recall_n=[2,4]")
@@ -114,7 +115,7 @@ class SpikesConfig:
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:
-            raise ValueError(f"trainer.spikes.{key}: {why}")
+            raise UserError(f"trainer.spikes.{key}: {why}")
 
         if self.action not in SPIKE_ACTIONS:
             bad("action", f"got {self.action!r}, expected one of {SPIKE_ACTIONS}")
@@ -173,7 +174,7 @@ class TrainerConfig:
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:
-            raise ValueError(f"trainer.{key}: {why}")
+            raise UserError(f"trainer.{key}: {why}")
 
         if self.zero_stage not in (0, 1, 2, 3):
             bad("zero_stage", f"got {self.zero_stage}, expected 0, 1, 2 or 3")
@@ -217,7 +218,7 @@ class OptimConfig:
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:
-            raise ValueError(f"optim.{key}: {why}")
+            raise UserError(f"optim.{key}: {why}")
 
         if self.name != "adamw":
             bad("name", f"got {self.name!r}; only adamw is implemented")
@@ -246,7 +247,7 @@ class LoggingConfig:
 
     def validate(self) -> None:
         if self.wandb not in WANDB_MODES:
-            raise ValueError(f"logging.wandb: got {self.wandb!r}, expected one of {WANDB_MODES}")
+            raise UserError(f"logging.wandb: got {self.wandb!r}, expected one of {WANDB_MODES}")
 
 
 @dataclass(frozen=True)
@@ -283,14 +284,14 @@ def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget
     per_micro = trainer.micro_batch_size * seq_len * world_size
     if batch % per_micro:
         if batch < per_micro:  # smaller than one micro-batch on every rank: CPU trainer defaults on a cluster
-            raise ValueError(
+            raise UserError(
                 f"trainer.global_batch_tokens={batch} is less than one micro-batch on every rank: "
                 f"trainer.micro_batch_size x data.seq_len x world size = {trainer.micro_batch_size} x {seq_len} x "
                 f"{world_size} = {per_micro}; use {per_micro} or a multiple of it, or change trainer.micro_batch_size "
                 f"(the CPU trainer defaults suit one machine; a paper-size model on a cluster wants trainer=paper-scaling)"
             )
         lo, hi = batch // per_micro * per_micro, (batch // per_micro + 1) * per_micro
-        raise ValueError(
+        raise UserError(
             f"trainer.global_batch_tokens={batch} is not a multiple of trainer.micro_batch_size x data.seq_len x "
             f"world size = {trainer.micro_batch_size} x {seq_len} x {world_size} = {per_micro}; "
             f"use {lo} or {hi}, or change trainer.micro_batch_size"
@@ -302,7 +303,7 @@ def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget
     if tokens % batch:
         above = (tokens // batch + 1) * batch
         use = f"{tokens // batch * batch} or {above}" if tokens > batch else f"{above}"  # one number, never twice
-        raise ValueError(
+        raise UserError(
             f"trainer.tokens={tokens} is not a whole number of steps of trainer.global_batch_tokens={batch}; "
             f"use {use} (the run stops exactly at the budget), or trainer.round_tokens=true"
         )

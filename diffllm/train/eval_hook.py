@@ -27,6 +27,7 @@ from ..eval.recall import RecallTask, recall_accuracy
 from ..eval.recall import task_prompts as recall_prompts
 from .config import EvalConfig
 from .hooks import Hook
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -61,7 +62,7 @@ class InLoopEval(Hook):
     def on_start(self, trainer: "Trainer") -> None:
         c, model_len = self.cfg, trainer.model_cfg.max_seq_len
         if self.seq_len > model_len:
-            raise ValueError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
+            raise UserError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
         for name in c.ppl_data:  # what `diffllm eval ppl data=<name>` scores: held-out windows or whole sources
             sets = score_sets(None, name, self.tok, self.seq_len, c.batch_size, c.ppl_max_tokens,
                               doc_mask=self.doc_mask, restart_positions=self.restart_positions)
@@ -71,7 +72,7 @@ class InLoopEval(Hook):
         if c.needle_n:
             length = c.needle_length or self.seq_len
             if length > model_len:
-                raise ValueError(f"trainer.eval.needle_length={length}: longer than the model's context ({model_len})")
+                raise UserError(f"trainer.eval.needle_length={length}: longer than the model's context ({model_len})")
             self.needle = NeedleTask(mode=c.needle_mode, n_needles=list(c.needle_n), queries=c.needle_queries,
                                      depths=list(c.needle_depths), lengths=[length], trials=c.needle_trials,
                                      seed=c.needle_seed, batch_size=c.batch_size)
@@ -80,14 +81,14 @@ class InLoopEval(Hook):
             try:  # prompts that cannot be built fail now, not after the first `every` steps
                 task_prompts(self.needle, self.tok, model_len, self.haystack)
             except ValueError as e:
-                raise ValueError(f"trainer.eval.needle_length={length}: {str(e).removeprefix('lengths: ')}") from None
+                raise UserError(f"trainer.eval.needle_length={length}: {str(e).removeprefix('lengths: ')}") from None
         if c.recall_n:  # no bootstrap in the loop: the curve is the accuracies
             self.recall = RecallTask(n=list(c.recall_n), gaps=list(c.recall_gaps), lengths=[c.recall_length],
                                      trials=c.recall_trials, seed=c.recall_seed, batch_size=c.batch_size, bootstrap=0)
             try:
                 recall_prompts(self.recall, self.tok, model_len)
             except ValueError as e:
-                raise ValueError(f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}") from None
+                raise UserError(f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}") from None
 
     def on_step_end(self, trainer: "Trainer", record: dict) -> None:
         c, step = self.cfg, trainer.state.step

@@ -29,6 +29,7 @@ from .step import train_step
 from .summary import Summary, banner, summary_of
 from .tracking import new_run_id
 from .watchdog import STALL_EXIT_CODE, Watchdog
+from ..errors import UserError
 
 EXIT_FINISHED = 0
 EXIT_PREEMPTED = 3  # a stop signal arrived; the step finished and a checkpoint was saved: relaunch to continue
@@ -58,7 +59,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
         if self.run_obj.dir != self.run_dir:
-            raise ValueError(f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
+            raise UserError(f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
                              f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?")
         self.state, self.stop, self.spikes = TrainState(), StopFlag(), SpikeGuard(cfg.trainer.spikes)
         self.watchdog = Watchdog(cfg.trainer.stall_timeout_s, rank=int(os.environ.get("RANK", "0")))

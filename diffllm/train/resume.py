@@ -16,6 +16,7 @@ from ..runs import Checkpoint, Run, choose_tokenizer, config_hash, find_checkpoi
 from .branch import check_after_warmup
 from .dist import barrier
 from .schedule import decay_start
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -42,17 +43,17 @@ def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
         return run.latest()
     path = Path(mode)
     if not path.exists():
-        raise ValueError(f"trainer.resume={mode}: no such checkpoint (use auto, none or a checkpoint path)")
+        raise UserError(f"trainer.resume={mode}: no such checkpoint (use auto, none or a checkpoint path)")
     found = find_checkpoint(path)
     if found is None:
-        raise ValueError(f"trainer.resume={mode}: no `latest` file or meta.json there")
+        raise UserError(f"trainer.resume={mode}: no `latest` file or meta.json there")
     if found.dir.resolve() == run.checkpoints_dir.resolve() or not run.files():
         return found
     own = run.latest()
     if own is not None and ((run.config() or {}).get("trainer") or {}).get("resume") == mode:
         return own  # this run was started from `mode` by the same command: continue it
     have = ", ".join(p.name for p in run.files())
-    raise ValueError(f"trainer.resume={mode}: run_dir={run.dir} already holds another run ({have}); continuing a "
+    raise UserError(f"trainer.resume={mode}: run_dir={run.dir} already holds another run ({have}); continuing a "
                      f"checkpoint of another run there would mix the two: use a new run_dir (or move run_dir's files "
                      f"away first)")
 
@@ -66,7 +67,7 @@ def check_model(ckpt: Checkpoint, model_cfg) -> None:
     saved, ours = ckpt.meta.get("model", {}), asdict(model_cfg)
     for key in sorted(set(saved) | set(ours)):
         if key not in RUNTIME_KEYS and saved.get(key) != ours.get(key):
-            raise ValueError(f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
+            raise UserError(f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
                              f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
 
 
@@ -77,7 +78,7 @@ def needs_universal(ckpt: Checkpoint, world_size: int, zero_stage: int) -> bool:
     if saved == (world_size, zero_stage):
         return False
     if saved[1] == 0:
-        raise ValueError(f"trainer.zero_stage: {ckpt.path} was saved with ZeRO-0 on {saved[0]} rank(s), which cannot "
+        raise UserError(f"trainer.zero_stage: {ckpt.path} was saved with ZeRO-0 on {saved[0]} rank(s), which cannot "
                          f"be resharded; resume it with trainer.zero_stage=0 on {saved[0]} rank(s)")
     return True
 
@@ -103,7 +104,7 @@ def check_finished_unchanged(run: Run, saved_config: dict, config: dict) -> None
     """A finished run's result is final: relaunching it with a different config is an error naming the keys."""
     changed = changed_keys(saved_config, config)
     if changed:
-        raise ValueError(f"run_dir={run.dir} holds a finished run (summary.json) whose config differs: "
+        raise UserError(f"run_dir={run.dir} holds a finished run (summary.json) whose config differs: "
                          f"{'; '.join(changed)}; its result is not rewritten: use another run_dir, or "
                          f"trainer.resume=none to train afresh there")
 
@@ -111,7 +112,7 @@ def check_finished_unchanged(run: Run, saved_config: dict, config: dict) -> None
 def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> None:
     """A tokenizer passed with data.tokenizer.path must be the one the run was trained with."""
     if configured is not None and configured.fingerprint != kept.fingerprint:
-        raise ValueError(f"data.tokenizer.path={configured_path}: not the tokenizer this run was trained with "
+        raise UserError(f"data.tokenizer.path={configured_path}: not the tokenizer this run was trained with "
                          f"({kept.origin}, vocab {kept.vocab_size}); a resumed run keeps its own tokenizer: drop "
                          f"data.tokenizer.path, or use another run_dir")
 
@@ -137,7 +138,7 @@ def check_prefix(parent: dict, config: dict, src: str) -> None:
     changed = changed_keys(parent, config, ignore=BRANCH_FREE)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise ValueError(f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
+        raise UserError(f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
                          f"branch shares its parent's schedule, data and model up to the branch point: use the "
                          f"parent's value, or train from scratch")
 
@@ -152,32 +153,32 @@ def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
     if own is not None:
         kept = run.branch()
         if kept is None or Path(kept["parent"]).resolve() != parent.dir.resolve():
-            raise ValueError(f"trainer.branch_from={src}: run_dir={run.dir} already holds another run ("
+            raise UserError(f"trainer.branch_from={src}: run_dir={run.dir} already holds another run ("
                              f"{'a branch of ' + kept['parent'] if kept else 'not a branch'}); use a new run_dir")
         return own, None
     if parent.dir.resolve() == run.dir.resolve():
-        raise ValueError(f"trainer.branch_from={src}: the branch's own run_dir; a branch is its own run: use "
+        raise UserError(f"trainer.branch_from={src}: the branch's own run_dir; a branch is its own run: use "
                          f"another run_dir")
     pconf = parent.config() if parent.dir.is_dir() else None
     if pconf is None:
-        raise ValueError(f"trainer.branch_from={src}: not a run directory (no config.yaml); pass the run_dir of a "
+        raise UserError(f"trainer.branch_from={src}: not a run directory (no config.yaml); pass the run_dir of a "
                          f"WSD run")
     if (pconf.get("trainer") or {}).get("branch_from"):
-        raise ValueError(f"trainer.branch_from={src}: a branch itself (of {pconf['trainer']['branch_from']}); branch "
+        raise UserError(f"trainer.branch_from={src}: a branch itself (of {pconf['trainer']['branch_from']}); branch "
                          f"from that run")
     if cfg.optim.schedule != "wsd":
-        raise ValueError(f"trainer.branch_from={src}: needs optim.schedule=wsd (got {cfg.optim.schedule})")
+        raise UserError(f"trainer.branch_from={src}: needs optim.schedule=wsd (got {cfg.optim.schedule})")
     check_prefix(pconf, cfg.resolved, src)
     batch = parse_count(cfg.trainer.global_batch_tokens, "trainer.global_batch_tokens")
     parent_steps = -(-parse_count(pconf["trainer"]["tokens"], "trainer.tokens") // batch)
     if steps > parent_steps:
-        raise ValueError(f"trainer.tokens={cfg.trainer.tokens}: beyond the budget of trainer.branch_from={src} "
+        raise UserError(f"trainer.tokens={cfg.trainer.tokens}: beyond the budget of trainer.branch_from={src} "
                          f"({steps} > {parent_steps} steps); a branch decays before its parent does")
     check_after_warmup(steps, cfg.optim, "trainer.tokens", cfg.trainer.tokens)
     step = decay_start(steps, cfg.optim)
     if step not in parent.steps():
         have = ", ".join(map(str, parent.steps())) or "none"
-        raise ValueError(f"trainer.branch_from={src}: no checkpoint at step {step}, where a budget of "
+        raise UserError(f"trainer.branch_from={src}: no checkpoint at step {step}, where a budget of "
                          f"{steps * batch} tokens begins to decay (its checkpoints: steps {have}); train the parent "
                          f"with {steps * batch} in trainer.branch_budgets")
     record = {"parent": str(parent.dir.resolve()), "step": step, "tokens": step * batch,
@@ -222,14 +223,14 @@ def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, steps:
     if model.init_from is None:
         model.vocab_size = tok.vocab_size
     elif tok.vocab_size > model.padded_vocab_size:
-        raise ValueError(f"model.init_from={model.init_from}: its embedding has {model.padded_vocab_size} rows, the "
+        raise UserError(f"model.init_from={model.init_from}: its embedding has {model.padded_vocab_size} rows, the "
                          f"tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)")
     if ckpt is None:
         return ResumePlan(None, False, model, weights, tok)
     check_model(ckpt, model)
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
-        raise ValueError(f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
+        raise UserError(f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
                          f"from them with model.init_from={ckpt.dir.parent} and another run_dir")
     if run.is_finished() and ckpt.step >= steps:
         check_finished_unchanged(run, saved["config"], cfg.resolved)
@@ -276,7 +277,7 @@ def tokenizer(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], rank: in
         now = (cfg.resolved.get("data") or {}).get("tokenizer") or {}
         changed = changed_keys(saved, now, ignore=("path",)) if saved else []
         if changed:
-            raise ValueError(f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
+            raise UserError(f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
                              f"a resumed run keeps its own {kept}: use another run_dir for a new tokenizer")
         tok = load_tokenizer(str(kept), tok_cfg.eos_token)
         check_same_tokenizer(tok, tok_cfg.path, load_tokenizer(tok_cfg.path, tok_cfg.eos_token)

@@ -24,6 +24,8 @@ import types
 from pathlib import Path
 from typing import Optional
 
+from ...errors import UserError
+
 import torch
 
 from ...model import ModelConfig, remote as remote_layers
@@ -52,7 +54,7 @@ def bundle(cfg: ModelConfig) -> dict[str, str]:
     """File name -> source of the remote-code bundle for cfg's variant."""
     v = cfg.variant
     if v.remote is None:
-        raise ValueError(f"format=remote: {why_not(cfg)}")
+        raise UserError(f"format=remote: {why_not(cfg)}")
     attention = HEADER.format(arch=v.arch, label=v.label, qualname=v.remote.__qualname__, module=v.remote.__module__)
     attention += inspect.getsource(v.remote) + f"\n\nATTENTION = {v.remote.__name__}\n"
     layers = Path(remote_layers.__file__).read_text()
