@@ -25,7 +25,7 @@ from typing import Optional
 from ..errors import UserError
 from ..runs import read_json, read_metrics
 from ..scaling.select import size_of
-from .common import LR, by_size, folder_of, read_records, reached, series_without_lr
+from .common import LR, by_size, folder_of, reached, read_records, series_without_lr
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%
 
@@ -58,7 +58,7 @@ def eval_json(r, name: str) -> dict | None:
     return read_json(path) if path.is_file() else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def curve(run_dir: str) -> tuple[tuple[int, float], ...]:
     """The in-loop recall accuracy by step (read once per run: the table and the plot both use it)."""
     return tuple((m["step"], m["eval/recall/acc"]) for m in read_metrics(run_dir)

@@ -18,7 +18,6 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError

@@ -55,8 +55,8 @@ def test_compare_pairs_by_seed_and_ranks(tmp_path):
     code, out, err = study("compare", f"a={a}", f"b={b}", f"out={tmp_path / 'cmp' / 'compare.md'}")
     assert code == 0, err
     # transformer: a mean 3.1, spread 0.2; b mean 2.95, spread 0.1; a - b = +0.1, +0.2 -> +0.15 [+0.1..+0.2]
-    assert "| transformer | micro-1 | 1,536,000 | 2 | 3.1000 | 0.2000 | 2.9500 | 0.1000 | +0.1500 [+0.1000..+0.2000] |" \
-        in out
+    assert ("| transformer | micro-1 | 1,536,000 | 2 | 3.1000 | 0.2000 | 2.9500 | 0.1000 | +0.1500 [+0.1000..+0.2000] |"
+            in out)
     # diff: a 3.1 / 3.1, b 3.2 / 3.0 -> differences -0.1 and +0.1
     assert "| diff | micro-1 | 1,536,000 | 2 | 3.1000 | 0.0000 | 3.1000 | 0.2000 | +0.0000 [-0.1000..+0.1000] |" in out
     assert "diff2" not in out  # trained by a only
@@ -83,7 +83,8 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path):
     code, out, err = study("compare", f"a={a}", f"b={tmp_path / 'nope'}")
     assert (code, out) == (2, "") and err == (f"diffllm study compare: error: b={tmp_path / 'nope'}: does not exist "
                                               f"(give a sweep directory or its collected runs.csv)\n")
-    assert study("compare", f"a={a}", f"b={a}", "loss=val")[2].startswith("diffllm study compare: error: compare.loss=val")
+    err = study("compare", f"a={a}", f"b={a}", "loss=val")[2]
+    assert err.startswith("diffllm study compare: error: compare.loss=val: expected")
     assert study("stabilty")[2] == "diffllm study: error: unknown study 'stabilty'; did you mean stability?\n"
     assert study("stability", "sweep=x")[0] == 2 and study()[0] == 2
     code, out, _ = study("recall", "--help")
@@ -176,16 +177,16 @@ def test_recall_reads_each_runs_curve_and_eval_results(tmp_path):
     assert "| diff | micro-1 | 0.500 / 0.500 | 0.300 / 0.700 |" in lines
 
 
-@pytest.mark.parametrize("argv, committed", [
-    (["a=docs/micro-branch/runs.csv", "b=docs/micro-branch/control/runs.csv"], "docs/micro-branch/control/compare.md"),
-    (["a=docs/micro-scaling/runs.csv", "b=docs/micro-branch/control/runs.csv"], "docs/micro-branch/control/vs-micro.md"),
-    (["a=docs/micro-retrieval/mix/runs.csv", "b=docs/micro-scaling/runs.csv"], "docs/micro-retrieval/mix/compare.md"),
+@pytest.mark.parametrize("a, b, committed", [
+    ("micro-branch/runs.csv", "micro-branch/control/runs.csv", "micro-branch/control/compare.md"),
+    ("micro-scaling/runs.csv", "micro-branch/control/runs.csv", "micro-branch/control/vs-micro.md"),
+    ("micro-retrieval/mix/runs.csv", "micro-scaling/runs.csv", "micro-retrieval/mix/compare.md"),
 ])
-def test_committed_comparisons_regenerate_byte_for_byte(argv, committed, monkeypatch, tmp_path):
-    monkeypatch.chdir(REPO)
-    code, out, err = study("compare", *argv, f"out={tmp_path / 'compare.md'}")
+def test_committed_comparisons_regenerate_byte_for_byte(a, b, committed, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)  # the paths as the docs give them (the tables name them)
+    code, out, err = study("compare", f"a=docs/{a}", f"b=docs/{b}", f"out={tmp_path / 'compare.md'}")
     assert code == 0, err
-    assert (tmp_path / "compare.md").read_bytes() == (REPO / committed).read_bytes()
+    assert (tmp_path / "compare.md").read_bytes() == (REPO / "docs" / committed).read_bytes()
 
 
 def test_committed_stability_table_regenerates_byte_for_byte(monkeypatch):
