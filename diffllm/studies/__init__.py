@@ -16,11 +16,6 @@ STUDIES = {
 }
 
 
-def config_of(name: str) -> type:
-    """The typed config of study `name` (its keys)."""
-    return importlib.import_module(f"{__name__}.{name}").Config
-
-
 def usage() -> str:
     width = max(map(len, STUDIES)) + 2
     return "\n".join(["usage: diffllm study <name> key=value ...", "", "studies:"]
