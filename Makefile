@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml setup.py
 	@echo "make install: done ($(BIN)/diffllm)"
 
 # The launch tests run a real SLURM (munge, slurmctld, slurmd) and, for DeepSpeed's pdsh launcher, an sshd of their own
-# (scripts/local_ssh.sh; the system's sshd is not started) on this machine: as root on Debian/Ubuntu, `make test`
+# (tests/launch/local_ssh.sh; the system's sshd is not started) on this machine: as root on Debian/Ubuntu, `make test`
 # installs them (once; a no-op when present). Elsewhere those tests skip and say why.
 TEST_PACKAGES := slurmctld slurmd slurm-client munge openssh-client openssh-server pdsh
 test-packages:

@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from .runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
 from .errors import UserError
 
@@ -103,8 +101,6 @@ def find_axes(configs: dict[tuple, list[dict]]) -> list[str]:
 def _seed(summary: dict, run: Run, config: dict) -> Optional[int]:
     if summary.get("seed") is not None:
         return int(summary["seed"])
-    if config.get("seed") is None and (run.dir / ".hydra" / "config.yaml").exists():  # a run of older diffllm
-        config = yaml.safe_load((run.dir / ".hydra" / "config.yaml").read_text()) or {}
     if config.get("seed") is not None:
         return int(config["seed"])
     m = re.search(r"seed(\d+)", run.dir.name)

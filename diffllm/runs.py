@@ -282,7 +282,7 @@ class Run:
         write_atomic(self.dir / METRICS_FILE, "".join(json.dumps(rec) + "\n" for rec in records))
 
     def config(self) -> Optional[dict]:
-        """The run's resolved config (config.yaml), or None for a run written before runs kept one."""
+        """The run's resolved config (config.yaml), or None for a run directory without one (nothing written yet)."""
         from omegaconf import OmegaConf
 
         path = self.dir / CONFIG_FILE
@@ -372,8 +372,8 @@ class Run:
 
         path, _ = choose_tokenizer(self)
         if path is None:
-            raise UserError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory and no data.tokenizer.path in its "
-                             f"config (a run from before runs kept their tokenizer: pass the tokenizer explicitly)")
+            raise UserError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory (a run keeps the tokenizer it "
+                             f"trained with; an import of weights alone has none)")
         tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
         return load_tokenizer(str(path), tok_cfg.get("eos_token", "<|endoftext|>"))
 
@@ -412,8 +412,7 @@ def choose_tokenizer(run: Run, resume: Optional[Checkpoint] = None, configured: 
        keeps that run's: data.tokenizer may not change it;
     2. data.tokenizer.path (`configured`), when set;
     3. a new run from model.init_from: that model's tokenizer (`model_tokenizer`);
-    4. a run read back that is older than runs keeping their tokenizer: the path its config.yaml names;
-    5. None: the configured default (the byte-level BPE trained on the sources, cached)."""
+    4. None: the configured default (the byte-level BPE trained on the sources, cached)."""
     owners = [run] + ([Run(resume.dir.parent)] if resume is not None else [])
     for owner in owners:
         if (owner.dir / TOKENIZER_FILE).is_file():
@@ -422,9 +421,6 @@ def choose_tokenizer(run: Run, resume: Optional[Checkpoint] = None, configured: 
         return Path(configured), False
     if init_from and resume is None:
         return model_tokenizer(init_from), False
-    if resume is None:
-        saved = (((run.config() or {}).get("data") or {}).get("tokenizer") or {}).get("path")
-        return (Path(saved) if saved else None), False
     return None, False
 
 

@@ -33,7 +33,7 @@ NEEDS_STATE = {
     "diffllm export run=runs/diff-tiny-ln out=hf/x format=diffllama": "a trained layernorm run",
     "diffllm import hf/random-llama out=runs/llama-imported": "a run imported once before",
     "diffllm launch --launcher deepspeed --hostfile /tmp/hosts2 --nodes 2 --procs 1 model=diff-tiny":
-        "node-a answers over ssh: scripts/local_ssh.sh (tests/launch/test_deepspeed_ssh_real.py runs this one)",
+        "node-a answers over ssh: tests/launch/local_ssh.sh (tests/launch/test_deepspeed_ssh_real.py runs this one)",
     "python -m diffllm.eval.generate run=runs/diff-tiny prompt=\"$(python -c 'print(\"word \" * 600)')\"":
         "a trained runs/diff-tiny",
 }

@@ -107,6 +107,11 @@ def _eval_compare():
     return main
 
 
+def _study():
+    from ..studies import main
+    return main
+
+
 def _export():
     from ..export.commands import export_main
     return export_main
@@ -183,6 +188,11 @@ _REGISTRY: dict[str, Command] = {
     "eval compare": Command(
         _eval_compare, "one table (and plots) of every eval result for several runs",
         examples=("diffllm eval compare runs=[runs/diff-tiny,runs/transformer-tiny]",)),
+    "study": Command(
+        _study, "a study's tables and figures from collected sweeps: compare, needle, recall, stability",
+        examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",
+                  "diffllm study compare a=docs/micro-branch/runs.csv b=docs/micro-branch/control/runs.csv",
+                  "diffllm study recall sweep_dir=runs/sweep/micro-recall out=docs/micro-retrieval")),
     "export": Command(
         _export, "write a run's checkpoint as a Hugging Face model directory", "export",
         examples=("diffllm export run=runs/diff-tiny out=hf/diff-tiny",

@@ -1,4 +1,4 @@
-"""Throwaway services the launch tests start on this machine with a script of ours (`scripts/<name>.sh up|down DIR`,
+"""Throwaway services the launch tests start on this machine with a script of ours (tests/launch/<name>.sh up|down DIR,
 all state under DIR), and the session fixture's life cycle: skip with the reason, start, always stop and clean up."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class LocalService:
-    script: Path  # scripts/<name>.sh
+    script: Path  # tests/launch/<name>.sh
     what: str  # for messages
 
     def __init__(self, state_dir: Path):

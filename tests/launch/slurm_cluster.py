@@ -1,5 +1,5 @@
-"""A real one-node SLURM cluster for the tests (scripts/local_slurm.sh: munged + slurmctld + slurmd on localhost), and
-small helpers to submit through `diffllm launch --launcher slurm` and follow a job with scontrol."""
+"""A real one-node SLURM cluster for the tests (local_slurm.sh beside this file: munged + slurmctld + slurmd on
+localhost), and small helpers to submit through `diffllm launch --launcher slurm` and follow a job with scontrol."""
 from __future__ import annotations
 
 import os
@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from tests.launch.local_service import REPO, LocalService
+from tests.launch.local_service import LocalService
 
-SCRIPT = REPO / "scripts" / "local_slurm.sh"
+SCRIPT = Path(__file__).with_name("local_slurm.sh")
 TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 
 

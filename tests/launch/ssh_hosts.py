@@ -1,5 +1,6 @@
-"""Two ssh "hosts" on this machine for DeepSpeed's pdsh launcher (scripts/local_ssh.sh: an sshd of our own on a free
-127.0.0.1 port, a throwaway key, aliases node-a and node-b); `env` puts its ssh (with that config) first on PATH."""
+"""Two ssh "hosts" on this machine for DeepSpeed's pdsh launcher (local_ssh.sh beside this file: an sshd of our own on
+a free 127.0.0.1 port, a throwaway key, aliases node-a and node-b); `env` puts its ssh (with that config) first on
+PATH."""
 from __future__ import annotations
 
 import os
@@ -7,9 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from tests.launch.local_service import REPO, LocalService
+from tests.launch.local_service import LocalService
 
-SCRIPT = REPO / "scripts" / "local_ssh.sh"
+SCRIPT = Path(__file__).with_name("local_ssh.sh")
 TOOLS = ("sshd", "ssh", "ssh-keygen", "pdsh")
 HOSTS = ("node-a", "node-b")
 

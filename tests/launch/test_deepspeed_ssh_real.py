@@ -76,7 +76,7 @@ def test_the_host_that_does_not_answer_is_named(ssh_hosts, tmp_path):
 
 
 def test_local_ssh_down_leaves_nothing(tmp_path):
-    """scripts/local_ssh.sh up, then down: the sshd is gone, and so is every file it wrote."""
+    """tests/launch/local_ssh.sh up, then down: the sshd is gone, and so is every file it wrote."""
     why = ssh.unavailable()
     if why:
         pytest.skip(f"local ssh hosts: {why}")

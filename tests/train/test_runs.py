@@ -91,7 +91,7 @@ def test_paths_that_are_not_runs(tmp_path):
 
 def test_choose_tokenizer_is_the_one_decision_in_its_order(tmp_path):
     """kept (own, then the resumed run's) > data.tokenizer.path > init_from's (a tokenizer.json or an HF folder) >
-    an old run's config path > None (the configured default)."""
+    None (the configured default)."""
     run, other, hf, hf_slow = (Run(tmp_path / n) for n in ("run", "other", "hf", "hf_slow"))
     for r in (run, other, hf, hf_slow):
         r.dir.mkdir()
@@ -106,7 +106,7 @@ def test_choose_tokenizer_is_the_one_decision_in_its_order(tmp_path):
     assert choose_tokenizer(run, from_other, configured="my/tok.json") == (other.dir / "tokenizer.json", True)
     assert choose_tokenizer(run, from_other, init_from=hf.dir) == (other.dir / "tokenizer.json", True)
     run.write_config({"data": {"tokenizer": {"path": "old/tok.json"}}}, own_tokenizer=False)
-    assert choose_tokenizer(run) == (Path("old/tok.json"), False)  # a run from before runs kept their tokenizer
+    assert choose_tokenizer(run) == (None, False)  # a path in config.yaml is no tokenizer the run keeps
     run.write_tokenizer("{}")
     assert choose_tokenizer(run, configured="my/tok.json") == (run.dir / "tokenizer.json", True)
 

@@ -1,12 +1,9 @@
-"""A learning-rate stability sweep (configs/sweep/micro-stability.yaml) as one table: per series, size and learning
-rate (as a multiple of the smallest tried, 1x = the best lr of configs/sweep/micro.yaml), over seeds: the final
-validation loss, how many runs diverged, the spike count (trainer.spikes), the largest pre-clip grad norm, the largest
-block activation and attention logit of any logged step (the trainer's telemetry), and for Diff the lowest lambda_min
-and how many runs took a lambda below zero. Every value comes from `sweep collect`'s records (summary.json and
-metrics.jsonl of each run).
-
-    python scripts/sweep_stability.py sweep_dir=runs/sweep/micro-stability [out=docs/micro-stability/stability.md]
-    python scripts/sweep_stability.py sweep_dir=docs/micro-stability/runs.csv   # the table `sweep collect` wrote
+"""A learning-rate stability sweep (configs/sweep/micro-stability.yaml, docs/micro-stability.md) as one table: per
+series, size and learning rate (as a multiple of the smallest tried, 1x = the best lr of configs/sweep/micro.yaml),
+over seeds: the final validation loss, how many runs diverged, the spike count (trainer.spikes), the largest pre-clip
+grad norm, the largest block activation and attention logit of any logged step (the trainer's telemetry), and for Diff
+the lowest lambda_min and how many runs took a lambda below zero. Every value comes from `sweep collect`'s records
+(summary.json and metrics.jsonl of each run).
 
 With the run directories at hand (a sweep directory, or a runs.csv whose run_dir paths exist), a second table says
 where Diff's lambda goes negative: per run, the first logged step with a layer's lambda below zero, those layers, and
@@ -19,16 +16,22 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections import defaultdict
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Optional
 
-from diffllm.results import read_csv
-from diffllm.runs import read_metrics
-from diffllm.scaling.select import series_label, size_of
-from diffllm.sweep.collect import collect
+from ..errors import UserError
+from ..runs import read_metrics
+from ..scaling.select import size_of
+from .common import LR, by_size, emit, read_records, series_without_lr
 
-LR = "optim.lr"
+
+@dataclass
+class Config:
+    """A learning-rate stability sweep as a markdown table, and where Diff's lambda goes negative (needs the runs)."""
+
+    sweep_dir: str = ""  # the sweep directory (collected here) or the runs.csv `sweep collect` wrote for it
+    out: Optional[str] = None  # also write the tables to this file (e.g. docs/micro-stability/stability.md)
 
 
 def diverged(r) -> bool:
@@ -45,15 +48,14 @@ def _span(values: list, fmt: str) -> str:
 
 
 def rows(records: list) -> list[str]:
+    series = series_without_lr(records)
     groups: dict[tuple, list] = defaultdict(list)
-    for r in records:  # series: the arch and its axes other than the learning rate that vary (as sweep collect's)
-        varying = [k for k in sorted(r.axes) if k != LR and len({repr(q.axes.get(k)) for q in records
-                                                                 if q.arch == r.arch}) > 1]
-        groups[(series_label(r, varying), size_of(r.model, r.arch))].append(r)
+    for r in records:
+        groups[(series[r.run_dir], size_of(r.model, r.arch))].append(r)
     lines = ["| series | size | lr | x best | runs | diverged | final val loss: median [min..max] | spikes | "
              "max grad norm | max activation | max attn logit | lowest λ_min | runs with λ < 0 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (series, size), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (series, size), runs in by_size(groups):
         base = min(r.axes[LR] for r in runs)
         by_lr: dict[float, list] = defaultdict(list)
         for r in runs:
@@ -90,27 +92,15 @@ def lambda_rows(records: list) -> list[str]:
             "|---|---|---|---|---|---|---|"] + lines
 
 
-def main(argv: list[str]) -> None:
-    args = dict(a.split("=", 1) for a in argv if "=" in a)
-    if set(args) - {"sweep_dir", "out"} or "sweep_dir" not in args or len(args) != len(argv):
-        sys.exit("usage: sweep_stability.py sweep_dir=<dir> [out=<file.md>]")
-    source = Path(args["sweep_dir"])
-    if not source.exists():
-        sys.exit(f"sweep_stability.py: {source} does not exist (give a sweep directory or its collected runs.csv)")
-    records = read_csv(source) if source.is_file() else collect(source, select=None)
+def run(c: Config) -> str:
+    """The tables as text (printed, and written to `out` when given)."""
+    records = read_records(c.sweep_dir, "sweep_dir", select=None)
     unfinished = [r.run_dir for r in records if r.status != "finished"]
     if unfinished or any(LR not in r.axes for r in records):
-        sys.exit(f"sweep_stability.py: {len(unfinished)} unfinished run(s), e.g. {unfinished[:1]}, or runs without "
-                 f"an {LR} axis: finish the sweep first")
+        raise UserError(f"sweep_dir={c.sweep_dir}: {len(unfinished)} unfinished run(s), e.g. {unfinished[:1]}, or "
+                        f"runs without an {LR} axis: finish the sweep first")
     text = ("Median [min..max] over seeds; spikes at trainer.spikes' defaults (z > 6 over a 128-step window, armed "
             "after 64 steps, action=log); diverged: no finite final validation loss, or worse than the unigram "
             "baseline (its runs are left out of the loss column).\n\n" + "\n".join(rows(records) + lambda_rows(records))
             + "\n")
-    if "out" in args:
-        Path(args["out"]).parent.mkdir(parents=True, exist_ok=True)
-        Path(args["out"]).write_text(text)
-    print(text, end="")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    return emit(text, c.out)

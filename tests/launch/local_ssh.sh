@@ -2,8 +2,8 @@
 # Two "hosts" on this machine for DeepSpeed's pdsh launcher: an sshd of our own on a free 127.0.0.1 port, a throwaway
 # key pair, and the aliases node-a and node-b, both reaching it. Nothing outside DIR changes: not the system sshd,
 # not ~/.ssh (only /run/sshd is created when missing, as sshd insists on it when it runs as root).
-#   scripts/local_ssh.sh up   [DIR]   start it (DIR default: /tmp/diffllm-ssh); prints `export PATH=DIR/bin:$PATH`
-#   scripts/local_ssh.sh down [DIR]   stop that sshd and delete the keys and configs it wrote under DIR
+#   tests/launch/local_ssh.sh up   [DIR]   start it (DIR default: /tmp/diffllm-ssh); prints `export PATH=DIR/bin:$PATH`
+#   tests/launch/local_ssh.sh down [DIR]   stop that sshd and delete the keys and configs it wrote under DIR
 # DIR/bin/ssh runs `ssh -F DIR/ssh_config "$@"`: with DIR/bin first on PATH, DeepSpeed's own `ssh HOST hostname`
 # check, pdsh's ssh module and `diffllm launch`'s reachability check all use our config; every other host falls
 # through to ~/.ssh/config and /etc/ssh/ssh_config as usual. Needs Debian's openssh-server, openssh-client and pdsh
@@ -53,7 +53,7 @@ up() {
   port=$(free_port)
   user=$(id -un)
   cat > "$DIR/sshd_config" <<EOF
-# Written by scripts/local_ssh.sh: key-only logins for $user on 127.0.0.1:$port, state under $DIR
+# Written by tests/launch/local_ssh.sh: key-only logins for $user on 127.0.0.1:$port, state under $DIR
 Port $port
 ListenAddress 127.0.0.1
 HostKey $DIR/ssh_host_ed25519_key
@@ -73,7 +73,7 @@ AllowAgentForwarding no
 MaxStartups 64
 EOF
   cat > "$DIR/ssh_config" <<EOF
-# Written by scripts/local_ssh.sh: $HOSTS are this machine's sshd on 127.0.0.1:$port
+# Written by tests/launch/local_ssh.sh: $HOSTS are this machine's sshd on 127.0.0.1:$port
 Host $HOSTS
   HostName 127.0.0.1
   Port $port
@@ -92,7 +92,7 @@ Include /etc/ssh/ssh_config
 EOF
   cat > "$DIR/bin/ssh" <<EOF
 #!/bin/sh
-# scripts/local_ssh.sh: ssh with the aliases $HOSTS (config: $DIR/ssh_config)
+# tests/launch/local_ssh.sh: ssh with the aliases $HOSTS (config: $DIR/ssh_config)
 exec $(command -v ssh) -F $DIR/ssh_config "\$@"
 EOF
   chmod 755 "$DIR/bin/ssh"
@@ -114,5 +114,5 @@ EOF
 case "$cmd" in
   up) up ;;
   down) down ;;
-  *) echo "usage: scripts/local_ssh.sh up|down [DIR]" >&2; exit 2 ;;
+  *) echo "usage: tests/launch/local_ssh.sh up|down [DIR]" >&2; exit 2 ;;
 esac

@@ -2,11 +2,6 @@
 Made for a schedule control (configs/sweep/micro-branch-control.yaml: linear-schedule runs from scratch at some of
 configs/sweep/micro-branch.yaml's points, which WSD branches trained), usable for any two sweeps of one grid.
 
-    python scripts/sweep_compare.py a=runs/sweep/micro-branch b=runs/sweep/micro-branch-control [loss=final_val_loss]
-    python scripts/sweep_compare.py a=docs/micro-branch/runs.csv b=docs/micro-branch/control/runs.csv
-
-Each side is a sweep directory (collected here) or the runs.csv that `sweep collect` wrote for one.
-
 Per (series, size, budget): the mean loss over the shared seeds in each sweep, the seed spread of each (max - min), and
 the paired difference a - b (seed by seed: same data order, same initialisation) as mean [min..max]. Then, per (size,
 budget), the series ranked by mean loss in each sweep, and whether the order is the same. Each sweep's series are
@@ -14,18 +9,34 @@ taken at their best-of-grid value of `select` (default optim.lr), as `sweep coll
 """
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from diffllm.results import read_csv
-from diffllm.scaling.select import select_runs, size_of
-from diffllm.sweep.collect import collect
+from ..errors import UserError
+from ..scaling.select import select_runs, size_of
+from .common import LR, emit, read_records
 
 
-def points(root: Path, loss: str, select: str) -> dict[tuple, float]:
+@dataclass
+class Config:
+    """Two collected sweeps on the points both trained: paired differences, seed spreads and rankings (markdown)."""
+
+    a: str = ""  # one sweep: its directory (collected here) or the runs.csv `sweep collect` wrote for it
+    b: str = ""  # the other sweep, likewise
+    loss: str = "final_val_loss"  # the loss compared: final_val_loss | final_train_loss
+    select: str = LR  # the axis whose best-of-grid value each series is taken at (as `sweep collect` marks it)
+    out: Optional[str] = None  # also write the table to this file (e.g. docs/micro-branch/control/compare.md)
+
+    def validate(self) -> None:
+        if self.loss not in ("final_val_loss", "final_train_loss"):
+            raise UserError(f"compare.loss={self.loss}: expected final_val_loss or final_train_loss")
+
+
+def points(source: str, key: str, loss: str, select: str) -> dict[tuple, float]:
     """{(series, size, tokens, seed): loss} of the finished runs at their group's selected value."""
-    records = read_csv(root) if root.is_file() else collect(root, select=select, baselines=False)
+    records = read_records(source, key, select=select, baselines=False)
     sel = select_runs(records, select, loss)
     out = {}
     for r in records:
@@ -49,10 +60,12 @@ def table(a: dict, b: dict, names: tuple[str, str]) -> list[str]:
         lines.append(f"| {series} | {size} | {tokens:,} | {len(pairs)} | {sum(xa) / len(xa):.4f} | "
                      f"{max(xa) - min(xa):.4f} | {sum(xb) / len(xb):.4f} | {max(xb) - min(xb):.4f} | "
                      f"{sum(d) / len(d):+.4f} [{min(d):+.4f}..{max(d):+.4f}] |")
-    lines += ["", f"| size | tokens | ranking in {na} (best first) | ranking in {nb} | same order |", "|---|---|---|---|---|"]
+    lines += ["", f"| size | tokens | ranking in {na} (best first) | ranking in {nb} | same order |",
+              "|---|---|---|---|---|"]
     by_point: dict[tuple, dict] = defaultdict(dict)
     for (series, size, tokens), pairs in groups.items():
-        by_point[(size, tokens)][series] = (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
+        by_point[(size, tokens)][series] = (sum(p[0] for p in pairs) / len(pairs),
+                                            sum(p[1] for p in pairs) / len(pairs))
     for (size, tokens), means in sorted(by_point.items()):
         ra = sorted(means, key=lambda s: means[s][0])
         rb = sorted(means, key=lambda s: means[s][1])
@@ -60,23 +73,12 @@ def table(a: dict, b: dict, names: tuple[str, str]) -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> None:
-    args = dict(a.split("=", 1) for a in argv if "=" in a)
-    if set(args) - {"a", "b", "loss", "select"} or not {"a", "b"} <= set(args) or len(args) != len(argv):
-        sys.exit("usage: sweep_compare.py a=<sweep_dir> b=<sweep_dir> [loss=final_val_loss] [select=optim.lr]")
-    loss, select = args.get("loss", "final_val_loss"), args.get("select", "optim.lr")
-    a, b = Path(args["a"]), Path(args["b"])
-    for side in (a, b):
-        if not side.exists():
-            sys.exit(f"sweep_compare.py: {side} does not exist (give a sweep directory or its collected runs.csv)")
-    pa, pb = points(a, loss, select), points(b, loss, select)
+def run(c: Config) -> str:
+    """The comparison as text (printed, and written to `out` when given)."""
+    pa, pb = points(c.a, "a", c.loss, c.select), points(c.b, "b", c.loss, c.select)
     if not set(pa) & set(pb):
-        sys.exit(f"sweep_compare.py: {a} and {b} share no (series, size, tokens, seed) point")
-    print(f"{loss}: a = {a}, b = {b}; the points both sweeps trained")
-    print()
-    names = tuple(p.parent.name if p.is_file() else p.name for p in (a, b))
-    print("\n".join(table(pa, pb, names if names[0] != names[1] else ("a", "b"))))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        raise UserError(f"a={c.a} and b={c.b} share no (series, size, tokens, seed) point")
+    names = tuple(p.parent.name if p.is_file() else p.name for p in (Path(c.a), Path(c.b)))
+    lines = [f"{c.loss}: a = {c.a}, b = {c.b}; the points both sweeps trained", ""]
+    text = "\n".join(lines + table(pa, pb, names if names[0] != names[1] else ("a", "b"))) + "\n"
+    return emit(text, c.out)

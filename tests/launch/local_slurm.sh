@@ -1,7 +1,7 @@
 #!/bin/bash
 # A throwaway one-node SLURM cluster on this machine: munged + slurmctld + slurmd, all state in one folder.
-#   scripts/local_slurm.sh up   [DIR]   start it (DIR default: /tmp/diffllm-slurm); prints `export SLURM_CONF=...`
-#   scripts/local_slurm.sh down [DIR]   stop the daemons started from DIR (by their pid files) and cancel its jobs
+#   tests/launch/local_slurm.sh up   [DIR]   start it (DIR default: /tmp/diffllm-slurm); prints `export SLURM_CONF=...`
+#   tests/launch/local_slurm.sh down [DIR]   stop the daemons started from DIR (by their pid files) and cancel its jobs
 # Needs root and Debian's slurmctld, slurmd, slurm-client and munge (`apt-get install slurmctld slurmd slurm-client
 # munge`). Containers have no systemd and often no usable cgroups, so the generated slurm.conf uses
 # proctrack/linuxproc, task/none, no accounting and no cgroup plugins. The tests (tests/launch/slurm_cluster.py)
@@ -60,7 +60,7 @@ up() {
   cpus=$(nproc)
   mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
   cat > "$CONF" <<EOF
-# Written by scripts/local_slurm.sh: one node ($host, $cpus CPUs), partition "local", state under $DIR
+# Written by tests/launch/local_slurm.sh: one node ($host, $cpus CPUs), partition "local", state under $DIR
 ClusterName=diffllm-local
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$(free_port)
@@ -116,5 +116,5 @@ EOF
 case "$cmd" in
   up) up ;;
   down) down ;;
-  *) echo "usage: scripts/local_slurm.sh up|down [DIR]" >&2; exit 2 ;;
+  *) echo "usage: tests/launch/local_slurm.sh up|down [DIR]" >&2; exit 2 ;;
 esac

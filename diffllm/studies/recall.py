@@ -1,7 +1,5 @@
-"""The retrieval study's tables and figure (configs/sweep/micro-recall*.yaml, docs/micro-retrieval.md), from a sweep
-directory after `diffllm sweep collect` and the eval commands have run on it:
-
-    python scripts/recall_study.py sweep_dir=runs/sweep/micro-recall [out=docs/micro-retrieval]
+"""The retrieval study (configs/sweep/micro-recall*.yaml, docs/micro-retrieval.md): tables and a figure from a sweep
+directory after `diffllm sweep collect` and the eval commands have run on it.
 
 Per (series, size), the runs at the series' chosen lr: the lr with the most finished seeds (phase 1 tried four lrs
 on seed 1; phase 2 ran seeds 2-5 at the lr `sweep collect select_by=recall_acc` chose, so that lr has them all). For
@@ -20,14 +18,24 @@ import math
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from diffllm.runs import read_json, read_metrics
-from diffllm.scaling.select import series_label, size_of
-from diffllm.sweep.collect import collect
+from ..errors import UserError
+from ..runs import read_json, read_metrics
+from ..scaling.select import size_of
+from .common import LR, by_size, folder_of, reached, read_records, series_without_lr
 
-LR = "optim.lr"
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%
+
+
+@dataclass
+class Config:
+    """The retrieval study's tables and figure from a sweep after eval recall and eval attention task=recall."""
+
+    sweep_dir: str = ""  # the sweep directory (or its collected runs.csv, whose run_dir paths hold the eval results)
+    out: Optional[str] = None  # the folder for study.md and recall_vs_step.png (default: the sweep's folder)
 
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
@@ -50,7 +58,7 @@ def eval_json(r, name: str) -> dict | None:
     return read_json(path) if path.is_file() else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def curve(run_dir: str) -> tuple[tuple[int, float], ...]:
     """The in-loop recall accuracy by step (read once per run: the table and the plot both use it)."""
     return tuple((m["step"], m["eval/recall/acc"]) for m in read_metrics(run_dir)
@@ -60,15 +68,10 @@ def curve(run_dir: str) -> tuple[tuple[int, float], ...]:
 def chosen_runs(records) -> dict[tuple, list]:
     """(series, size) -> the finished runs at the lr with the most seeds (ties: the lower lr), sorted by seed."""
     done = [r for r in records if r.status == "finished" and r.recall_acc is not None]
-    archs = defaultdict(list)
-    for r in done:
-        archs[r.arch].append(r)
+    series = series_without_lr(done)
     by_lr: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
-    for arch, rs in archs.items():
-        varying = [k for k in sorted({k for r in rs for k in r.axes}) if k != LR
-                   and len({repr(r.axes.get(k)) for r in rs}) > 1]
-        for r in rs:
-            by_lr[(series_label(r, varying), size_of(r.model, r.arch))][r.axes.get(LR)].append(r)
+    for r in done:
+        by_lr[(series[r.run_dir], size_of(r.model, r.arch))][r.axes.get(LR)].append(r)
     return {key: sorted(max(lrs.items(), key=lambda kv: (len(kv[1]), -(kv[0] or 0)))[1], key=lambda r: r.seed)
             for key, lrs in by_lr.items()}
 
@@ -78,16 +81,9 @@ def final_acc(r) -> float:
     return ev["mean"] if ev else r.recall_acc
 
 
-def steps_to(rs, field: str) -> str:
-    got = [getattr(r, field) for r in rs if getattr(r, field) is not None]
-    return f"{statistics.median(got):.0f} ({len(got)}/{len(rs)})" if got else f"- (0/{len(rs)})"
-
-
 def steps_to_level(rs, level: float) -> str:
     """The first in-loop evaluation at >= level, from each run's curve: median over the seeds that got there."""
-    got = [next((step for step, acc in curve(r.run_dir) if acc >= level), None) for r in rs]
-    got = [g for g in got if g is not None]
-    return f"{statistics.median(got):.0f} ({len(got)}/{len(rs)})" if got else f"- (0/{len(rs)})"
+    return reached([next((step for step, acc in curve(r.run_dir) if acc >= level), None) for r in rs], len(rs))
 
 
 def main_table(chosen: dict) -> list[str]:
@@ -96,14 +92,15 @@ def main_table(chosen: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     base = {size: {r.seed: final_acc(r) for r in rs} for (s, size), rs in chosen.items() if s == "transformer"}
     has_curves = all((Path(r.run_dir) / "metrics.jsonl").is_file() for rs in chosen.values() for r in rs)
-    for (series, size), rs in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (series, size), rs in by_size(chosen):
         accs = [final_acc(r) for r in rs]
         paired = [final_acc(r) - base[size][r.seed] for r in rs if r.seed in base.get(size, {})]
         diff = "-" if series == "transformer" or not paired else f"{fmt_ci(paired)} (n={len(paired)})"
         lr = rs[0].axes.get(LR)  # None: the lr is no axis (one value for every run)
         lines.append(f"| {series} | {size} | {'-' if lr is None else f'{lr:g}'} | {len(rs)} | {fmt_ci(accs)} | "
-                     f"{sum(a >= 0.9 for a in accs)}/{len(rs)} | {steps_to(rs, 'recall_step_50')} | "
-                     f"{steps_to(rs, 'recall_step_90')} | {steps_to_level(rs, 0.2) if has_curves else '-'} | {diff} |")
+                     f"{sum(a >= 0.9 for a in accs)}/{len(rs)} | {reached([r.recall_step_50 for r in rs], len(rs))} | "
+                     f"{reached([r.recall_step_90 for r in rs], len(rs))} | "
+                     f"{steps_to_level(rs, 0.2) if has_curves else '-'} | {diff} |")
     return lines
 
 
@@ -127,9 +124,9 @@ def cell_table(chosen: dict, key: str) -> list[str]:
     if not table:
         return []
     values = sorted(values)
-    lines = [f"| series | size | " + " | ".join(f"{key}={v}" for v in values) + " |",
+    lines = ["| series | size | " + " | ".join(f"{key}={v}" for v in values) + " |",
              "|---|---|" + "---|" * len(values)]
-    for (series, size), per in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (series, size), per in by_size(table):
         cells = [f"{statistics.mean(per[v]):.3f}" if per.get(v) else "-" for v in values]
         lines.append(f"| {series} | {size} | " + " | ".join(cells) + " |")
     return lines
@@ -138,7 +135,7 @@ def cell_table(chosen: dict, key: str) -> list[str]:
 def attention_table(chosen: dict) -> list[str]:
     """Attention mass on the queried pair (answer) and on the filler (noise) per layer, mean over seeds and cells."""
     rows, layers = [], 0
-    for (series, size), rs in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (series, size), rs in by_size(chosen):
         answer, noise = defaultdict(list), defaultdict(list)
         for r in rs:
             ev = eval_json(r, "attention-recall.json")
@@ -152,7 +149,7 @@ def attention_table(chosen: dict) -> list[str]:
                                         for k in sorted(answer)]))
     if not rows:
         return []
-    return ([f"| series | size | " + " | ".join(f"layer {k}: answer / noise" for k in range(layers)) + " |",
+    return (["| series | size | " + " | ".join(f"layer {k}: answer / noise" for k in range(layers)) + " |",
              "|---|---|" + "---|" * layers]
             + [f"| {series} | {size} | " + " | ".join(cells + ["-"] * (layers - len(cells))) + " |"
                for series, size, cells in rows])
@@ -182,18 +179,12 @@ def plot(chosen: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str]) -> None:
-    args = dict(a.split("=", 1) for a in argv)
-    unknown = set(args) - {"sweep_dir", "out"}
-    if unknown or "sweep_dir" not in args:
-        sys.exit(f"usage: recall_study.py sweep_dir=DIR [out=DIR] (got {' '.join(argv) or 'nothing'})")
-    root = Path(args["sweep_dir"])
-    if not root.is_dir():
-        sys.exit(f"recall_study.py: sweep_dir={root}: no such directory")
-    chosen = chosen_runs(collect(root, select=None, baselines=False))
+def run(c: Config) -> str:
+    """Write <out>/study.md and <out>/recall_vs_step.png; returns study.md's text."""
+    chosen = chosen_runs(read_records(c.sweep_dir, "sweep_dir", select=None, baselines=False))
     if not chosen:
-        sys.exit(f"recall_study.py: sweep_dir={root}: no finished run with an in-loop recall accuracy")
-    out = Path(args.get("out", root))
+        raise UserError(f"sweep_dir={c.sweep_dir}: no finished run with an in-loop recall accuracy")
+    out = Path(c.out) if c.out else folder_of(c.sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = [["Final held-out recall accuracy per series and size at its chosen lr (95% t-intervals over seeds):", ""]
              + main_table(chosen)]
@@ -211,7 +202,4 @@ def main(argv: list[str]) -> None:
     plot(chosen, out / "recall_vs_step.png")
     print(text, end="")
     print(f"wrote {out / 'study.md'}, {out / 'recall_vs_step.png'}", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    return text

@@ -1,0 +1,69 @@
+"""What the studies share: where their runs come from (a sweep directory, collected here, or the runs.csv `sweep
+collect` wrote for one), a run's series with the learning rate left out, the median of "steps to a level" with how
+many seeds got there, the (size, series) order of every table, and where the text goes."""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Optional, TypeVar
+
+from ..errors import UserError
+from ..results import RunRecord, read_csv
+from ..scaling.select import series_label
+
+LR = "optim.lr"
+V = TypeVar("V")
+
+
+def read_records(source: str, key: str, **collect_kwargs: Any) -> list[RunRecord]:
+    """The run records of `source` (the study's key `key`): a collected runs.csv, or a sweep directory collected here
+    with `collect_kwargs` (diffllm.sweep.collect.collect's select and baselines)."""
+    from ..sweep.collect import collect
+
+    if not source:
+        raise UserError(f"{key}: missing; pass {key}=<sweep directory or its collected runs.csv>")
+    path = Path(source)
+    if not path.exists():
+        raise UserError(f"{key}={source}: does not exist (give a sweep directory or its collected runs.csv)")
+    return read_csv(path) if path.is_file() else collect(path, **collect_kwargs)
+
+
+def folder_of(source: str) -> Path:
+    """The folder a study writes into by default: the sweep directory, or the folder of its runs.csv."""
+    path = Path(source)
+    return path if path.is_dir() else path.parent
+
+
+def series_without_lr(records: list[RunRecord]) -> dict[str, str]:
+    """run_dir -> series: the arch and those of its axes other than the learning rate whose values differ among the
+    arch's runs (`sweep collect`'s series, with the lr left free so that a study can compare across it)."""
+    by_arch: dict[str, list[RunRecord]] = defaultdict(list)
+    for r in records:
+        by_arch[r.arch].append(r)
+    out = {}
+    for rs in by_arch.values():
+        varying = [k for k in sorted({k for r in rs for k in r.axes}) if k != LR
+                   and len({repr(r.axes.get(k)) for r in rs}) > 1]
+        out.update({r.run_dir: series_label(r, varying) for r in rs})
+    return out
+
+
+def reached(steps: list, runs: int) -> str:
+    """`median (got/runs)` of the steps at which the runs that got there reached a level; `- (0/runs)` if none did."""
+    got = [s for s in steps if s is not None]
+    return f"{statistics.median(got):.0f} ({len(got)}/{runs})" if got else f"- (0/{runs})"
+
+
+def by_size(table: dict[tuple, V]) -> Iterable[tuple[tuple, V]]:
+    """The items of a {(series, size, ...): value} table in table order: by size, then series."""
+    return sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+
+
+def emit(text: str, out: Optional[str | Path]) -> str:
+    """A study's text on stdout, and into the file `out` when given (its folder made)."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+    print(text, end="")
+    return text
