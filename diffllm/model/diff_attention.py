@@ -150,10 +150,6 @@ class DiffAttention(AttentionVariant, DiffEquations):
         return {"lambda_init": cfg.lambda_init}
 
     @classmethod
-    def from_remote_config(cls, cfg: ModelConfig, hf_cfg) -> None:
-        cfg.lambda_init = getattr(hf_cfg, "lambda_init", None)
-
-    @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:
         return Heads(query=cfg.n_heads // 2, kv=cfg.kv_heads // 2, out=cfg.n_heads // 2, value_dim=2 * cfg.head_dim)
 

@@ -140,12 +140,9 @@ class AttentionVariant:
     # ----- format=remote export (diffllm/export/remote) ---------------------------------------------------------
     @classmethod
     def remote_config(cls, cfg: "ModelConfig") -> dict:
-        """Extra config.json keys its equations read in the export (Diff: lambda_init)."""
+        """The ModelConfig keys besides the shared ones that its equations read, for the export's config.json (Diff:
+        lambda_init); `diffllm import` reads every ModelConfig key it finds there."""
         return {}
-
-    @classmethod
-    def from_remote_config(cls, cfg: "ModelConfig", hf_cfg) -> None:
-        """Set on cfg (built from the shared keys) what `remote_config` wrote, when importing a remote export."""
 
     @classmethod
     def equations(cls) -> list[type]:
