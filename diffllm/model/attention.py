@@ -19,7 +19,8 @@ class TransformerEquations(AttentionEquations):
     def __init__(self, cfg, depth):
         super().__init__(cfg, depth)
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
-        kv_dim = self.n_kv_heads * cfg.d_model // cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads  # d
+        kv_dim = self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
