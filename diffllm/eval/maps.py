@@ -3,9 +3,9 @@ runs (sdpa/flash never materialise them). Forward pre-hooks capture each attenti
 nothing of the model is patched.
 
 The variant's equations (diffllm/model/layers.py `AttentionEquations`) say how, the same methods its forward runs:
-`project` gives q and k (`AttentionVariant.scores`: their logits), whose softmax maps (B, Hq, T, T) are those of its query heads; `mix`, linear, turns them into
-the H maps that weigh the values (Diff and Diff V2: A1 - lambda A2); `finish` the output from the weighed values. The
-map reported is the mixed map divided by its row sums, so every row sums to 1 as a softmax row does (Diff:
+`project` gives q and k (`AttentionVariant.scores`: their logits), whose softmax maps (B, Hq, T, T) are those of its
+query heads; `mix`, linear, turns them into the H maps that weigh the values (Diff and Diff V2: A1 - lambda A2);
+`finish` the output from the weighed values. The map reported is the mixed map divided by its row sums, so every row sums to 1 as a softmax row does (Diff:
 (A1 - lambda A2) / (1 - lambda), our choice: the paper does not say how it normalises).
 """
 from __future__ import annotations
@@ -53,7 +53,8 @@ def attention_modules(model) -> list:
 def capture(model) -> Iterator[dict]:
     """{"inputs": [(x, cos, sin) per layer], "hidden": [block output per layer]} of the next forward."""
     got: dict = {"inputs": [], "hidden": []}
-    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3])) for a in attention_modules(model)]
+    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3]))
+             for a in attention_modules(model)]
     hooks += [layer.register_forward_hook(lambda m, args, out: got["hidden"].append(out)) for layer in model.layers]
     try:
         yield got

@@ -135,7 +135,9 @@ class DiffAttention(AttentionVariant, DiffEquations):
         return {"lambda": float(self.lambda_full().detach())}
 
     def warning(self, key: str, value: float) -> Optional[str]:
-        return f"lambda = {value:.4f} < 0 (the second attention map is now added, not subtracted)" if value < 0 else None
+        if value < 0:
+            return f"lambda = {value:.4f} < 0 (the second attention map is now added, not subtracted)"
+        return None
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:

@@ -26,7 +26,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, docs)  # every variant takes docs (registry.register)
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, docs=docs)  # every variant takes docs (registry.register)
         return x + self.mlp(self.mlp_norm(x))
 
 

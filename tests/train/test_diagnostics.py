@@ -179,9 +179,10 @@ def key_head(arch: str, j: int, n_q: int, n_k: int) -> int:
 
 
 @torch.no_grad()
-def stability_reference(model: DecoderLM, tokens: torch.Tensor) -> dict[str, float]:
+def stability_reference(model: DecoderLM, tokens: torch.Tensor, docs=None) -> dict[str, float]:
     """In float64, by hand: each block output's largest |value|, and each layer's largest |q k^T / sqrt(d)| over the
-    causal positions of every softmax map (Diff: both), the heads paired as each paper pairs them."""
+    causal positions (with `docs`, a Documents of one row: within each document) of every softmax map (Diff: both),
+    the heads paired as each paper pairs them."""
     from diffllm.model.layers import apply_rotary
 
     m = copy.deepcopy(model).double()
@@ -193,11 +194,11 @@ def stability_reference(model: DecoderLM, tokens: torch.Tensor) -> dict[str, flo
         h, a = block.attn_norm(x), block.attn
         q = apply_rotary(a.q_proj(h).view(B, T, -1, d), cos, sin, a.interleaved)  # (B, T, Hq, d)
         k = apply_rotary(a.k_proj(h).view(B, T, -1, d), cos, sin, a.interleaved)  # (B, T, Hk, d)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        causal = torch.ones(T, T, dtype=torch.bool).tril() if docs is None else docs.mask[0, 0]
         out[f"attn_logit_max/{i}"] = max(
             float((q[:, :, j] @ k[:, :, key_head(m.cfg.arch, j, q.shape[2], k.shape[2])].transpose(1, 2)
                    / math.sqrt(d)).abs()[:, causal].max()) for j in range(q.shape[2]))
-        x = x + a(h, cos, sin)
+        x = x + a(h, cos, sin, docs=docs)
         x = x + block.mlp(block.mlp_norm(x))
         out[f"act_max/{i}"] = float(x.abs().max())
     return out
@@ -217,3 +218,22 @@ def test_stability_telemetry_against_float64(arch):
         assert got[f"grad_norm/{i}"] == pytest.approx(math.sqrt(sum(float((g * g).sum()) for g in grads)), rel=1e-6)
         assert got[f"attn_logit_max/{i}"] == pytest.approx(refs[0][f"attn_logit_max/{i}"], rel=1e-5)
     assert all(not block._forward_hooks and not block.attn._forward_hooks for block in model.layers)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff"])
+def test_attn_logit_max_counts_only_the_logits_within_each_document(arch):
+    """A forward with document masks (two documents in one row) takes the max over the positions each query attends
+    to: causal and within its own document, not across the boundary."""
+    from diffllm.model.documents import Documents
+
+    model = tiny_model(arch).train()
+    diag = Diagnostics(model, say=lambda msg, error=False: None)
+    tokens = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(3))
+    ids = torch.tensor([[0] * 5 + [1] * 7])
+    diag.arm()
+    model(tokens, doc_ids=ids).float().pow(2).mean().backward()
+    got = diag.collect(step=1)
+    within, plain = stability_reference(model, tokens, Documents(ids)), stability_reference(model, tokens)
+    assert any(plain[f"attn_logit_max/{i}"] > within[f"attn_logit_max/{i}"] for i in range(3))  # the test can fail
+    for i in range(3):
+        assert got[f"attn_logit_max/{i}"] == pytest.approx(within[f"attn_logit_max/{i}"], rel=1e-5), i

@@ -37,7 +37,8 @@ NAME, HF_CLASS, MODEL_TYPE = "remote", "DiffLLMForCausalLM", "diffllm"
 HERE = Path(__file__).parent
 AUTO_MAP = {"AutoConfig": "configuration_diffllm.DiffLLMConfig",
             "AutoModelForCausalLM": "modeling_diffllm.DiffLLMForCausalLM"}
-HEADER = '''"""The attention of this model's variant, {arch!r} ({label}): {names} from {module}, copied by diffllm export."""
+HEADER = '''"""The attention of this model's variant, {arch!r} ({label}): {names} from {module}, copied by
+diffllm export."""
 import math
 
 import torch
@@ -63,8 +64,9 @@ def bundle(cfg: ModelConfig) -> dict[str, str]:
     attention = HEADER.format(arch=v.arch, label=v.label, names=", ".join(c.__qualname__ for c in classes),
                               module=", ".join(dict.fromkeys(c.__module__ for c in classes)))
     attention += "\n\n".join(inspect.getsource(c) for c in classes) + f"\n\nATTENTION = {classes[-1].__name__}\n"
-    shipped = {"diffllm_layers": Path(layers.__file__).read_text(), "diffllm_documents": Path(documents.__file__).read_text()}
-    h = hashlib.sha1((shipped["diffllm_layers"] + shipped["diffllm_documents"] + attention).encode()).hexdigest()[:10]
+    shipped = {"diffllm_layers": Path(layers.__file__).read_text(),
+               "diffllm_documents": Path(documents.__file__).read_text()}
+    h = hashlib.sha1(("".join(shipped.values()) + attention).encode()).hexdigest()[:10]
     named = {name: f"{name}_{h}" for name in (*shipped, "diffllm_attention")}
 
     def renamed(text: str) -> str:
