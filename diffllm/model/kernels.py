@@ -6,7 +6,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .documents import Documents, causal_mask
 from ..errors import UserError

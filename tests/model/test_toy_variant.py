@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
