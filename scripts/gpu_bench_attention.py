@@ -20,7 +20,7 @@ from gpu_check import DEVICE, DTYPE, SMOKE, preset  # noqa: E402  (one preset lo
 from diffllm.hardware import peak_tflops  # noqa: E402
 from diffllm.model import DecoderLM  # noqa: E402
 from diffllm.model.accounting import model_stats  # noqa: E402
-from diffllm.model.attention import causal_attention, flash_available  # noqa: E402
+from diffllm.model.kernels import causal_attention, flash_available  # noqa: E402
 from diffllm.model.triton_diff import fused_diff_attention, triton_available  # noqa: E402
 
 DEADLINE = time.monotonic() + float(os.environ.get("GPU_BENCH_BUDGET_S", "280"))

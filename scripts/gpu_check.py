@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from diffllm.hardware import peak_tflops  # noqa: E402
 from diffllm.model import DecoderLM, ModelConfig  # noqa: E402
 from diffllm.model.accounting import model_stats  # noqa: E402
-from diffllm.model.attention import flash_available  # noqa: E402
+from diffllm.model.kernels import flash_available  # noqa: E402
 from diffllm.model.presets import load_preset  # noqa: E402
-from diffllm.model.variant import variants  # noqa: E402
+from diffllm.model.registry import variants  # noqa: E402
 
 SMOKE = os.environ.get("GPU_CHECK_SMOKE") == "1"
 DEVICE = "cpu" if SMOKE else "cuda"

@@ -14,8 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from diffllm.model import DecoderLM, ModelConfig  # noqa: E402
-from diffllm.model.attention import flash_available  # noqa: E402
-from diffllm.model.variant import variants  # noqa: E402
+from diffllm.model.kernels import flash_available  # noqa: E402
+from diffllm.model.registry import variants  # noqa: E402
 
 SMOKE = os.environ.get("GPU_CHECK_SMOKE") == "1"
 DEVICE = "cpu" if SMOKE else "cuda"

@@ -1,11 +1,12 @@
-"""Attention maps and logits rebuilt in fp32 from each attention module's own projections, whatever kernel the model
+"""Attention maps and logits rebuilt in fp32 from each attention module's own equations, whatever kernel the model
 runs (sdpa/flash never materialise them). Forward pre-hooks capture each attention module's input (x, cos, sin);
 nothing of the model is patched.
 
-The attention variant (diffllm/model/variant.py) says how: `map_parts(x, cos, sin)` gives the (q, k) of each softmax
-map and the weight lambda of a second map, `combine_maps` the map reported (softmax rows; Diff and Diff V2: the
-differential (A1 - lambda A2) / (1 - lambda), divided so that every row sums to 1 as a softmax row does, our
-choice: the paper does not say how it normalises), `output_from_maps` the module's output from the maps.
+The variant's equations (diffllm/model/layers.py `AttentionEquations`) say how, the same methods its forward runs:
+`project` gives q and k (`AttentionVariant.scores`: their logits), whose softmax maps (B, Hq, T, T) are those of its
+query heads; `mix`, linear, turns them into the H maps that weigh the values (Diff and Diff V2: A1 - lambda A2);
+`finish` the output from the weighed values. The map reported is the mixed map divided by its row sums, so every row sums to 1 as a softmax row does (Diff:
+(A1 - lambda A2) / (1 - lambda), our choice: the paper does not say how it normalises).
 """
 from __future__ import annotations
 
@@ -14,38 +15,34 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from ..model.documents import causal_mask
+from ..model.kernels import weigh
+
 Scores = Callable[[torch.Tensor], torch.Tensor]  # a transform of masked-out-free logits (B, H, T, T), e.g. quantise
-
-
-def logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """q k^T / sqrt d: (B, H, T, T) in fp32 (the causal upper triangle is left as computed)."""
-    return q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
-
-
-def causal_mask(T: int, device=None) -> torch.Tensor:
-    """True where a query may look (key index <= query index)."""
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
 def softmax_map(scores: torch.Tensor) -> torch.Tensor:
     T = scores.shape[-1]
-    return scores.masked_fill(~causal_mask(T, scores.device), float("-inf")).softmax(-1)
+    return scores.masked_fill(~causal_mask(T, T, scores.device), float("-inf")).softmax(-1)
 
 
-def softmax_maps(attn, x, cos, sin, transform: Optional[Scores] = None) -> tuple[list, Optional[torch.Tensor]]:
-    """The module's softmax maps (B, H, T, T) in fp32, `transform` applied to their logits, and its lambda."""
-    pairs, lam = attn.map_parts(x, cos, sin)
-    return [softmax_map(transform(logits(q, k)) if transform else logits(q, k)) for q, k in pairs], lam
+def mixed_maps(attn, x, cos, sin, transform: Optional[Scores] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the H mixed maps (B, H, T, T), the values): the query heads' softmax maps, `transform` applied to their
+    logits first, mixed as the variant mixes its heads."""
+    scores, v = attn.scores(x, cos, sin)
+    return attn.mix(x, softmax_map(transform(scores) if transform else scores)), v
 
 
 def attention_map(attn, x, cos, sin, transform: Optional[Scores] = None) -> torch.Tensor:
-    """The (normalised) attention map (B, heads, T, T) in fp32: softmax, or (A1 - lambda A2) / (1 - lambda)."""
-    return attn.combine_maps(*softmax_maps(attn, x, cos, sin, transform))
+    """The normalised attention map (B, H, T, T) in fp32: softmax, or (A1 - lambda A2) / (1 - lambda)."""
+    maps, _ = mixed_maps(attn, x, cos, sin, transform)
+    return maps / maps.sum(-1, keepdim=True)
 
 
 def recomputed_output(attn, x, cos, sin, transform: Optional[Scores]) -> torch.Tensor:
     """The module's output (B, T, E) recomputed in eager fp32 from its maps, `transform` applied to their logits."""
-    return attn.output_from_maps(x, *softmax_maps(attn, x, cos, sin, transform))
+    maps, v = mixed_maps(attn, x, cos, sin, transform)
+    return attn.finish(x, weigh(maps, v).to(x.dtype))
 
 
 def attention_modules(model) -> list:
@@ -56,7 +53,8 @@ def attention_modules(model) -> list:
 def capture(model) -> Iterator[dict]:
     """{"inputs": [(x, cos, sin) per layer], "hidden": [block output per layer]} of the next forward."""
     got: dict = {"inputs": [], "hidden": []}
-    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3])) for a in attention_modules(model)]
+    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3]))
+             for a in attention_modules(model)]
     hooks += [layer.register_forward_hook(lambda m, args, out: got["hidden"].append(out)) for layer in model.layers]
     try:
         yield got

@@ -15,7 +15,8 @@ from typing import Any, List, Optional
 import torch
 
 from .common import EvalError, cli, load_run, out_dir, say, write_json
-from .maps import capture, causal_mask, logits, scores_transformed
+from ..model.documents import causal_mask
+from .maps import capture, scores_transformed
 from .ppl import perplexity
 
 TOPS = (1, 2, 3, 10, 100)
@@ -51,7 +52,7 @@ def absmax_quantiser(bits: int):
     levels = 2 ** (bits - 1) - 1
 
     def quantise(scores: torch.Tensor) -> torch.Tensor:
-        mask = causal_mask(scores.shape[-1], scores.device)
+        mask = causal_mask(scores.shape[-1], scores.shape[-1], scores.device)
         absmax = scores.abs().masked_fill(~mask, 0).amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
         scale = absmax / levels
         return torch.round(scores / scale) * scale
@@ -69,11 +70,10 @@ def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
         with capture(model) as got:
             model(tokens[:, :-1])
         T = tokens.shape[1] - 1
-        mask = causal_mask(T)
+        mask = causal_mask(T, T)
         for layer, (x, cos, sin) in zip(model.layers, got["inputs"]):
-            pairs, _ = layer.attn.map_parts(x, cos, sin)
-            for q, k in pairs:
-                logit_x.add(logits(q, k).abs()[..., mask])
+            scores, _ = layer.attn.scores(x, cos, sin)  # (B, Hq, T, T): every softmax map (Diff: both)
+            logit_x.add(scores.abs()[..., mask])
         for i, h in enumerate(got["hidden"]):
             hidden_x.add(h.abs())
             per_layer[i] = max(per_layer[i], float(h.abs().max()))

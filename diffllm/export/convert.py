@@ -14,14 +14,12 @@ import torch
 from ..model import ModelConfig
 from ..errors import UserError
 
-# (ours, HF) name prefixes inside layer {i}.
+# (ours, HF) name prefixes inside layer {i}, the first that matches wins: the attention's parameters keep their names
+# (a variant's own, e.g. Diff's lambda_q1, as HF's DiffLlama names them) but for the output projection.
 LAYER_NAMES = [
     ("attn_norm", "input_layernorm"),
-    ("attn.q_proj", "self_attn.q_proj"),
-    ("attn.k_proj", "self_attn.k_proj"),
-    ("attn.v_proj", "self_attn.v_proj"),
     ("attn.out_proj", "self_attn.o_proj"),
-    *[(f"attn.lambda_{n}", f"self_attn.lambda_{n}") for n in ("q1", "k1", "q2", "k2")],
+    ("attn", "self_attn"),
     ("mlp_norm", "post_attention_layernorm"),
     ("mlp.gate_proj", "mlp.gate_proj"),
     ("mlp.up_proj", "mlp.up_proj"),

@@ -4,7 +4,7 @@
       config.json, model.safetensors, generation_config.json    the model (a native class, or DiffLLMForCausalLM)
       tokenizer.json, tokenizer_config.json                      the run's tokenizer as a PreTrainedTokenizerFast
       configuration_diffllm.py, modeling_diffllm.py,             format=remote only (trust_remote_code):
-      diffllm_layers.py, diffllm_attention.py                    the model's code, its variant's attention class
+      diffllm_{layers,documents,attention}_<h>.py                the model's code, its variant's own equations
       README.md                                                  model card: layout, preset, tokens, final val loss
 
 format=auto takes the native class that represents the model exactly (StableLM, Llama, DiffLlama) and falls back to

@@ -1,11 +1,12 @@
 """ModelConfig: the one typed config that builds every decoder-only LM; `arch` names a registered attention variant
-(diffllm/model/variant.py)."""
+(diffllm/model/registry.py)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Optional
 from ..errors import UserError
+from .registry import variant
 
 NORMS = ("rmsnorm", "layernorm")
 BACKENDS = ("eager", "sdpa", "flash", "triton")
@@ -48,8 +49,6 @@ class ModelConfig:
         def bad(key: str, why: str) -> None:
             raise UserError(f"model.{key}: {why}")
 
-        from .variant import variant  # the registry imports the variant modules, which import this one
-
         arch = variant(self.arch)  # unknown -> "model.arch: got 'x', expected one of (...)"
         if self.norm not in NORMS:
             bad("norm", f"got {self.norm!r}, expected one of {NORMS}")
@@ -67,9 +66,7 @@ class ModelConfig:
 
     @property
     def variant(self):
-        """The attention class registered for `arch` (diffllm/model/variant.py)."""
-        from .variant import variant
-
+        """The attention class registered for `arch` (diffllm/model/registry.py)."""
         return variant(self.arch)
 
     @property

@@ -12,46 +12,22 @@ n_heads in the config is h (the Transformer's head count); the KV cache equals t
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
-from .attention import causal_attention, heads_of
-from .cache import LayerCache
 from .config import ModelConfig
-from .documents import Documents
-from .layers import apply_rotary
-from .remote import RemoteAttention, attend
-from .variant import AttentionVariant, Heads, register
+from .layers import AttentionEquations
+from .registry import register
+from .variant import AttentionVariant, Heads
 
 
-class Diff2Remote(RemoteAttention):
-    """The format=remote export's Diff V2 attention (diffllm/model/remote.py)."""
+class Diff2Equations(AttentionEquations):
+    """The equations above (torch only: shipped with the export)."""
 
-    def __init__(self, config, layer_idx):
-        super().__init__(config, layer_idx, 2 * config.n_heads, config.n_kv_heads, config.d_model // config.n_heads)
-        self.lambda_proj = nn.Linear(config.d_model, config.n_heads, bias=False)
-
-    def forward(self, x, cos, sin, mask, cache):
-        B, T, E = x.shape
-        q, k, v = self.qkv(x, cos, sin)  # (B, T, 2h, d), (B, T, g, d), (B, T, g*d)
-        k, v = self.cached(k.transpose(1, 2), v.view(B, T, -1, self.d).transpose(1, 2), cache)  # (B, g, S, d)
-        o = attend(q.transpose(1, 2), k, v, mask).transpose(1, 2)  # (B, T, 2h, d): heads 2i, 2i+1 share a kv head
-        lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)  # (B, T, h, 1)
-        return self.out_proj((o[:, :, 0::2] - lam * o[:, :, 1::2]).reshape(B, T, E))
-
-
-@register
-class Diff2Attention(AttentionVariant):
-    arch, label, color = "diff2", "Diff Transformer V2", "tab:green"
-    map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
-    remote = Diff2Remote
-
-    def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
-        super().__init__(cfg, depth, backend)
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim  # h, h_kv, d
-        self.interleaved = cfg.rope_interleaved
+    def __init__(self, cfg, depth):
+        super().__init__(cfg, depth)
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads  # h, h_kv
+        self.head_dim = cfg.d_model // cfg.n_heads  # d
         kv_dim = self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=cfg.qkv_bias)  # 2h heads of d
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
@@ -59,39 +35,31 @@ class Diff2Attention(AttentionVariant):
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.lambda_proj = nn.Linear(cfg.d_model, self.n_heads, bias=False)  # init: N(0, init_std) as every matrix
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
-        B, T, E = x.shape
-        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
-        k = apply_rotary(self.k_proj(x).view(B, T, g, d), cos, sin, self.interleaved)  # (B, T, g, d)
-        v = self.v_proj(x).view(B, T, g, d)  # (B, T, g, d)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, g, T, d)
-        if cache is not None:
-            k, v = cache.update(k, v)  # the standard cache: (B, g, pos + T, d)
-        o = causal_attention(q.transpose(1, 2), k, v, self.backend, docs)  # (B, 2h, T, d); docs: within documents
-        o = o.transpose(1, 2)  # (B, T, 2h, d)
-        lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)  # (B, T, h, 1)
-        attn = o[:, :, 0::2] - lam * o[:, :, 1::2]  # (B, T, h, d)
-        return self.out_proj(attn.reshape(B, T, E))
+    def project(self, x, cos, sin):
+        """q (B, 2h, T, d): heads 2i, 2i+1 share kv head i // (h/g); k, v (B, g, T, d), the standard cache."""
+        q = self.rotated(self.q_proj, x, 2 * self.n_heads, cos, sin)  # (B, T, 2h, d)
+        k = self.rotated(self.k_proj, x, self.n_kv_heads, cos, sin)  # (B, T, g, d)
+        v = self.v_proj(x).view(k.shape)  # (B, T, g, d)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def map_parts(self, x, cos, sin):
-        """[(q of heads 0, 2, .., k), (q of heads 1, 3, .., k)], each (B, h, T, d) in fp32 (query head j reads kv
-        head j // (2h/g)), and lambda = sigmoid(lambda_proj(x)) as (B, h, T, 1): one per head and query token.
-        Doc-unaware: eval attention rebuilds causal maps over whole windows."""
-        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rotary(heads_of(self.q_proj(x), 2 * h, d), cos, sin, self.interleaved).transpose(1, 2).float()
-        k = apply_rotary(heads_of(self.k_proj(x), g, d), cos, sin, self.interleaved).transpose(1, 2).float()
-        k = k.repeat_interleave(2 * h // g, dim=1)  # (B, 2h, T, d): query head j's keys
-        lam = torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
-        return [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])], lam.detach()
+    def mix(self, x, o):
+        """o (B, 2h, T, *) -> o_2i - lambda_i o_2i+1 (B, h, T, *), lambda = sigmoid(x W_lambda) per token and head."""
+        lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
+        return o[:, 0::2] - lam * o[:, 1::2]
 
-    def output_from_maps(self, x, maps, lam):
-        B, T, E = x.shape
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).float()  # (B, g, T, d)
-        v = v.repeat_interleave(2 * self.n_heads // self.n_kv_heads, dim=1)[:, 0::2]  # pair i's kv head: (B, h, T, d)
-        y = (maps[0] - lam * maps[1]) @ v  # (B, h, T, d)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
+    def finish(self, x, y):
+        """y (B, h, T, d) -> W_O concat_i y_i."""
+        return self.out_proj(y.transpose(1, 2).reshape(x.shape))
+
+
+@register
+class Diff2Attention(AttentionVariant, Diff2Equations):
+    arch, label, color = "diff2", "Diff Transformer V2", "tab:green"
+    map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
+
+    def probes(self):
+        """lambda_mean: the mean of sigmoid(x W_lambda) over the step's tokens and heads."""
+        return {"lambda_mean": (self.lambda_proj, lambda z: torch.sigmoid(z.detach().float()).mean())}
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

@@ -9,10 +9,12 @@ Diff head i uses query sub-heads 2i, 2i+1 (adjacent). With GQA, diff head i read
 sub-heads 2g, 2g+1 and value head g, as the official flash files do.
 
 n_heads in the config is the Transformer's h: Diff runs h/2 diff heads of value width 2d (same d, same parameters
-but for the lambda vectors and the subln weight). Backends: eager materialises both maps and multiplies
-(P1 - lambda P2) V once; sdpa/flash make one standard call with 2h query heads and V twice; triton calls the fused
-kernel `diffllm.model.triton_diff.fused_diff_attention` (one pass, one accumulator per map; its backward multiplies
-by V once, like eager).
+but for the lambda vectors and the subln weight). `DiffEquations.project` lays the sub-heads out component-major,
+[Q1 heads..., Q2 heads...], so one standard call with 2h query heads sends component c of head i to component c of
+its own group's keys (and V, tiled); `mix` subtracts. Backends: eager materialises both maps and multiplies
+(P1 - lambda P2) V once; sdpa/flash make that one call, V read by both components; triton calls the fused kernel
+`diffllm.model.triton_diff.fused_diff_attention` (one pass, one accumulator per map; its backward multiplies by V
+once, like eager).
 """
 from __future__ import annotations
 
@@ -22,13 +24,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .attention import causal_attention, causal_probs, heads_of
-from .cache import LayerCache
 from .config import ModelConfig
 from .documents import Documents
-from .layers import RMSNorm, apply_rotary
-from .remote import RemoteAttention, attend
-from .variant import AttentionVariant, Heads, register
+from .layers import AttentionEquations, RMSNorm, heads_of
+from .registry import register
+from .variant import AttentionVariant, Heads
 from ..errors import UserError
 
 
@@ -42,64 +42,16 @@ def _fused_diff_attention():
     return fused_diff_attention
 
 
-def lambda_init_at(cfg: ModelConfig, depth: int) -> float:
-    """lambda_init for the 0-based layer index `depth` (the paper's l-1): model.lambda_init when set, else the
-    paper's 0.8 - 0.6 exp(-0.3 depth)."""
-    if cfg.lambda_init is not None:
-        return float(cfg.lambda_init)
-    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+class DiffEquations(AttentionEquations):
+    """The equations above (torch only: shipped with the export). Reads `lambda_init` from the config: None for the
+    paper's schedule, a float for a constant."""
 
-
-class DiffRemote(RemoteAttention):
-    """The format=remote export's Diff attention (diffllm/model/remote.py): one attend call for both maps, then
-    (1 - lambda_init) RMSNorm(A1 V - lambda A2 V); config.lambda_inits holds each layer's lambda_init."""
-
-    def __init__(self, config, layer_idx):
-        d = config.d_model // config.n_heads
-        super().__init__(config, layer_idx, config.n_heads, config.n_kv_heads, d)
-        self.h, self.g = config.n_heads // 2, config.n_kv_heads // 2  # diff heads, kv groups
-        self.lambda_init = float(config.lambda_inits[layer_idx])
-        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-            nn.Parameter(torch.zeros(d, dtype=torch.float32)) for _ in range(4))
-        self.subln = RMSNorm(2 * d, eps=1e-5)
-
-    def reset_extra(self):
-        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
-            p.data.normal_(0.0, 0.1)
-
-    def forward(self, x, cos, sin, mask, cache):
-        B, T, E = x.shape
-        h, g, d = self.h, self.g, self.d
-        q, k, v = self.qkv(x, cos, sin)  # (B, T, 2h, d), (B, T, 2g, d), (B, T, 2g*d)
-        # adjacent sub-head pairs -> component-major heads [map 1 heads..., map 2 heads...]
-        q = q.view(B, T, h, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * h, T, d)
-        k = k.view(B, T, g, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * g, T, d)
-        k, v = self.cached(k, v.view(B, T, g, 2 * d).transpose(1, 2), cache)  # (B, 2g, S, d), (B, g, S, 2d)
-        l1 = torch.exp(torch.sum(self.lambda_q1.float() * self.lambda_k1.float()))
-        l2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
-        lam = (l1 - l2 + self.lambda_init).type_as(q)
-        # query head c*h + i reads kv head c*g + i // (h/g): the component-c keys of its group; both read the same V
-        out = attend(q, k, torch.cat([v, v], dim=1), mask).view(B, 2, h, T, 2 * d)
-        attn = self.subln(out[:, 0] - lam * out[:, 1]) * (1.0 - self.lambda_init)  # (B, h, T, 2d)
-        return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))
-
-
-@register
-class DiffAttention(AttentionVariant):
-    """Options (ModelConfig fields that only Diff reads): `lambda_init` (None: the paper's depth schedule; a float:
-    that constant) and `lambda_std` (init std of the four lambda vectors)."""
-
-    arch, label, color = "diff", "Diff Transformer", "tab:red"
-    map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
-    remote = DiffRemote
-
-    def __init__(self, cfg: ModelConfig, depth: int, backend: str | None = None):
-        super().__init__(cfg, depth, backend)
+    def __init__(self, cfg, depth):
+        super().__init__(cfg, depth)
         self.n_heads = cfg.n_heads // 2  # h: diff heads
-        self.n_kv_heads = cfg.kv_heads // 2  # kv groups
-        self.head_dim = cfg.head_dim  # d: each Q/K sub-head; V heads are 2d
-        self.interleaved = cfg.rope_interleaved
-        self.lambda_init = lambda_init_at(cfg, depth)  # a python float, as in the official code
+        self.n_kv_heads = (cfg.n_kv_heads or cfg.n_heads) // 2  # kv groups
+        self.head_dim = cfg.d_model // cfg.n_heads  # d: each Q/K sub-head; V heads are 2d
+        self.lambda_init = self.lambda_init_at(cfg, depth)  # a python float, as in the official code
         kv_dim = 2 * self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
@@ -111,6 +63,14 @@ class DiffAttention(AttentionVariant):
         self.lambda_k2 = nn.Parameter(torch.zeros(self.head_dim, dtype=torch.float32))
         self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
 
+    @staticmethod
+    def lambda_init_at(cfg, depth: int) -> float:
+        """lambda_init for the 0-based layer index `depth` (the paper's l-1): cfg.lambda_init when set, else the
+        paper's 0.8 - 0.6 exp(-0.3 depth)."""
+        if cfg.lambda_init is not None:
+            return float(cfg.lambda_init)
+        return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
     def lambda_full(self) -> torch.Tensor:
         """Scalar lambda in fp32."""
         acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
@@ -118,35 +78,49 @@ class DiffAttention(AttentionVariant):
         l2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
         return l1 - l2 + self.lambda_init
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
-        """docs: both maps see only the keys of each query's own document (packed rows)."""
-        B, T, E = x.shape
-        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rotary(self.q_proj(x).view(B, T, 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
-        k = apply_rotary(self.k_proj(x).view(B, T, 2 * g, d), cos, sin, self.interleaved)  # (B, T, 2g, d)
-        v = self.v_proj(x).view(B, T, g, 2 * d).transpose(1, 2)  # (B, g, T, 2d)
-        # Split the adjacent sub-head pairs into components 1 and 2, component-major along the head axis:
-        # (B, T, 2h, d) -> (B, T, h, 2, d) -> (B, 2, h, T, d) -> (B, 2h, T, d) = [Q1 heads..., Q2 heads...].
-        q = q.view(B, T, h, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * h, T, d)
-        k = k.view(B, T, g, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * g, T, d)
-        if cache is not None:
-            k, v = cache.update(k, v)  # cached K1/K2 (B, 2g, S, d) and V (B, g, S, 2d), S = pos + T
-        S = k.shape[2]
-        lam = self.lambda_full().type_as(q)
-        if self.backend == "eager":
-            probs = causal_probs(q, k, docs).view(B, 2, h, T, S)  # materialised maps, the reference path
-            attn = (probs[:, 0] - lam * probs[:, 1]) @ v.repeat_interleave(h // g, dim=1)  # (B, h, T, 2d)
-        elif self.backend == "triton" and S == T:  # the fused kernel: (B, 2h, T, d), (B, 2g, T, d), (B, g, T, 2d)
-            attn = _fused_diff_attention()(q, k, v, self.lambda_full(), docs)  # -> (B, h, T, 2d)
-        else:
-            # One kernel call: query head c*h + i reads kv head (c*h + i) // (h/g) = c*g + i // (h/g), i.e. the
-            # component-c keys of its own group; both components read the same V. (Also the cached decode step of
-            # the triton backend, whose kernel is written for T = S.)
-            out = causal_attention(q, k, torch.cat([v, v], dim=1), self.backend, docs).view(B, 2, h, T, 2 * d)
-            attn = out[:, 0] - lam * out[:, 1]  # (B, h, T, 2d)
-        attn = self.subln(attn) * (1.0 - self.lambda_init)
-        return self.out_proj(attn.transpose(1, 2).reshape(B, T, E))
+    def project(self, x, cos, sin):
+        """q (B, 2h, T, d) = [Q1 heads..., Q2 heads...], k (B, 2g, T, d) likewise, v (B, g, T, 2d)."""
+        h, g = self.n_heads, self.n_kv_heads
+        q = self.rotated(self.q_proj, x, 2 * h, cos, sin)  # (B, T, 2h, d): diff head i = sub-heads 2i, 2i+1
+        k = self.rotated(self.k_proj, x, 2 * g, cos, sin)  # (B, T, 2g, d)
+        v = heads_of(self.v_proj(x), g).transpose(1, 2)  # (B, g, T, 2d)
+        return self.component_major(q), self.component_major(k), v
+
+    @staticmethod
+    def component_major(t: torch.Tensor) -> torch.Tensor:
+        """Adjacent sub-head pairs into components 1 and 2, component-major along the head axis:
+        (B, T, 2n, d) -> (B, T, n, 2, d) -> (B, 2, n, T, d) -> (B, 2n, T, d)."""
+        B, T, n2, d = t.shape
+        return t.view(B, T, n2 // 2, 2, d).permute(0, 3, 2, 1, 4).reshape(B, n2, T, d)
+
+    def mix(self, x, o):
+        """o (B, 2h, T, *) -> o1 - lambda o2 (B, h, T, *)."""
+        o = o.unflatten(1, (2, self.n_heads))  # (B, 2, h, T, *)
+        return o[:, 0] - self.lambda_full().type_as(o) * o[:, 1]
+
+    def finish(self, x, y):
+        """y (B, h, T, 2d) -> W_O concat_i (1 - lambda_init) RMSNorm(y_i)."""
+        return self.out_proj((self.subln(y) * (1.0 - self.lambda_init)).transpose(1, 2).reshape(x.shape))
+
+
+lambda_init_at = DiffEquations.lambda_init_at
+
+
+@register
+class DiffAttention(AttentionVariant, DiffEquations):
+    """Options (ModelConfig fields that only Diff reads): `lambda_init` (None: the paper's depth schedule; a float:
+    that constant) and `lambda_std` (init std of the four lambda vectors)."""
+
+    arch, label, color = "diff", "Diff Transformer", "tab:red"
+    map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
+    no_decay = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+    def attend(self, x, q, k, v, docs: Optional[Documents]):
+        """triton: the fused kernel on q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) -> (B, h, T, 2d); its cached
+        decode steps (Tq < Tk) and the other backends: the one standard call."""
+        if self.backend == "triton" and q.shape[2] == k.shape[2]:
+            return _fused_diff_attention()(q, k, v, self.lambda_full(), docs)
+        return super().attend(x, q, k, v, docs)
 
     @torch.no_grad()
     def init_parameter(self, name: str, p: nn.Parameter, cfg: ModelConfig) -> None:
@@ -156,50 +130,26 @@ class DiffAttention(AttentionVariant):
         else:
             super().init_parameter(name, p, cfg)
 
-    def map_parts(self, x, cos, sin):
-        """[(q1, k1), (q2, k2)], each (B, h, T, d) in fp32 (diff head i: sub-heads 2i, 2i+1; kv group i // (h/g)),
-        and the layer's lambda. Doc-unaware: eval attention rebuilds causal maps over whole windows."""
-        h, g, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rotary(heads_of(self.q_proj(x), 2 * h, d), cos, sin, self.interleaved)  # (B, T, 2h, d)
-        k = apply_rotary(heads_of(self.k_proj(x), 2 * g, d), cos, sin, self.interleaved)  # (B, T, 2g, d)
-        B, T = x.shape[:2]
-        q, k = q.view(B, T, h, 2, d), k.view(B, T, g, 2, d)
-        pairs = [(q[:, :, :, c].transpose(1, 2).float(),
-                  k[:, :, :, c].transpose(1, 2).float().repeat_interleave(h // g, 1)) for c in (0, 1)]
-        return pairs, self.lambda_full().detach().float()
-
-    def output_from_maps(self, x, maps, lam):
-        B, T, E = x.shape
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, 2 * self.head_dim).transpose(1, 2).float()  # (B, g, T, 2d)
-        y = (maps[0] - lam * maps[1]) @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, h, T, 2d)
-        y = self.subln(y) * (1.0 - self.lambda_init)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, E).to(x.dtype))
-
     def report(self) -> dict[str, float]:
         """lambda: the rebuilt map is divided by 1 - lambda, large as lambda -> 1."""
         return {"lambda": float(self.lambda_full().detach())}
+
+    def warning(self, key: str, value: float) -> Optional[str]:
+        if value < 0:
+            return f"lambda = {value:.4f} < 0 (the second attention map is now added, not subtracted)"
+        return None
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         if cfg.n_heads % 2 or cfg.kv_heads % 2:
             raise UserError(f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, "
-                             f"{cfg.kv_heads})")
+                            f"{cfg.kv_heads})")
         if not cfg.lambda_std >= 0:
             raise UserError(f"model.lambda_std: must be >= 0, got {cfg.lambda_std}")
 
     @classmethod
     def remote_config(cls, cfg: ModelConfig) -> dict:
-        return {"lambda_inits": [lambda_init_at(cfg, i) for i in range(cfg.n_layers)]}
-
-    @classmethod
-    def from_remote_config(cls, cfg: ModelConfig, hf_cfg) -> None:
-        """lambda_inits: diffllm's schedule (model.lambda_init null) or one constant."""
-        inits = getattr(hf_cfg, "lambda_inits", None)
-        if inits and any(abs(a - lambda_init_at(cfg, i)) > 0 for i, a in enumerate(inits)):
-            if len(set(inits)) != 1:
-                raise UserError(f"remote: config.json lambda_inits={inits} is neither diffllm's schedule nor a "
-                                 f"constant")
-            cfg.lambda_init = float(inits[0])
+        return {"lambda_init": cfg.lambda_init}
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

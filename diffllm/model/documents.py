@@ -8,7 +8,8 @@ attend to key j iff j is causally visible (j <= i, bottom-right aligned after a 
 Every backend reads the same facts from one `Documents`, built once per forward: the dense bool mask (eager, sdpa),
 `varlen()` segments (flash-attn's varlen kernel), the per-position document starts and ends (the fused Triton
 kernel), and the RoPE positions (restarting at 0 in each document, or the plain index). This file is the one place
-that builds attention masks, the plain causal one included.
+that builds attention masks, the plain causal one and the exported model's padded one included; every mask here means
+what SDPA's does: True = may attend. Torch only: a `format=remote` export ships it verbatim (`diffllm_documents_<h>.py`).
 """
 from __future__ import annotations
 
@@ -16,12 +17,22 @@ from functools import cached_property
 from typing import Optional
 
 import torch
-from ..errors import UserError
 
 
-def causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
-    """True where query i (the last t_q of t_k positions: a cached decode step) may NOT see key j: j > t_k - t_q + i."""
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(t_k - t_q + 1)
+def causal_mask(t_q: int, t_k: int, device: Optional[torch.device] = None) -> torch.Tensor:
+    """(t_q, t_k) bool, True where query i (the last t_q of t_k positions: a cached decode step) may see key j:
+    j <= t_k - t_q + i."""
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(t_k - t_q)
+
+
+def padded_causal_mask(keys_ok: torch.Tensor, t_q: int) -> torch.Tensor:
+    """(B, 1, t_q, S) bool for the last t_q of S positions, keys_ok (B, S) marking the real tokens (left padding
+    False): causal and real keys only, and a query always sees itself (a padding query's row is never empty)."""
+    S = keys_ok.shape[1]
+    causal = causal_mask(t_q, S, keys_ok.device)  # (Tq, S)
+    index = torch.arange(S, device=keys_ok.device)
+    itself = index[None, :] == index[S - t_q:, None]  # (Tq, S): key j is query i's own position
+    return ((causal & keys_ok[:, None, :]) | itself)[:, None]
 
 
 def doc_ids_from_eos(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -41,11 +52,11 @@ class Documents:
 
     def __init__(self, ids: torch.Tensor, n_queries: Optional[int] = None, restart_positions: bool = False):
         if ids.dim() != 2:
-            raise UserError(f"doc_ids: want (B, S) document ids, got shape {tuple(ids.shape)}")
+            raise ValueError(f"doc_ids: want (B, S) document ids, got shape {tuple(ids.shape)}")
         self.ids = ids.long()  # (B, S)
         self.n_queries = ids.shape[1] if n_queries is None else n_queries
         if not 0 < self.n_queries <= ids.shape[1]:
-            raise UserError(f"Documents: n_queries={n_queries} must be in [1, {ids.shape[1]}] (the key positions)")
+            raise ValueError(f"Documents: n_queries={n_queries} must be in [1, {ids.shape[1]}] (the key positions)")
         self.restart_positions = restart_positions
 
     @cached_property
@@ -53,7 +64,7 @@ class Documents:
         """(B, 1, Tq, S) bool, True = may attend: same document and causal (bottom-right aligned)."""
         Tq, S = self.n_queries, self.ids.shape[1]
         same = self.ids[:, S - Tq:, None] == self.ids[:, None, :]  # (B, Tq, S)
-        return (same & ~causal_mask(Tq, S, self.ids.device))[:, None]
+        return (same & causal_mask(Tq, S, self.ids.device))[:, None]
 
     @cached_property
     def starts(self) -> torch.Tensor:
@@ -78,7 +89,7 @@ class Documents:
         """(cu_seqlens int32 (n_docs + 1,), max_seqlen) of the documents over the flattened (B * S) tokens, for
         flash_attn_varlen_func; a document never spans two rows. Only without a KV cache (Tq = S)."""
         if self.n_queries != self.ids.shape[1]:
-            raise UserError("Documents.varlen: needs the queries at every key position (no KV cache)")
+            raise ValueError("Documents.varlen: needs the queries at every key position (no KV cache)")
         return self._varlen
 
     @cached_property

@@ -26,9 +26,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
-        # docs only when set: a variant whose forward lacks the parameter runs as long as doc masks are off
-        h = self.attn_norm(x)
-        x = x + (self.attn(h, cos, sin, cache) if docs is None else self.attn(h, cos, sin, cache, docs=docs))
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, docs=docs)  # every variant takes docs (registry.register)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -59,6 +57,10 @@ class DecoderLM(nn.Module):
                 attn.init_parameter(local, p, self.cfg)
             else:
                 init_parameter(name, p, self.cfg.init_std)
+
+    def no_decay_parameters(self) -> list[nn.Parameter]:
+        """The parameters each attention variant keeps from weight decay whatever their shape (Diff: its lambdas)."""
+        return [getattr(layer.attn, name) for layer in self.layers for name in layer.attn.no_decay]
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, doc_ids: Optional[torch.Tensor] = None,
                 restart_positions: bool = False) -> torch.Tensor:

@@ -1,26 +1,34 @@
-"""The attention-variant base class and the registry that maps `ModelConfig.arch` to it.
+"""`AttentionVariant`: what diffllm adds to a variant's equations (diffllm/model/layers.py `AttentionEquations`) to
+train and study it: the forward over the kernels (KV cache, document masks, backends), its label and plot colour, how
+its heads are counted, its parameter and FLOP accounting, its init, its weight-decay exemptions, the values it
+reports per layer, and the config.json keys of its `format=remote` export.
 
-Each variant is one module whose class subclasses `AttentionVariant` and is decorated with `@register`: the built-in
-ones are diffllm/model/*attention.py; a user's are the modules named in the environment variable
-`DIFFLLM_VARIANTS=pkg.mod,other_mod` (importable, e.g. on PYTHONPATH), imported by `variants()` in every process that
-looks a variant up (a launcher's children inherit the variable). Besides its forward a variant carries everything
-the rest of diffllm needs to know about it: its label and plot colour, how its heads are counted, its parameter and
-FLOP accounting, which kernel the planner measures its activations with, its parameter init, how its attention maps
-are rebuilt (eval attention, outliers), what it reports per layer, and its remote-code attention class for
-`diffllm export format=remote` (diffllm/model/remote.py). Nothing outside `diffllm/model/` compares `arch` strings.
+A variant is one module (diffllm/model/*attention.py, or a user's named in $DIFFLLM_VARIANTS: diffllm/model/registry.py):
+
+    class MyEquations(AttentionEquations):          # torch only: the export ships this class's source
+        def __init__(self, cfg, depth): ...         # its projections and parameters
+        def project(self, x, cos, sin): ...         # -> q, k, v
+        def mix(self, x, o): ...                    # the output heads from the query heads (default: as they are)
+        def finish(self, x, y): ...                 # -> (B, T, E)
+
+    @register
+    class MyAttention(AttentionVariant, MyEquations):
+        arch, label, color = "mine", "Mine", "tab:olive"
+
+The forward, the maps eval rebuilds (diffllm/eval/maps.py) and the exported model all run those three methods.
 """
 from __future__ import annotations
 
-import difflib
-import importlib
-import os
-import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 from torch import nn
-from ..errors import UserError
+
+from .cache import LayerCache
+from .documents import Documents
+from .kernels import causal_attention, causal_probs, weigh
+from .layers import AttentionEquations
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -40,28 +48,50 @@ class Heads:
         return f"{self.out} ({self.kv})" + (f", {self.query} q" if self.query != self.out else "")
 
 
-class AttentionVariant(nn.Module):
-    """Base of every attention module: `Variant(cfg, depth, backend=None)`, forward (x, cos, sin, cache=None,
-    docs=None) -> (B, T, E); with a `LayerCache` the variant stores its keys/values there and attends over all cached
-    positions; with `docs` (a `Documents`: packed rows, passed only when set) each query attends only within its own
-    document (hand docs to `causal_attention` / `causal_probs`). cos, sin: (T, r/2), or (B, T, r/2) per row.
-    `backend` overrides cfg.attn_backend (the planner passes "meta")."""
+class AttentionVariant:
+    """Put first among the bases of a registered variant, its equations class second: `Variant(cfg, depth,
+    backend=None)`, forward (x, cos, sin, cache=None, docs=None) -> (B, T, E). With a `LayerCache` the keys and values
+    are stored there and the queries attend over all cached positions; with `docs` (a `Documents`: packed rows) each
+    query attends only within its own document. cos, sin: (T, r/2), or (B, T, r/2) per row. `backend` overrides
+    cfg.attn_backend (the planner passes "meta")."""
 
     arch: ClassVar[str]  # the `model.arch` value
     label: ClassVar[str]  # for tables and plot legends
     color: ClassVar[str]  # matplotlib colour for plots
     baseline: ClassVar[bool] = False  # the variant scaling fits compare the others against
-
     map_normalisation: ClassVar[str] = "softmax rows"  # what eval attention says its rebuilt map rows are
-    remote: ClassVar[Optional[type]] = None  # the torch-only attention class shipped with a format=remote export
+    no_decay: ClassVar[tuple[str, ...]] = ()  # its parameters (local names) kept from weight decay whatever their shape
 
     def __init__(self, cfg: "ModelConfig", depth: int, backend: Optional[str] = None):
-        super().__init__()
+        super().__init__(cfg, depth)  # the equations: projections and parameters, in their order
         self.backend = backend or cfg.attn_backend
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)  # (B, Hq, T, d), (B, Hk, T, d), (B, Hv, T, dv)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H*, pos + T, d*)
+        return self.finish(x, self.attend(x, q, k, v, docs))  # (B, T, E)
+
+    def attend(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               docs: Optional[Documents]) -> torch.Tensor:
+        """The mixed heads (B, H, T, dv). eager: the materialised maps mixed first, so the values are multiplied once
+        ((A1 - lambda A2) V); other backends: one kernel call over the Hq query heads, then mixed."""
+        if self.backend == "eager":
+            return weigh(self.mix(x, causal_probs(q, k, docs)), v)
+        return self.mix(x, causal_attention(q, k, self.kernel_values(k, v), self.backend, docs))
+
+    def scores(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q k^T / sqrt d of every query head (B, Hq, T, T) in fp32, the values (B, Hv, T, dv) in fp32) from this
+        module's input x (B, T, E): query head j reads key head j // (Hq/Hk), as in the kernel call. Eval's maps and
+        training's logit telemetry read them (diffllm/eval/maps.py)."""
+        q, k, v = self.project(x, cos, sin)
+        q, k = q.float(), k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, Hq, T, d)
+        return q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, v.float()
 
     @classmethod
     def check(cls, cfg: "ModelConfig") -> None:
-        """Raise ValueError('model.<key>: why') for a config this variant cannot build."""
+        """Raise UserError('model.<key>: why') for a config this variant cannot build."""
 
     @classmethod
     def heads(cls, cfg: "ModelConfig") -> Heads:
@@ -84,7 +114,6 @@ class AttentionVariant(nn.Module):
         saves what a fused kernel saves: q, k, v, out and the fp32 log-sum-exp) unless the config runs eager."""
         return "eager" if cfg.attn_backend == "eager" else "meta"
 
-    # ----- init ---------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def init_parameter(self, name: str, p: nn.Parameter, cfg: "ModelConfig") -> None:
         """Initialise this module's parameter `name` (its name within the module). DecoderLM.reset_parameters calls
@@ -93,37 +122,33 @@ class AttentionVariant(nn.Module):
         matrices, zero biases, ones for other vectors (norm weights)."""
         init_parameter(name, p, cfg.init_std)
 
-    # ----- attention maps (diffllm/eval/maps.py) --------------------------------------------------------------------
-    def map_parts(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor]]:
-        """From this module's input x (B, T, E) and rotary (cos, sin): the (q, k) of each softmax map, each
-        (B, H, T, d) in fp32 with H = heads(cfg).out (kv heads repeated to their queries), and the weight lambda of
-        the second map (None for one map; a scalar, or one per head and query (B, H, T, 1))."""
-        raise NotImplementedError(f"{type(self).__name__} does not rebuild its attention maps")
-
-    def combine_maps(self, maps: list[torch.Tensor], lam: Optional[torch.Tensor]) -> torch.Tensor:
-        """The map eval reports (B, H, T, T) from the softmax maps of `map_parts`: one map as it is; two as the
-        differential (A1 - lambda A2) / (1 - lambda), whose rows sum to 1 as a softmax row does."""
-        return maps[0] if lam is None else (maps[0] - lam * maps[1]) / (1 - lam)
-
-    def output_from_maps(self, x: torch.Tensor, maps: list[torch.Tensor], lam: Optional[torch.Tensor]) -> torch.Tensor:
-        """This module's output (B, T, E) recomputed from its input x and the softmax maps (B, H, T, T) of
-        `map_parts` (eval quantises their logits first)."""
-        raise NotImplementedError(f"{type(self).__name__} does not rebuild its attention maps")
-
+    # ----- telemetry: eval attention and training diagnostics ------------------------------------------------------
     def report(self) -> dict[str, float]:
-        """Per-layer values eval attention reports beside the maps (Diff: {"lambda": ...}); {} for none."""
+        """Per-layer values read from the parameters (Diff: {"lambda": ...}): eval attention reports them beside the
+        maps, training logs `<key>/<layer>` and `<key>_min`. {} for none."""
+        return {}
+
+    def warning(self, key: str, value: float) -> Optional[str]:
+        """What is wrong when a reported value is `value` (training says it once per layer), or None."""
+        return None
+
+    def probes(self) -> dict[str, tuple[nn.Module, object]]:
+        """Forward-side values training logs as `<key>/<layer>` (the mean over the step's forwards): key ->
+        (a submodule, fn(its output) -> 0-dim tensor). Diff V2: the mean gate sigmoid(x W_lambda)."""
         return {}
 
     # ----- format=remote export (diffllm/export/remote) ---------------------------------------------------------
     @classmethod
     def remote_config(cls, cfg: "ModelConfig") -> dict:
-        """Extra config.json keys the remote attention class reads (Diff: each layer's lambda_init)."""
+        """The ModelConfig keys besides the shared ones that its equations read, for the export's config.json (Diff:
+        lambda_init); `diffllm import` reads every ModelConfig key it finds there."""
         return {}
 
     @classmethod
-    def from_remote_config(cls, cfg: "ModelConfig", hf_cfg) -> None:
-        """Set on cfg (built from the shared keys) what `remote_config` wrote, when importing a remote export."""
+    def equations(cls) -> list[type]:
+        """Its equations classes, base first (AttentionEquations excluded): the source a remote export ships."""
+        return [c for c in reversed(cls.__mro__) if issubclass(c, AttentionEquations)
+                and not issubclass(c, AttentionVariant) and c is not AttentionEquations]
 
 
 def init_parameter(name: str, p: torch.Tensor, std: float) -> None:
@@ -134,47 +159,3 @@ def init_parameter(name: str, p: torch.Tensor, std: float) -> None:
         p.zero_()
     else:
         p.fill_(1.0)
-
-
-_REGISTRY: dict[str, type[AttentionVariant]] = {}
-_LOADED = False
-ENV = "DIFFLLM_VARIANTS"  # comma-separated modules that register more variants
-
-
-def register(cls: type[AttentionVariant]) -> type[AttentionVariant]:
-    """Class decorator: make `cls` the variant for `model.arch = cls.arch`."""
-    if cls.arch in _REGISTRY and _REGISTRY[cls.arch] is not cls:
-        raise UserError(f"arch {cls.arch!r} registered twice ({_REGISTRY[cls.arch].__name__}, {cls.__name__})")
-    _REGISTRY[cls.arch] = cls
-    return cls
-
-
-def variants() -> dict[str, type[AttentionVariant]]:
-    """Every registered variant by arch name: the baseline first, then by name (the built-in modules, then those
-    named in $DIFFLLM_VARIANTS)."""
-    global _LOADED
-    if not _LOADED:  # import every diffllm/model/*attention.py once; their @register fills the table
-        here = [os.path.dirname(__file__)]  # this package's folder (not the package: it imports this module)
-        for mod in sorted(m.name for m in pkgutil.iter_modules(here) if m.name.endswith("attention")):
-            importlib.import_module(f"{__package__}.{mod}")
-        _LOADED = True
-    for name in filter(None, (m.strip() for m in os.environ.get(ENV, "").split(","))):
-        try:
-            importlib.import_module(name)  # cached after the first time; its @register fills the table
-        except ImportError as e:
-            raise UserError(f"{ENV}: cannot import {name!r} ({e})") from None
-    return dict(sorted(_REGISTRY.items(), key=lambda kv: (not kv[1].baseline, kv[0])))
-
-
-def variant(arch: str) -> type[AttentionVariant]:
-    """The class for `arch`; an unknown name is a one-line ValueError with the nearest valid name."""
-    table = variants()
-    if arch not in table:
-        near = difflib.get_close_matches(str(arch), table, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise UserError(f"model.arch: got {arch!r}, expected one of {tuple(table)}{hint}")
-    return table[arch]
-
-
-def baseline() -> type[AttentionVariant]:
-    return next(v for v in variants().values() if v.baseline)

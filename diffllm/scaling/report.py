@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..model.variant import baseline, variants
+from ..model.registry import baseline, variants
 from ..results import RunRecord, collect
 from ..runs import read_metrics
 from .fit import (JOINT_KEYS, JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,

@@ -1,15 +1,15 @@
 """Diagnostics during training (Diff's lambda, and stability telemetry for every arch), added to the records that
 MetricsLogger writes (metrics.jsonl, W&B, the progress line):
 
-    lambda/<i>, lambda_min   each layer's lambda (an attention module with a `lambda_full()` method: Diff V1), read
-                             from the parameters after the step's update, and its min over layers
-    lambda_mean/<i>          Diff V2: the mean of sigmoid(lambda_proj(x)) over the step's tokens and heads (an
-                             attention module with a `lambda_proj` submodule), from the training forward
+    <key>/<i>, <key>_min     each value the variant reports per layer from its parameters (`report()`; Diff V1:
+                             lambda/<i>, lambda_min), read after the step's update, and its min over layers
+    <key>/<i>                each forward-side value the variant probes (`probes()`; Diff V2: lambda_mean/<i>, the
+                             mean of sigmoid(lambda_proj(x)) over the step's tokens and heads), from the training forward
     attn_rms/<i>             RMS of each block's attention output, sqrt(mean(out^2)), from the training forward
     act_max/<i>              the largest |activation| of each block's output (the residual stream after the block),
                              max over the step's micro-batches and ranks
     attn_logit_max/<i>       the largest |q k^T / sqrt(d)| over the causal positions of every softmax map of layer i
-                             (both maps of Diff), recomputed with the variant's `map_parts` from the attention input
+                             (both maps of Diff), recomputed with the variant's `project` from the attention input
                              of the step's first micro-batch, one sequence at a time; max over ranks
     grad_norm/<i>            the L2 norm of block i's gradient (pre-clip, averaged over ranks), before the update
 
@@ -22,8 +22,9 @@ traced: the forward-side values are then left out (said once). The attention log
 (calling the q/k projections outside the module's own forward would disturb ZeRO-3's parameter prefetch): left out
 there (said once). The block grad norms are taken at the logged steps only (`keep_grad_norms`, between the last
 backward and the update) with DeepSpeed's `safe_get_full_grad`: under ZeRO that gathers each parameter's full
-gradient (about one all-reduce of the gradients per logged step). Reading lambda under ZeRO-3 gathers the few lambda
-vectors on every rank (a collective): every rank calls `collect` at the same steps, as it calls every hook.
+gradient (about one all-reduce of the gradients per logged step). Reading the reports under ZeRO-3 gathers the
+attention modules' own parameters (Diff: the few lambda vectors) on every rank (a collective): every rank calls
+`collect` at the same steps, as it calls every hook.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..model.documents import causal_mask
 from .dist import all_reduce_maxes, all_reduce_sum, world_size
 from .metrics import finite_or_none
 
@@ -44,14 +46,12 @@ def rms(t: torch.Tensor) -> torch.Tensor:
 
 
 class Diagnostics:
-    """Per-layer lambda and attention-output RMS of `model` (a DecoderLM: `model.layers[i].attn`). `say(msg,
+    """Per-layer reports (Diff: lambda) and attention-output RMS of `model` (a DecoderLM: `model.layers[i].attn`). `say(msg,
     error=False)` prints notes and warnings (Trainer.say: rank 0 only)."""
 
     def __init__(self, model: nn.Module, say: Callable[..., None]):
         self.attns = [block.attn for block in model.layers]
-        self.lambda_layers = [i for i, a in enumerate(self.attns) if callable(getattr(a, "lambda_full", None))]
-        self.gate_layers = [i for i, a in enumerate(self.attns) if isinstance(getattr(a, "lambda_proj", None),
-                                                                              nn.Module)]
+        self.probe_keys = [f"{key}/{i}" for i, a in enumerate(self.attns) for key in a.probes()]
         self.blocks = list(model.layers)
         self.compiled = any(getattr(block, "_compiled_call_impl", None) is not None for block in model.layers)
         self.zero3 = any(hasattr(p, "ds_id") for p in model.parameters())
@@ -70,12 +70,12 @@ class Diagnostics:
         return bool(self.handles)
 
     def arm(self) -> None:
-        """Hook each attention module (and Diff V2's lambda_proj) for the next step's forwards."""
+        """Hook each attention module (and what its variant probes) for the next step's forwards."""
         if self.armed:
             return
         if self.compiled:
             if not self.noted_compiled:
-                self.say("note: attn_rms and lambda_mean are not logged: hooks inside torch.compile'd blocks "
+                self.say("note: attn_rms and the variant's probes (Diff V2: lambda_mean) are not logged: hooks inside torch.compile'd blocks "
                          "(trainer.compile=true) are not reliably traced")
                 self.noted_compiled = True
             return
@@ -91,9 +91,9 @@ class Diagnostics:
             self.say("note: attn_logit_max is not logged under ZeRO-3 (recomputing q and k outside the attention "
                      "module's forward would disturb ZeRO-3's parameter prefetch)")
             self.noted_zero3 = True
-        for i in self.gate_layers:
-            gate = functools.partial(self._keep, f"lambda_mean/{i}", lambda z: torch.sigmoid(z.detach().float()).mean())
-            self.handles.append(self.attns[i].lambda_proj.register_forward_hook(gate))
+        for i, attn in enumerate(self.attns):
+            for key, (module, fn) in attn.probes().items():
+                self.handles.append(module.register_forward_hook(functools.partial(self._keep, f"{key}/{i}", fn)))
 
     def _keep(self, key: str, fn, module: nn.Module, args, out: torch.Tensor) -> None:
         if not self._training(module):
@@ -119,16 +119,14 @@ class Diagnostics:
         x, cos, sin = (a.detach() for a in args[:3])  # (B, T, E); rotary tables (T, r/2), or (B, T, r/2) per row
         docs = kwargs.get("docs")
         T = x.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        causal = causal_mask(T, T, x.device)
         top = 0.0
         with torch.no_grad():
             for b in range(x.shape[0]):  # one sequence at a time: (H, T, T) scores, not (B, H, T, T)
                 rows = (cos[b:b + 1], sin[b:b + 1]) if cos.dim() == 3 else (cos, sin)
                 seen = causal if docs is None else docs.mask[b, 0]  # (T, T) True = attended
-                pairs, _ = module.map_parts(x[b:b + 1], *rows)
-                for q, k in pairs:  # (1, H, T, d) each, fp32
-                    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (1, H, T, T)
-                    top = max(top, float(scores.abs()[..., seen].max()))
+                scores, _ = module.scores(x[b:b + 1], *rows)  # (1, Hq, T, T): every softmax map, fp32
+                top = max(top, float(scores.abs()[..., seen].max()))
         self.maxes[key] = top
 
     @torch.no_grad()
@@ -152,7 +150,7 @@ class Diagnostics:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        keys = [f"attn_rms/{i}" for i in range(len(self.attns))] + [f"lambda_mean/{i}" for i in self.gate_layers]
+        keys = [f"attn_rms/{i}" for i in range(len(self.attns))] + self.probe_keys
         means = [float(self.sums[k]) / self.counts[k] if self.counts.get(k) else math.nan for k in keys]
         totals = all_reduce_sum(means)
         max_keys = sorted(self.maxes)  # the same on every rank: the same hooks saw the same forwards
@@ -163,30 +161,32 @@ class Diagnostics:
         self.sums, self.counts, self.maxes, self.grad_norms = {}, {}, {}, {}
         return out
 
-    # ----- lambda from the parameters --------------------------------------------------------------------------------
+    # ----- what each variant reports from its parameters --------------------------------------------------------------
     @torch.no_grad()
-    def lambdas(self) -> list[float]:
-        """lambda_full() of each Diff V1 layer, from the full parameters (ZeRO-3: gathered on every rank)."""
+    def reports(self) -> list[dict[str, float]]:
+        """Each layer's `report()`, from the full parameters (ZeRO-3: its own parameters gathered on every rank)."""
         import deepspeed
 
-        params = [p for i in self.lambda_layers for p in self.attns[i].parameters(recurse=False)]
+        params = [p for a in self.attns for p in a.parameters(recurse=False)]
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return [float(self.attns[i].lambda_full()) for i in self.lambda_layers]
+            return [a.report() for a in self.attns]
 
-    def lambda_record(self, step: int) -> dict[str, float]:
-        """lambda/<i> and lambda_min ({} without Diff V1 layers); warns once per layer whose lambda is negative."""
-        if not self.lambda_layers:
-            return {}
-        values = self.lambdas()
-        for i, v in zip(self.lambda_layers, values):
-            if v < 0 and i not in self.warned:
-                self.warned.add(i)
-                self.say(f"warning: layer {i}: lambda = {v:.4f} < 0 at step {step} (the second attention map is "
-                         f"now added, not subtracted)", error=True)
-        rec = {f"lambda/{i}": finite_or_none(v) for i, v in zip(self.lambda_layers, values)}
-        rec["lambda_min"] = min(values) if all(map(math.isfinite, values)) else None
+    def report_record(self, step: int) -> dict[str, float]:
+        """<key>/<i> and <key>_min of every reported value ({} when no layer reports); warns once per layer whose
+        value the variant finds wrong (Diff: a negative lambda)."""
+        reports = self.reports()
+        rec: dict[str, Optional[float]] = {}
+        for key in dict.fromkeys(k for r in reports for k in r):
+            values = {i: r[key] for i, r in enumerate(reports) if key in r}
+            for i, v in values.items():
+                why = self.attns[i].warning(key, v)
+                if why and i not in self.warned:
+                    self.warned.add(i)
+                    self.say(f"warning: layer {i}: {why} at step {step}", error=True)
+                rec[f"{key}/{i}"] = finite_or_none(v)
+            rec[f"{key}_min"] = min(values.values()) if all(map(math.isfinite, values.values())) else None
         return rec
 
     def collect(self, step: int) -> dict[str, Optional[float]]:
-        """Everything for the record of `step`: lambda (always), the forward-side values (when armed)."""
-        return {**self.lambda_record(step), **self.disarm()}
+        """Everything for the record of `step`: the reports (always), the forward-side values (when armed)."""
+        return {**self.report_record(step), **self.disarm()}

@@ -11,16 +11,17 @@ from .dist import all_reduce_max
 
 
 def no_decay(name: str, p: nn.Parameter) -> bool:
-    """Norm weights, biases and the Diff lambda_{q,k}{1,2} vectors get no weight decay (everything 1-D is one of those)."""
-    leaf = name.rsplit(".", 1)[-1]
-    return p.dim() < 2 or leaf == "bias" or leaf.startswith("lambda_")
+    """Norm weights and biases get no weight decay (everything 1-D is one of those)."""
+    return p.dim() < 2 or name.rsplit(".", 1)[-1] == "bias"
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """model: a DecoderLM; what its attention variants keep from decay (Diff: the lambdas) joins the no-decay group."""
     decay, plain = [], []
+    exempt = {id(p) for p in model.no_decay_parameters()}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (plain if no_decay(name, p) else decay).append(p)
+            (plain if no_decay(name, p) or id(p) in exempt else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay, "group": "decay"},
         {"params": plain, "weight_decay": 0.0, "group": "no_decay"},

@@ -49,6 +49,28 @@ def test_every_registered_variant_has_a_layout():
     assert set(variants()) <= covered, f"no export layout for {sorted(set(variants()) - covered)} in helpers.LAYOUTS"
 
 
+@pytest.mark.parametrize("arch", list(variants()))
+def test_the_remote_bundle_ships_the_variants_own_equations(arch):
+    """One definition of each variant's equations: the bundle's attention file holds the source of the very classes
+    diffllm's forward runs (`AttentionVariant.equations()`), beside model/layers.py and documents.py verbatim, and
+    nothing in it imports diffllm."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from diffllm.export.remote import bundle
+    from diffllm.model import ModelConfig, documents, layers
+
+    cfg = ModelConfig(arch=arch)
+    files = bundle(cfg)
+    attention = next(text for name, text in files.items() if name.startswith("diffllm_attention_"))
+    classes = cfg.variant.equations()
+    assert classes and all(inspect.getsource(c) in attention for c in classes)
+    assert isinstance(cfg.variant(cfg, 0), classes[-1]) and attention.rstrip().endswith(f"= {classes[-1].__name__}")
+    assert {Path(layers.__file__).read_text(), Path(documents.__file__).read_text()} <= set(files.values())
+    assert not any(re.search(r"^\s*(from|import)\s+diffllm\b", text, re.M) for text in files.values())
+
+
 def max_logit_diff(ours, hf, ids: torch.Tensor) -> tuple[float, float]:
     with torch.no_grad():
         want, got = ours(ids), hf(ids).logits

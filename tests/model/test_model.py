@@ -9,7 +9,7 @@ import torch
 
 from diffllm.config import build
 from diffllm.model import DecoderLM, ModelConfig, variants
-from diffllm.model.attention import flash_available
+from diffllm.model.kernels import flash_available
 
 ARCHS = list(variants())
 

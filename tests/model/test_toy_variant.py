@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,72 +20,40 @@ from tests.distributed import REPO, base_env, launch_train, run_train
 from tests.train.helpers import TINY, comparable
 
 pytestmark = pytest.mark.slow
-registry = importlib.import_module("diffllm.model.variant")  # the module (diffllm.model.variant is also a function)
+registry = importlib.import_module("diffllm.model.registry")
 STEPS = 6
 
 TOY = '''"""Gated attention: softmax attention whose output is multiplied per head by sigmoid(x W_g)."""
 import torch
 from torch import nn
 
-from diffllm.model.attention import Attention, causal_attention, heads_of
-from diffllm.model.layers import apply_rotary
-from diffllm.model.remote import RemoteAttention, attend
-from diffllm.model.variant import register
+from diffllm.model.attention import Attention, TransformerEquations
+from diffllm.model.registry import register
 
 
-class GatedRemote(RemoteAttention):
-    """The format=remote export's class: only torch, nn, F and diffllm/model/remote.py's names."""
+class GatedEquations(TransformerEquations):
+    """The Transformer's, each head's output times sigmoid(x W_g). Torch only: the remote export ships it."""
 
-    def __init__(self, config, layer_idx):
-        super().__init__(config, layer_idx, config.n_heads, config.n_kv_heads, config.d_model // config.n_heads)
-        self.gate_proj = nn.Linear(config.d_model, config.n_heads, bias=False)
+    def __init__(self, cfg, depth):
+        super().__init__(cfg, depth)
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.n_heads, bias=False)
 
-    def forward(self, x, cos, sin, mask, cache):
-        B, T, E = x.shape
-        q, k, v = self.qkv(x, cos, sin)
-        k, v = self.cached(k.transpose(1, 2), v.view(B, T, -1, self.d).transpose(1, 2), cache)  # (B, Hkv, S, d)
-        y = attend(q.transpose(1, 2), k, v, mask).transpose(1, 2)  # (B, T, H, d)
-        gate = torch.sigmoid(self.gate_proj(x)).unsqueeze(-1)  # (B, T, H, 1)
-        return self.out_proj((gate * y).reshape(B, T, E))
+    def mix(self, x, o):
+        """o (B, H, T, *) -> each head times its gate (B, H, T, 1), per token."""
+        return o * torch.sigmoid(self.gate_proj(x)).transpose(1, 2).unsqueeze(-1)
 
 
 @register
-class GatedAttention(Attention):
-    """The Transformer's attention (its projections, kernels, cache and map reconstruction), gated per head."""
+class GatedAttention(Attention, GatedEquations):
+    """The Transformer's variant (heads, accounting) with the gated equations."""
 
     arch, label, color, baseline = "gated", "Gated attention", "tab:purple", False
-    remote = GatedRemote
-
-    def __init__(self, cfg, depth, backend=None):
-        super().__init__(cfg, depth, backend)
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.n_heads, bias=False)
-
-    def gated(self, x, y):
-        """y (B, H, T, d) -> (B, T, E): each head times sigmoid(x W_g)."""
-        B, T, E = x.shape
-        gate = torch.sigmoid(self.gate_proj(x)).unsqueeze(-1)  # (B, T, H, 1)
-        return (gate * y.transpose(1, 2).to(gate.dtype)).reshape(B, T, E)
-
-    def forward(self, x, cos, sin, cache=None):
-        q = apply_rotary(heads_of(self.q_proj(x), self.n_heads, self.head_dim), cos, sin, self.interleaved)
-        k = apply_rotary(heads_of(self.k_proj(x), self.n_kv_heads, self.head_dim), cos, sin, self.interleaved)
-        v = heads_of(self.v_proj(x), self.n_kv_heads, self.head_dim)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H*, T, d)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, Hkv, pos + T, d)
-        return self.out_proj(self.gated(x, causal_attention(q, k, v, self.backend)))  # (B, T, E)
 
     def init_parameter(self, name, p, cfg):
         if name == "gate_proj.weight":
             p.zero_()  # every gate starts at 0.5
         else:
             super().init_parameter(name, p, cfg)
-
-    def output_from_maps(self, x, maps, lam):
-        B, T, E = x.shape
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).float()
-        y = maps[0] @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, d)
-        return self.out_proj(self.gated(x.float(), y).to(x.dtype))
 
     @classmethod
     def attention_params(cls, cfg):
@@ -132,7 +99,8 @@ def toy(tmp_path, monkeypatch):
 
 def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy, tmp_path):
     env, configs = toy
-    assert "gated" in registry.variants() and registry.variant("gated").remote.__name__ == "GatedRemote"
+    assert "gated" in registry.variants()
+    assert [c.__name__ for c in registry.variant("gated").equations()] == ["TransformerEquations", "GatedEquations"]
 
     def args(run_dir):
         return TINY + ["model=gated-tiny", f"run_dir={run_dir}", f"trainer.tokens={STEPS * 1024}",
@@ -180,7 +148,7 @@ def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy,
     done = export_run(ref, tmp_path / "hf", format="auto")
     assert done.format == "remote"
     bundle = "".join(p.read_text() for p in (tmp_path / "hf").glob("*.py"))
-    assert "class GatedRemote" in bundle and not re.search(r"^\s*(from|import)\s+diffllm\b", bundle, re.M)
+    assert "class GatedEquations" in bundle and not re.search(r"^\s*(from|import)\s+diffllm\b", bundle, re.M)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
     with torch.no_grad():
         assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-5

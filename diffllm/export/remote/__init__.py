@@ -4,10 +4,13 @@ the export.
 The bundle, written next to the weights (torch and transformers only: a user needs no diffllm):
     configuration_diffllm.py   DiffLLMConfig (this folder's file, verbatim)
     modeling_diffllm.py        DiffLLMForCausalLM, generic over the attention class (this folder's file, verbatim)
-    diffllm_layers_<h>.py      diffllm/model/remote.py, verbatim: norms, rotary, attend, RemoteAttention
-    diffllm_attention_<h>.py   the variant's remote class (`AttentionVariant.remote`), its source below the imports
-                               that remote.py documents, bound to the name ATTENTION
-<h> is a digest of those two files, also written at the end of configuration_diffllm.py: transformers maps a config
+    diffllm_layers_<h>.py      diffllm/model/layers.py, verbatim: norms, rotary, SwiGLU, AttentionEquations
+    diffllm_documents_<h>.py   diffllm/model/documents.py, verbatim: the masks
+    diffllm_attention_<h>.py   the variant's own equations classes (`AttentionVariant.equations()`: the classes its
+                               diffllm forward runs), their source below `import math, torch`, `from torch import nn`,
+                               `import torch.nn.functional as F` and `from .diffllm_layers import *`; the last one bound
+                               to the name ATTENTION
+<h> is a digest of those three files, also written at the end of configuration_diffllm.py: transformers maps a config
 class it has loaded to the first model class it built for it, and older versions take the modules a modeling file
 imports from sys.modules by name, so two exports of other variants loaded in one process would otherwise share the
 first one's attention. config.json's `auto_map` points transformers at the files. The weights keep
@@ -28,13 +31,16 @@ from ...errors import UserError
 
 import torch
 
-from ...model import ModelConfig, remote as remote_layers
+from ...model import ModelConfig, documents, layers
 
 NAME, HF_CLASS, MODEL_TYPE = "remote", "DiffLLMForCausalLM", "diffllm"
 HERE = Path(__file__).parent
 AUTO_MAP = {"AutoConfig": "configuration_diffllm.DiffLLMConfig",
             "AutoModelForCausalLM": "modeling_diffllm.DiffLLMForCausalLM"}
-HEADER = '''"""The attention of this model's variant, {arch!r} ({label}): {qualname} from {module}, copied by diffllm export."""
+HEADER = '''"""The attention of this model's variant, {arch!r} ({label}): {names} from {module}, copied by
+diffllm export."""
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,21 +51,23 @@ from .diffllm_layers import *  # noqa: F401,F403 - the names a remote attention 
 
 
 def why_not(cfg: ModelConfig) -> Optional[str]:
-    if cfg.variant.remote is None:
-        return f"arch={cfg.arch} has no remote attention class (AttentionVariant.remote)"
-    return None  # the variant's remote class follows diffllm's equations for every layout
+    if not cfg.variant.equations():
+        return f"arch={cfg.arch} has no equations class (an AttentionEquations subclass among its bases)"
+    return None  # the variant's own equations, for every layout
 
 
 def bundle(cfg: ModelConfig) -> dict[str, str]:
     """File name -> source of the remote-code bundle for cfg's variant."""
-    v = cfg.variant
-    if v.remote is None:
+    v, classes = cfg.variant, cfg.variant.equations()
+    if not classes:
         raise UserError(f"format=remote: {why_not(cfg)}")
-    attention = HEADER.format(arch=v.arch, label=v.label, qualname=v.remote.__qualname__, module=v.remote.__module__)
-    attention += inspect.getsource(v.remote) + f"\n\nATTENTION = {v.remote.__name__}\n"
-    layers = Path(remote_layers.__file__).read_text()
-    h = hashlib.sha1((layers + attention).encode()).hexdigest()[:10]
-    named = {"diffllm_layers": f"diffllm_layers_{h}", "diffllm_attention": f"diffllm_attention_{h}"}
+    attention = HEADER.format(arch=v.arch, label=v.label, names=", ".join(c.__qualname__ for c in classes),
+                              module=", ".join(dict.fromkeys(c.__module__ for c in classes)))
+    attention += "\n\n".join(inspect.getsource(c) for c in classes) + f"\n\nATTENTION = {classes[-1].__name__}\n"
+    shipped = {"diffllm_layers": Path(layers.__file__).read_text(),
+               "diffllm_documents": Path(documents.__file__).read_text()}
+    h = hashlib.sha1(("".join(shipped.values()) + attention).encode()).hexdigest()[:10]
+    named = {name: f"{name}_{h}" for name in (*shipped, "diffllm_attention")}
 
     def renamed(text: str) -> str:
         for old, new in named.items():
@@ -71,7 +79,8 @@ def bundle(cfg: ModelConfig) -> dict[str, str]:
         "# that config class to that model class, and would build any later export of another variant with it.\n")
     return {"configuration_diffllm.py": config,
             "modeling_diffllm.py": renamed((HERE / "modeling_diffllm.py").read_text()),
-            f"{named['diffllm_layers']}.py": layers, f"{named['diffllm_attention']}.py": renamed(attention)}
+            **{f"{named[name]}.py": text for name, text in shipped.items()},
+            f"{named['diffllm_attention']}.py": renamed(attention)}
 
 
 def write_bundle(cfg: ModelConfig, out: Path) -> types.ModuleType:
@@ -108,8 +117,6 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 def from_hf(hf_cfg, sd: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     names = {f.name for f in dataclasses.fields(ModelConfig)}
-    skip = ("name", "vocab_multiple")  # the preset name, the padded vocabulary; variant keys: from_remote_config
+    skip = ("name", "vocab_multiple")  # the preset name, the padded vocabulary; variant keys (remote_config) too
     kw = {k: getattr(hf_cfg, k) for k in names if k not in skip and hasattr(hf_cfg, k)}
-    cfg = ModelConfig(name=hf_cfg.preset, vocab_multiple=1, **kw)
-    cfg.variant.from_remote_config(cfg, hf_cfg)
-    return cfg, dict(sd)
+    return ModelConfig(name=hf_cfg.preset, vocab_multiple=1, **kw), dict(sd)

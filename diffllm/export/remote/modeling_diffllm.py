@@ -2,8 +2,9 @@
 transformers only). Parameter names are diffllm's own, so the exported weights are the checkpoint's, unchanged.
 
     block:      Y = X + Attn(Norm(X));  X' = Y + SwiGLU(Norm(Y))            (Norm: RMSNorm | LayerNorm with bias)
-    Attn        the model's attention variant: its remote class (AttentionVariant.remote), which the export writes
-                to diffllm_attention_<h>.py beside this file; diffllm_layers_<h>.py is diffllm/model/remote.py, verbatim
+    Attn        the model's attention variant: its own equations class (diffllm/model/layers.py AttentionEquations),
+                which the export writes to diffllm_attention_<h>.py beside this file; diffllm_layers_<h>.py and
+                diffllm_documents_<h>.py are diffllm/model/layers.py and documents.py, verbatim
 
 Rotary: the first rotary_pct of each head, interleaved (pairs 2i, 2i+1) or rotate-half (pairs i, i + r/2), as trained.
 Generation keeps a transformers Cache (keys after rotary), and padding masks come from `attention_mask`.
@@ -17,6 +18,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_diffllm import DiffLLMConfig
 from .diffllm_attention import ATTENTION
+from .diffllm_documents import padded_causal_mask
 from .diffllm_layers import RMSNorm, SwiGLU, build_norm, rotary_cos_sin
 
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -25,9 +27,9 @@ _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__
 class Block(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.attn_norm = build_norm(config, config.d_model)
+        self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps)
         self.attn = ATTENTION(config, layer_idx)
-        self.mlp_norm = build_norm(config, config.d_model)
+        self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps)
         self.mlp = SwiGLU(config.d_model, config.ffn_dim)
 
     def forward(self, x, cos, sin, mask, cache):
@@ -45,7 +47,7 @@ class DiffLLMForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm = build_norm(config, config.d_model)
+        self.norm = build_norm(config.norm, config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
 
@@ -59,8 +61,7 @@ class DiffLLMForCausalLM(PreTrainedModel, GenerationMixin):
             module.weight.fill_(1.0)
             if getattr(module, "bias", None) is not None:
                 module.bias.zero_()
-        if isinstance(module, ATTENTION):
-            module.reset_extra()  # the variant's own parameters beyond its Linear and norm layers
+        # the variant's own vectors (Diff's lambdas) stay as its constructor made them
 
     def get_input_embeddings(self):
         return self.tok_embeddings
@@ -87,10 +88,7 @@ class DiffLLMForCausalLM(PreTrainedModel, GenerationMixin):
             keys_ok = torch.ones(B, S, dtype=torch.bool, device=x.device)
         if position_ids is None:
             position_ids = (keys_ok.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # left padding shifts positions
-        t = torch.arange(T, device=x.device)[:, None] + past
-        s = torch.arange(S, device=x.device)[None, :]
-        mask = ((s <= t)[None] & keys_ok[:, None, :]) | (s == t)[None]  # (B, T, S); a token always sees itself
-        mask = mask[:, None]  # (B, 1, T, S)
+        mask = padded_causal_mask(keys_ok, T)  # (B, 1, T, S); a token always sees itself
         d = self.config.d_model // self.config.n_heads
         cos, sin = rotary_cos_sin(position_ids.expand(B, T), int(d * self.config.rotary_pct), self.config.rope_theta)
         for layer in self.layers:
