@@ -84,3 +84,35 @@ def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
     assert cfg.model.lambda_init == 0.5
     res = diffllm("info", "+model.lambda_init=0.5", "model.n_layers=2")
     assert res.code == 0 and "diff-tiny" in res.out
+
+
+BUG = """import sys
+import {module} as m
+
+
+def bug(*args, **kwargs):
+    raise ValueError("injected bug: not the user's fault")
+
+
+setattr(m, {attr!r}, bug)
+from diffllm.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("full_error", ["", "1"])
+@pytest.mark.parametrize("module, attr, argv", [
+    ("diffllm.train.app", "Trainer", ["train", "trainer.tokens=4096"]),
+    ("diffllm.model.info", "model_stats", ["info"]),
+    ("diffllm.eval.ppl", "run_ppl", ["eval", "ppl", "run=runs/none"]),
+])
+def test_a_bug_keeps_its_traceback(module, attr, argv, full_error, tmp_path):
+    """A ValueError that is no UserError (a bug inside a command's body) is not reported as bad input: a traceback
+    naming it, an exit code other than 2, with or without HYDRA_FULL_ERROR=1."""
+    env = {**_env(), "PYTHONPATH": str(REPO), **({"HYDRA_FULL_ERROR": full_error} if full_error else {})}
+    done = subprocess.run([sys.executable, "-c", BUG.format(module=module, attr=attr), *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode not in (0, 2), done.stderr
+    assert "Traceback (most recent call last)" in done.stderr, done.stderr
+    assert "ValueError: injected bug: not the user's fault" in done.stderr, done.stderr
+    assert "error: injected bug" not in done.stderr  # not the one-line bad-input form
