@@ -26,6 +26,14 @@ NOT_INT = "Value '{}' of type 'str' could not be converted to Integer"
     (["train", "trainer.zero_stage=7"], "diffllm train: error: trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
     (["tokenizer", "train", "data.tokenizer.min_frequency=often"],
      "diffllm tokenizer train: error: data.tokenizer.min_frequency: " + NOT_INT.format("often")),
+    # a command's own keys are typed too (they once reached int() inside the command as plain text)
+    (["info", "seq_len=abc"], "diffllm info: error: seq_len: " + NOT_INT.format("abc")),
+    (["data", "prepare", "workers=abc"], "diffllm data prepare: error: workers: " + NOT_INT.format("abc")),
+    (["tokenizer", "train", "bench_chars=lots"], "diffllm tokenizer train: error: bench_chars: " + NOT_INT.format("lots")),
+    (["sweep", "dry_run=true", "nodes=two"], "diffllm sweep: error: nodes: " + NOT_INT.format("two")),
+    (["export", "run=runs/x"], "diffllm export: error: out= is required (e.g. diffllm export run=runs/diff-tiny "
+                               "out=hf/diff-tiny)"),
+    (["eval", "ppl", "run=runs/x", "batch_size=many"], "diffllm eval ppl: error: ppl.batch_size: " + NOT_INT.format("many")),
     (["trian"], "diffllm: error: unknown command 'trian' (did you mean train?)"),
     (["tokenizer", "trian"], "diffllm: error: unknown command 'tokenizer trian' (did you mean tokenizer train?)"),
 ])
