@@ -16,9 +16,9 @@ class Command:
     """One command. A new one is one entry in _REGISTRY. A `key=value` command names its typed configs in `schema`:
     with a `config`, Hydra composes configs/<config>.yaml (which lists `- <config>_schema` first in its defaults: every
     field at its dataclass default) over them; without one, its arguments are the schema's root dataclass alone
-    (diffllm.config.key_value_app). No schema: the command parses its own argv (launch's flags; --help goes to it)."""
+    (diffllm.config.run_key_values). No schema: the command parses its own argv (launch's flags; --help goes to it)."""
 
-    entry: Entry  # returns the command's main(): config.hydra_app, config.key_value_app, or a parser of its own argv
+    entry: Entry  # returns the command's main(): config.hydra_app, config.run_key_values, or a parser of its own argv
     summary: str  # the one line in `diffllm --help`
     config: Optional[str] = None  # configs/<config>.yaml
     schema: dict[str, str] = field(default_factory=dict)  # group ("" = root keys) -> "module:Dataclass"
@@ -168,7 +168,8 @@ _REGISTRY: dict[str, Command] = {
         _sweep, "run a grid of training runs (presets x budgets x hyperparameter axes x seeds) through Hydra multirun",
         config="sweep", schema=_SWEEP,
         examples=("diffllm sweep dry_run=true", "diffllm sweep sweep=paper launcher=submitit_slurm",
-                  "diffllm sweep --config-dir my_configs sweep=mine   # my_configs/sweep/mine.yaml, also seen by the jobs")),
+                  "diffllm sweep --config-dir my_configs sweep=mine   "
+                  "# my_configs/sweep/mine.yaml, also seen by the jobs")),
     "sweep collect": Command(
         _sweep_collect, "tabulate a sweep's run summaries into runs.csv and runs.md",
         config="sweep", schema=_SWEEP,
@@ -182,7 +183,8 @@ _REGISTRY: dict[str, Command] = {
         _generate, "continue a prompt with a trained model (KV cache; greedy or sampled)",
         schema=_root("diffllm.eval.generate:GenerateConfig"),
         examples=('diffllm generate run=runs/diff-tiny prompt="ROMEO:" max_new_tokens=60',
-                  'diffllm generate run=runs/diff-tiny prompt="ROMEO:" temperature=0.8 top_k=50 seed=1 stop=["\\n\\n"]')),
+                  'diffllm generate run=runs/diff-tiny prompt="ROMEO:" temperature=0.8 top_k=50 seed=1 '
+                  'stop=["\\n\\n"]')),
     "eval ppl": Command(
         _eval_ppl, "loss, perplexity and bits per byte of a run, per held-out source",
         schema=_root("diffllm.eval.ppl:PplConfig"),

@@ -29,11 +29,13 @@ NOT_INT = "Value '{}' of type 'str' could not be converted to Integer"
     # a command's own keys are typed too (they once reached int() inside the command as plain text)
     (["info", "seq_len=abc"], "diffllm info: error: seq_len: " + NOT_INT.format("abc")),
     (["data", "prepare", "workers=abc"], "diffllm data prepare: error: workers: " + NOT_INT.format("abc")),
-    (["tokenizer", "train", "bench_chars=lots"], "diffllm tokenizer train: error: bench_chars: " + NOT_INT.format("lots")),
+    (["tokenizer", "train", "bench_chars=lots"],
+     "diffllm tokenizer train: error: bench_chars: " + NOT_INT.format("lots")),
     (["sweep", "dry_run=true", "nodes=two"], "diffllm sweep: error: nodes: " + NOT_INT.format("two")),
     (["export", "run=runs/x"], "diffllm export: error: out= is required (e.g. diffllm export run=runs/diff-tiny "
                                "out=hf/diff-tiny)"),
-    (["eval", "ppl", "run=runs/x", "batch_size=many"], "diffllm eval ppl: error: ppl.batch_size: " + NOT_INT.format("many")),
+    (["eval", "ppl", "run=runs/x", "batch_size=many"],
+     "diffllm eval ppl: error: ppl.batch_size: " + NOT_INT.format("many")),
     (["trian"], "diffllm: error: unknown command 'trian' (did you mean train?)"),
     (["tokenizer", "trian"], "diffllm: error: unknown command 'tokenizer trian' (did you mean tokenizer train?)"),
 ])
