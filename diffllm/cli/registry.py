@@ -30,7 +30,8 @@ class Command:
 _MODEL = {"model": "diffllm.model.config:ModelConfig"}
 _DATA = {"data": "diffllm.data.config:DataConfig"}
 _TRAIN = {**_MODEL, **_DATA, "trainer": "diffllm.train.config:TrainerConfig",
-          "optim": "diffllm.train.config:OptimConfig", "logging": "diffllm.train.config:LoggingConfig"}
+          "optim": "diffllm.train.config:OptimConfig", "logging": "diffllm.train.config:LoggingConfig",
+          "": "diffllm.train.app:TrainKeys"}
 _SWEEP = {"sweep": "diffllm.sweep.grid:SweepConfig", "": "diffllm.sweep.cli:SweepCommandConfig"}
 
 

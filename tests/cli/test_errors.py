@@ -27,6 +27,7 @@ NOT_INT = "Value '{}' of type 'str' could not be converted to Integer"
     (["tokenizer", "train", "data.tokenizer.min_frequency=often"],
      "diffllm tokenizer train: error: data.tokenizer.min_frequency: " + NOT_INT.format("often")),
     # a command's own keys are typed too (they once reached int() inside the command as plain text)
+    (["train", "seed=abc"], "diffllm train: error: seed: " + NOT_INT.format("abc")),
     (["info", "seq_len=abc"], "diffllm info: error: seq_len: " + NOT_INT.format("abc")),
     (["data", "prepare", "workers=abc"], "diffllm data prepare: error: workers: " + NOT_INT.format("abc")),
     (["tokenizer", "train", "bench_chars=lots"],
@@ -112,7 +113,7 @@ main(sys.argv[1:])
 
 @pytest.mark.parametrize("full_error", ["", "1"])
 @pytest.mark.parametrize("module, attr, argv", [
-    ("diffllm.train.app", "Trainer", ["train", "trainer.tokens=4096"]),
+    ("diffllm.train.loop", "Trainer", ["train", "trainer.tokens=4096"]),
     ("diffllm.model.info", "model_stats", ["info"]),
     ("diffllm.eval.ppl", "run_ppl", ["eval", "ppl", "run=runs/none"]),
 ])
