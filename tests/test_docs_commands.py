@@ -166,15 +166,6 @@ MODULES = {"diffllm.train": "train", "diffllm.eval.generate": "generate", "diffl
            "diffllm.eval.compare": "eval compare", "diffllm.eval.recall": "eval recall"}
 
 
-def _eval_config(name: str) -> type:
-    from diffllm.eval import attention, compare, generate, harness, needle, outliers, ppl, recall
-
-    return {"generate": generate.GenerateConfig, "eval ppl": ppl.PplConfig, "eval needle": needle.NeedleConfig,
-            "eval attention": attention.AttentionConfig, "eval outliers": outliers.OutliersConfig,
-            "eval lm-eval": harness.LmEvalConfig, "eval compare": compare.CompareConfig,
-            "eval recall": recall.RecallConfig}[name]
-
-
 def _run_cli(words: list[str]) -> tuple[int, str, str]:
     """`diffllm <words>` in this process: (exit code, stdout, stderr)."""
     from diffllm.cli.main import main
@@ -190,8 +181,9 @@ def _run_cli(words: list[str]) -> tuple[int, str, str]:
 
 def _check_keys(name: str, args: list[str], size: int) -> None:
     """A line that needs a run or data: its keys, group options and typed values (train: its budget too)."""
+    from diffllm.cli.registry import COMMANDS
     from diffllm.config import check_group_options, check_typed, compose, config_groups, from_key_values, \
-        register_schema, take_config_dirs
+        register_schema, schema_for, take_config_dirs
 
     args = take_config_dirs(args)
     if name == "train":
@@ -201,13 +193,13 @@ def _check_keys(name: str, args: list[str], size: int) -> None:
         return
     if name == "import":
         args = [a if "=" in a else f"src={a}" for a in args]
-    config = {"tokenizer train": "tokenizer", "data prepare": "data_prepare", "sweep collect": "sweep",
-              "scaling fit": "scaling"}.get(name, name)
-    if config in ("tokenizer", "data_prepare", "sweep", "scaling", "export", "import", "info", "plan"):
+    config = COMMANDS[name].config
+    if config:
         check_group_options(args, config_groups(config))
         check_typed(compose(config, args), register_schema(config))
     else:
-        from_key_values(_eval_config(name), args, name.split()[-1])
+        (cls,) = schema_for(name).values()
+        from_key_values(cls, args, name.split()[-1])
 
 
 def _hold_port(ex: Example, words: list[str]):

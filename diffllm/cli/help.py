@@ -1,5 +1,6 @@
-"""`diffllm <command> --help`: a Hydra command's keys (diffllm/config/help.py) with its registry entry's summary,
-subcommands and examples; a command that parses its own argv prints its usage, then the entry's examples."""
+"""`diffllm <command> --help`: a command's keys (diffllm/config/help.py: from its config file or its schema alone) with
+its registry entry's summary, subcommands and examples; a command that parses its own argv (launch) prints its usage,
+then the entry's examples."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +16,10 @@ def command_help(cmd: Command, argv: list[str]) -> str:
 
         subs = tuple(f"diffllm {n} ({c.summary})" for n, c in COMMANDS.items() if n.startswith(cmd.name + " "))
         return config_help(cmd.config, f"diffllm {cmd.name}", cmd.summary, cmd.examples, subs)
+    if cmd.schema:
+        from ..config.help import key_value_help
+
+        return key_value_help(cmd.name, cmd.examples)
     sys.argv = [f"diffllm {cmd.name}"] + argv
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

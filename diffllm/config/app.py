@@ -1,21 +1,36 @@
-"""`@hydra_app("<config>")`: how every Hydra command runs: --help from help.py, the config search path, the typed
-configs built before the command body, and every bad input (a composition error or the command's own ValueError) as
-one line on stderr with exit code 2. Below the commands: `diffllm <command>` (diffllm/cli/) calls the apps, and so do
-`python -m diffllm.train`, torchrun and a sweep's multirun jobs directly."""
+"""How every `key=value` command runs, on the typed configs its registry entry names (diffllm/cli/registry.py,
+Command.schema): `@hydra_app("<config>")` composes configs/<config>.yaml with Hydra (groups, multirun) and builds the
+typed configs before the command body; `run_key_values("<command>", body)` builds a config-less command's one root
+dataclass from its arguments. Both answer --help from help.py and turn bad input (a composition error, a wrong type
+or value, the command's own UserError) into one line on stderr with exit code 2; any other exception is a bug and keeps
+its traceback. Below the commands: `diffllm <command>` (diffllm/cli/) calls them, and so do `python -m diffllm.train`,
+torchrun, a sweep's multirun jobs and `python -m diffllm.eval.<module>` directly."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
 import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import UserError
-from .loading import (CONFIG_DIR, check_typed, explain, fail, plus_to_force, register_schema, set_env,
-                      take_config_dirs, use_search_path)
+from .loading import (CONFIG_DIR, check_typed, explain, fail, from_key_values, plus_to_force, register_schema,
+                      schema_for, set_env, take_config_dirs, use_search_path)
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """A UserError inside: its first line on stderr, exit code 2 (raised as it is under HYDRA_FULL_ERROR=1)."""
+    try:
+        yield
+    except UserError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        fail(prog, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
@@ -43,17 +58,11 @@ def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfi
             def checked(cfg: DictConfig) -> Any:
                 set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
                 try:
-                    check_typed(cfg, schema)
-                except UserError as e:
-                    fail(name, str(e))
-                try:
-                    return task(cfg)
-                except UserError as e:  # the command's own bad-input errors: one line naming the culprit, exit 2
-                    if user_full_error == "1":
-                        raise
-                    fail(name, str(e))
+                    with one_line_errors(name):
+                        check_typed(cfg, schema)
+                        return task(cfg)
                 finally:
-                    os.environ["HYDRA_FULL_ERROR"] = "1"
+                    os.environ["HYDRA_FULL_ERROR"] = "1"  # a bug's traceback, whole, past Hydra's own handler
 
             app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
             os.environ["HYDRA_FULL_ERROR"] = "1"  # raise composition errors here rather than print 6-35 lines
@@ -71,3 +80,18 @@ def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfi
         return run
 
     return decorate
+
+
+def run_key_values(command: str, body: Callable[[Any], Any], argv: Optional[list[str]] = None) -> Any:
+    """`diffllm <command> key=value ...` for a command without a config file: the arguments (sys.argv[1:] unless
+    given) build the root dataclass of its schema, then `body` runs on it. Values are taken verbatim, not through
+    Hydra's grammar, so a prompt may hold `,`, `#`, `(` or `'` (from_key_values)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"], ["help"]):
+        from .help import key_value_help
+
+        print(key_value_help(command))
+        return None
+    (cls,) = schema_for(command).values()
+    with one_line_errors(f"diffllm {command}"):
+        return body(from_key_values(cls, argv, command.split()[-1]))

@@ -1,5 +1,6 @@
-"""A Hydra command's --help: usage, the config groups and every key with its default and meaning (the command's
-summary and examples come from the CLI registry, diffllm/cli/, which passes them in).
+"""A command's --help: usage, the config groups and every key with its default and meaning, for a Hydra command
+(config_help) and a config-less `key=value` command (key_value_help); the command's summary and examples come from the
+CLI registry, diffllm/cli/, which passes them in.
 The meanings are the config files' own comments (`key: value  # meaning`), else the dataclass field's comment
 (`name: type = default  # meaning`): the configs are the one source, nothing here repeats them."""
 from __future__ import annotations
@@ -137,10 +138,28 @@ def config_help(config_name: str, prog: str, summary: str = "", examples: tuple[
         meaning = comments.get(key, "")
         wrapped = len(text) >= width and meaning
         lines.append(f"  {text}\n  {'':<{width}}{meaning}" if wrapped else f"  {text:<{width}}{meaning}".rstrip())
-    if examples:
-        lines += ["", "examples:"] + [f"  {e}" for e in examples]
+    lines += _examples(examples)
     lines += ["", "Config search path (first match wins): $DIFFLLM_CONFIG_PATH (colon-separated; --config-dir DIR "
               "prepends), ./configs, the packaged configs:", "  " + ", ".join(map(str, search_path())),
               "Hydra's grammar works too: +key=value adds a key, ~key deletes one, -m key=a,b sweeps, --cfg job prints "
               "the composed config."]
     return "\n".join(lines)
+
+
+def key_value_help(command: str, examples: tuple[str, ...] = ()) -> str:
+    """--help of a config-less command: what it does and each key=default of its root dataclass with the meaning its
+    field's comment gives."""
+    (cls,) = schema_for(command).values()
+    meaning = field_comments(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((f"{f.name}={default}", meaning.get(f.name, "")))
+    width = max(len(k) for k, _ in rows) + 2
+    lines = [f"usage: diffllm {command} key=value ...", "", (cls.__doc__ or "").strip(), "", "keys (key=default):"]
+    lines += [f"  {k:<{width}}{m}".rstrip() for k, m in rows]
+    return "\n".join(lines + _examples(examples))
+
+
+def _examples(examples: tuple[str, ...]) -> list[str]:
+    return ["", "examples:"] + [f"  {e}" for e in examples] if examples else []

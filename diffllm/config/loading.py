@@ -32,18 +32,9 @@ CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
 
-# The typed configs each command config holds: group ("" = root keys) -> "module:Dataclass". Plain data, resolved when a
-# config is composed, so that this bottom module imports none of the modules that own the dataclasses.
-_MODEL = "diffllm.model.config:ModelConfig"
-_DATA = "diffllm.data.config:DataConfig"
-_TRAIN = {"model": _MODEL, "data": _DATA, "trainer": "diffllm.train.config:TrainerConfig",
-          "optim": "diffllm.train.config:OptimConfig", "logging": "diffllm.train.config:LoggingConfig"}
-SCHEMAS: dict[str, dict[str, str]] = {
-    "info": {"model": _MODEL}, "tokenizer": {"data": _DATA}, "data_prepare": {"data": _DATA}, "train": _TRAIN,
-    "plan": {"model": _MODEL, "": "diffllm.scaling.config:PlanConfig"},
-    "sweep": {"sweep": "diffllm.sweep.grid:SweepConfig"}, "scaling": {"": "diffllm.scaling.config:ScalingConfig"},
-    "export": {}, "import": {},
-}
+# Where each command names its typed configs (Command.schema): read by name when a config is composed, checked or
+# explained, as the dataclasses themselves are ("module:Dataclass"), so that this bottom package imports none of them.
+COMMANDS = "diffllm.cli.registry:COMMANDS"
 
 
 # ---------------------------------------------------------------------------------------------------- search path
@@ -240,10 +231,14 @@ def schema_node(schema: dict[str, type]) -> dict[str, Any]:
     return node
 
 
-def schema_for(config_name: str) -> dict[str, type]:
-    """The typed configs configs/<config_name>.yaml holds (SCHEMAS; {} if none)."""
+def schema_for(name: str) -> dict[str, type]:
+    """The typed configs of configs/<name>.yaml, or of the command `name` ("eval ppl"): its registry entry's schema,
+    {group ("" = root keys): dataclass} ({} if none)."""
+    module, attr = COMMANDS.split(":")
+    commands = getattr(importlib.import_module(module), attr).values()
+    targets = next((c.schema for c in commands if name in (c.config, c.name) and c.schema), {})
     out = {}
-    for group, target in SCHEMAS.get(config_name, {}).items():
+    for group, target in targets.items():
         module, attr = target.split(":")
         out[group] = getattr(importlib.import_module(module), attr)
     return out

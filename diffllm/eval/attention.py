@@ -23,7 +23,8 @@ from typing import Any, List, NamedTuple, Optional
 import numpy as np
 import torch
 
-from .common import EvalError, cli, load_run, out_dir, say, write_json
+from ..config import run_key_values
+from .common import EvalError, load_run, out_dir, say, write_json
 from .maps import attention_map, capture
 from .needle import Format, build_prompt, haystack_tokens
 from .recall import RecallPrompt, RecallTask, task_prompts
@@ -172,7 +173,7 @@ def run_attention(c: AttentionConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval attention", AttentionConfig, run_attention, argv)
+    run_key_values("eval attention", run_attention, argv)
 
 
 if __name__ == "__main__":

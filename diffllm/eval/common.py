@@ -1,56 +1,23 @@
-"""What every evaluation shares: its command line (key=value into a typed config, diffllm.config), one-line errors, loading a run, and the
-batched, gradient-free scorer (log-probabilities of target tokens) that perplexity, needles and lm-eval all use."""
+"""What every evaluation shares: its one-line error (EvalError), loading a run, writing results, and the batched,
+gradient-free scorer (log-probabilities of target tokens) that perplexity, needles and lm-eval all use. Each command's
+`key=value` line is diffllm.config.run_key_values on the dataclass its registry entry names."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..config import from_key_values
 from ..errors import UserError
-
-T = TypeVar("T")
 
 
 class EvalError(UserError):
     """Bad evaluation input: the message is one line naming the key or file and the problem."""
-
-
-def cli(name: str, cls: type[T], body: Callable[[T], Any], argv: Optional[list[str]] = None) -> None:
-    """Run one command: parse argv into `cls`, call `body`, and turn any bad input into one line on stderr, exit 2."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help", "help"):
-        print(usage(name, cls))
-        return
-    try:
-        body(from_key_values(cls, argv, name.split()[-1]))
-    except (UserError, FileNotFoundError) as e:  # EvalError, DataError, Run's errors: all one line already
-        from ..config import fail
-
-        fail(f"diffllm {name}", str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-
-def usage(name: str, cls: type) -> str:
-    """--help: what the command does and each key=default with the meaning its dataclass field's comment gives (the
-    dispatcher adds the examples of its registry entry, diffllm/cli/registry.py)."""
-    from ..config.help import field_comments
-
-    meaning = field_comments(cls)
-    rows = []
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((f"{f.name}={default}", meaning.get(f.name, "")))
-    width = max(len(k) for k, _ in rows) + 2
-    lines = [f"usage: diffllm {name} key=value ...", "", (cls.__doc__ or "").strip(), "", "keys (key=default):"]
-    lines += [f"  {k:<{width}}{m}".rstrip() for k, m in rows]
-    return "\n".join(lines)
 
 
 def load_run(run: str, step: Any = "latest"):

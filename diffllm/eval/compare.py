@@ -13,7 +13,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..runs import Run
-from .common import EvalError, cli, read_json_or_none, say, write_json
+from ..config import run_key_values
+from .common import EvalError, read_json_or_none, say, write_json
 from .report import markdown
 
 
@@ -178,7 +179,7 @@ def run_compare(c: CompareConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval compare", CompareConfig, run_compare, argv)
+    run_key_values("eval compare", run_compare, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from .common import EvalError, cli, load_run, say
+from ..config import run_key_values
+from .common import EvalError, load_run, say
 
 
 @dataclass
@@ -148,7 +149,7 @@ def run_generate(c: GenerateConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("generate", GenerateConfig, run_generate, argv)
+    run_key_values("generate", run_generate, argv)
 
 
 if __name__ == "__main__":

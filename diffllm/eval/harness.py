@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from .common import EvalError, cli, load_run, out_dir, say, score_continuations, write_json
+from ..config import run_key_values
+from .common import EvalError, load_run, out_dir, say, score_continuations, write_json
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PIN = "0.4.13"
@@ -153,7 +154,7 @@ def run_lm_eval(c: LmEvalConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval lm-eval", LmEvalConfig, run_lm_eval, argv)
+    run_key_values("eval lm-eval", run_lm_eval, argv)
 
 
 if __name__ == "__main__":

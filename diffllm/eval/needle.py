@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
-from .common import EvalError, cli, load_run, out_dir, padded, say, write_report
+from ..config import run_key_values
+from .common import EvalError, load_run, out_dir, padded, say, write_report
 
 CITIES = ("Paris", "London", "Rome", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Dublin", "Oslo", "Athens",
           "Cairo", "Tokyo", "Lima", "Sydney", "Toronto", "Boston", "Chicago", "Denver", "Seattle", "Mumbai", "Delhi",
@@ -237,7 +238,7 @@ def run_needle(c: NeedleConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval needle", NeedleConfig, run_needle, argv)
+    run_key_values("eval needle", run_needle, argv)
 
 
 if __name__ == "__main__":

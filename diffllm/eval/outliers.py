@@ -14,8 +14,9 @@ from typing import Any, List, Optional
 
 import torch
 
-from .common import EvalError, cli, load_run, out_dir, say, write_json
+from ..config import run_key_values
 from ..model.documents import causal_mask
+from .common import EvalError, load_run, out_dir, say, write_json
 from .maps import capture, scores_transformed
 from .ppl import perplexity
 
@@ -155,7 +156,7 @@ def run_outliers(c: OutliersConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval outliers", OutliersConfig, run_outliers, argv)
+    run_key_values("eval outliers", run_outliers, argv)
 
 
 if __name__ == "__main__":

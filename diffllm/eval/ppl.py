@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 import numpy as np
 import torch
 
-from .common import EvalError, cli, load_run, out_dir, say, target_logprobs, write_json
+from ..config import run_key_values
+from .common import EvalError, load_run, out_dir, say, target_logprobs, write_json
 
 if TYPE_CHECKING:
     from ..data import Batch
@@ -230,7 +231,7 @@ def run_ppl(c: PplConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval ppl", PplConfig, run_ppl, argv)
+    run_key_values("eval ppl", run_ppl, argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..data.recall import check, recall_document
-from .common import EvalError, cli, load_run, out_dir, say, write_report
+from ..config import run_key_values
+from .common import EvalError, load_run, out_dir, say, write_report
 from .needle import answers_correct
 
 
@@ -172,7 +173,7 @@ def run_recall(c: RecallConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    cli("eval recall", RecallConfig, run_recall, argv)
+    run_key_values("eval recall", run_recall, argv)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,47 @@
 """`diffllm export run=<dir> out=<dir> [step=...] [format=auto|stablelm|llama|diffllama|remote] [dtype=...]` and
-`diffllm import <hf-dir> out=<run dir>`: Hydra apps on configs/export.yaml and configs/import.yaml."""
+`diffllm import <hf-dir> out=<run dir>`: Hydra apps on configs/export.yaml and configs/import.yaml, their keys typed by
+ExportConfig and ImportConfig (named in their registry entries, diffllm/cli/registry.py)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from ..config import hydra_app
+from ..config import build, hydra_app
 from ..errors import UserError
 
 
-def _required(cfg: DictConfig, key: str, command: str, example: str) -> str:
-    """hydra_app turns the ValueError into one line on stderr, exit code 2."""
-    value = cfg.get(key)
-    if value in (None, "", "???"):
-        raise UserError(f"{key}= is required (e.g. diffllm {command} {example})")
-    return str(value)
+def _required(c: Any, keys: tuple[str, ...], command: str, example: str) -> None:
+    """Keys a command cannot run without (its defaults are null: the composed config itself is valid)."""
+    for key in keys:
+        if not getattr(c, key):
+            raise UserError(f"{key}= is required (e.g. diffllm {command} {example})")
+
+
+@dataclass
+class ExportConfig:
+    run: Optional[str] = None  # a run directory (or its checkpoints/step<N> folder)
+    out: Optional[str] = None  # the Hugging Face directory to write
+    step: Any = "latest"  # latest | a step number
+    format: str = "auto"  # auto | stablelm | llama | diffllama | remote
+    dtype: str = "float32"  # of the written weights: float32 | bfloat16 | float16
+
+
+@dataclass
+class ImportConfig:
+    src: Optional[str] = None  # the Hugging Face model directory (may be given first, without src=)
+    out: Optional[str] = None  # the run directory to create
 
 
 @hydra_app("export")
 def _export(cfg: DictConfig) -> None:
     from .hf import export_run
 
-    example = "run=runs/diff-tiny out=hf/diff-tiny"
-    run, out = _required(cfg, "run", "export", example), _required(cfg, "out", "export", example)
-    done = export_run(run, out, step=cfg.step, format=str(cfg.format), dtype=str(cfg.dtype))
+    c = build(ExportConfig, cfg, "")
+    _required(c, ("run", "out"), "export", "run=runs/diff-tiny out=hf/diff-tiny")
+    done = export_run(c.run, c.out, step=c.step, format=c.format, dtype=c.dtype)
     print(f"format               {done.format} ({done.hf_class}): {done.reason}")
     print(f"wrote                {done.out}")
     remote = ", trust_remote_code=True" if done.format == "remote" else ""
@@ -35,10 +52,10 @@ def _export(cfg: DictConfig) -> None:
 def _import(cfg: DictConfig) -> None:
     from .hf_import import import_hf
 
-    example = "hf/stablelm-3b-4e1t out=runs/stablelm-cont"
-    src, out = _required(cfg, "src", "import", example), _required(cfg, "out", "import", example)
-    mc, run_dir = import_hf(src, out)
-    print(f"imported             {src} as {mc.arch} ({mc.norm}, {mc.n_layers} layers, d_model {mc.d_model})")
+    c = build(ImportConfig, cfg, "")
+    _required(c, ("src", "out"), "import", "hf/stablelm-3b-4e1t out=runs/stablelm-cont")
+    mc, run_dir = import_hf(c.src, c.out)
+    print(f"imported             {c.src} as {mc.arch} ({mc.norm}, {mc.n_layers} layers, d_model {mc.d_model})")
     print(f"wrote                {run_dir}/checkpoints/step0")
     print(f"continue with        diffllm train model.init_from={run_dir} ...")
 

@@ -2,6 +2,9 @@
 `all=true`: the table of every preset."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from omegaconf import DictConfig
 
 from ..config import build, hydra_app
@@ -30,10 +33,19 @@ def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
     return "\n".join(rows)
 
 
+@dataclass
+class InfoConfig:
+    """`diffllm info`'s own keys (the model group is a ModelConfig)."""
+
+    all: bool = False  # print the table of every preset
+    seq_len: Optional[int] = None  # null -> the preset's max_seq_len
+
+
 @hydra_app("info")
 def main(cfg: DictConfig) -> None:
-    seq_len = cfg.get("seq_len")
-    if cfg.all:  # `diffllm info all=true`
+    own = build(InfoConfig, {"all": cfg.all, "seq_len": cfg.seq_len}, "")
+    seq_len = own.seq_len
+    if own.all:  # `diffllm info all=true`
         cfgs = [load_preset(n) for n in preset_names()]
         cfgs.sort(key=lambda c: (model_stats(c).nonembedding_params, c.arch))  # by size, the variants side by side
         print(table(cfgs, seq_len))

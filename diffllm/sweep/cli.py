@@ -3,26 +3,50 @@
 runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH); a dry run also
 prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=` its GPU-hours on that cluster;
 `diffllm sweep collect [sweep_dir=...] [out=...] [select=optim.lr] [select_by=final_val_loss|recall_acc]`
-tabulates the summaries."""
+tabulates the summaries. Their own keys (configs/sweep.yaml) are typed by SweepCommandConfig, the grid by
+SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
 from __future__ import annotations
 
 import os
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig
 
 from ..config import hydra_app
 from ..config import CONFIG_PATH_ENV, build
 from ..launch.argv import shell
-from ..scaling.config import DEFAULT_SELECT_BY
+from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 from ..errors import UserError
 
 LAUNCHERS = ("basic", "submitit_slurm")
+
+
+@dataclass
+class SweepCommandConfig:
+    """`diffllm sweep` and `diffllm sweep collect`: the keys beside the grid (`sweep.*`, a SweepConfig)."""
+
+    sweep_dir: str = "runs/sweep/${sweep.name}"
+    launcher: str = "basic"  # basic (jobs one after another here) | submitit_slurm (one SLURM job per run)
+    launcher_overrides: list[str] = field(default_factory=list)  # Hydra launcher keys, e.g. hydra.launcher.nodes=1
+    shard: Optional[str] = None  # i/n: run every n-th run of the grid from the i-th
+    dry_run: bool = False  # print the runs, the multirun commands and the grid's compute only
+    gpu: Optional[str] = None  # dry run: also the GPU-hours on this cluster
+    nodes: int = 1
+    gpus_per_node: int = 8
+    mfu: float = 0.40
+    select: Optional[str] = DEFAULT_SELECT  # collect: the axis best-of-grid chooses over; null: none
+    select_by: str = DEFAULT_SELECT_BY  # collect: final_val_loss | final_train_loss | recall_acc
+    out: Optional[str] = None  # collect: where runs.csv / runs.md go (null: sweep_dir)
+
+    def validate(self) -> None:
+        launcher_overrides(self.launcher, [])
 
 
 def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:

@@ -1,31 +1,45 @@
-"""`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app and exit codes."""
+"""`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app, its own keys
+(TrainKeys, beside the groups' dataclasses; all named in the registry entry, diffllm/cli/registry.py) and exit codes.
+The trainer is imported when the app runs, so that composing a train config (and --help) stays light."""
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from dataclasses import dataclass
 
-import torch.distributed as dist
 from omegaconf import DictConfig
 
 from ..errors import UserError
 from ..config import hydra_app
-from .config import TrainConfig
-from .dist import strip_local_rank
-from .loop import EXIT_FINISHED, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_SPIKES, Trainer  # noqa: F401 - documented below
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
 EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
+@dataclass
+class TrainKeys:
+    """`diffllm train`'s keys beside its groups (model, data, trainer, optim, logging)."""
+
+    seed: int = 1234  # model init (the data order has its own data.seed)
+    run_dir: str = "runs/run"  # everything of a run: metrics.jsonl, summary.json, checkpoints/, wandb/
+
+
 def lost_peer(e: BaseException) -> bool:
     """A collective failed because another rank's process ended or stopped answering (gloo/NCCL)."""
+    import torch.distributed as dist
+
     return isinstance(e, getattr(dist, "DistError", ())) or any(s in str(e) for s in PEER_LOST)
 
 
 @hydra_app("train")
 def _app(cfg: DictConfig) -> None:
+    import torch.distributed as dist
+
+    from .config import TrainConfig
+    from .loop import Trainer
+
     try:
         code = Trainer(TrainConfig.from_hydra(cfg)).run()
     except UserError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
@@ -55,6 +69,8 @@ def main() -> None:
     progress for trainer.stall_timeout_s (EXIT_STALLED: the one-line error names the stalled phase; relaunch), 6 a
     collective failed because another rank ended or stopped answering (EXIT_PEER_LOST; the other rank's log says
     why), 7 a loss or grad-norm spike with trainer.spikes.action=stop, or trainer.spikes.max_consecutive_skips
-    skipped in a row, after saving a checkpoint (EXIT_SPIKES)."""
+    skipped in a row, after saving a checkpoint (EXIT_SPIKES); diffllm/train/loop.py defines them."""
+    from .dist import strip_local_rank
+
     sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()

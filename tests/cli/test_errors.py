@@ -26,6 +26,16 @@ NOT_INT = "Value '{}' of type 'str' could not be converted to Integer"
     (["train", "trainer.zero_stage=7"], "diffllm train: error: trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
     (["tokenizer", "train", "data.tokenizer.min_frequency=often"],
      "diffllm tokenizer train: error: data.tokenizer.min_frequency: " + NOT_INT.format("often")),
+    # a command's own keys are typed too (they once reached int() inside the command as plain text)
+    (["info", "seq_len=abc"], "diffllm info: error: seq_len: " + NOT_INT.format("abc")),
+    (["data", "prepare", "workers=abc"], "diffllm data prepare: error: workers: " + NOT_INT.format("abc")),
+    (["tokenizer", "train", "bench_chars=lots"],
+     "diffllm tokenizer train: error: bench_chars: " + NOT_INT.format("lots")),
+    (["sweep", "dry_run=true", "nodes=two"], "diffllm sweep: error: nodes: " + NOT_INT.format("two")),
+    (["export", "run=runs/x"], "diffllm export: error: out= is required (e.g. diffllm export run=runs/diff-tiny "
+                               "out=hf/diff-tiny)"),
+    (["eval", "ppl", "run=runs/x", "batch_size=many"],
+     "diffllm eval ppl: error: ppl.batch_size: " + NOT_INT.format("many")),
     (["trian"], "diffllm: error: unknown command 'trian' (did you mean train?)"),
     (["tokenizer", "trian"], "diffllm: error: unknown command 'tokenizer trian' (did you mean tokenizer train?)"),
 ])
@@ -54,6 +64,8 @@ def test_hydra_composition_error_raised_inside_the_app(diffllm):
 @pytest.mark.parametrize("module, argv, message", [
     ("diffllm.cli", ["train", "trainer.zero_stag=2"], TYPO),
     ("diffllm.train", ["-m", "trainer.zero_stag=2,3"], TYPO),
+    # train's own keys are typed (seed=abc reached int() in the trainer: a traceback, or in this process os._exit)
+    ("diffllm.cli", ["train", "seed=abc"], "diffllm train: error: seed: " + NOT_INT.format("abc")),
 ])
 def test_processes_print_one_line(module, argv, message, tmp_path):
     """A real process: nothing but the one line, exit code 2 (also `python -m diffllm.train`, multirun)."""
@@ -84,3 +96,35 @@ def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
     assert cfg.model.lambda_init == 0.5
     res = diffllm("info", "+model.lambda_init=0.5", "model.n_layers=2")
     assert res.code == 0 and "diff-tiny" in res.out
+
+
+BUG = """import sys
+import {module} as m
+
+
+def bug(*args, **kwargs):
+    raise ValueError("injected bug: not the user's fault")
+
+
+setattr(m, {attr!r}, bug)
+from diffllm.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("full_error", ["", "1"])
+@pytest.mark.parametrize("module, attr, argv", [
+    ("diffllm.train.loop", "Trainer", ["train", "trainer.tokens=4096"]),
+    ("diffllm.model.info", "model_stats", ["info"]),
+    ("diffllm.eval.ppl", "run_ppl", ["eval", "ppl", "run=runs/none"]),
+])
+def test_a_bug_keeps_its_traceback(module, attr, argv, full_error, tmp_path):
+    """A ValueError that is no UserError (a bug inside a command's body) is not reported as bad input: a traceback
+    naming it, an exit code other than 2, with or without HYDRA_FULL_ERROR=1."""
+    env = {**_env(), "PYTHONPATH": str(REPO), **({"HYDRA_FULL_ERROR": full_error} if full_error else {})}
+    done = subprocess.run([sys.executable, "-c", BUG.format(module=module, attr=attr), *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode not in (0, 2), done.stderr
+    assert "Traceback (most recent call last)" in done.stderr, done.stderr
+    assert "ValueError: injected bug: not the user's fault" in done.stderr, done.stderr
+    assert "error: injected bug" not in done.stderr  # not the one-line bad-input form

@@ -86,3 +86,19 @@ def test_launch_parses_its_own_help(diffllm, monkeypatch):
     diffllm("help", "launch")
     diffllm("launch", "-h", "--nodes", "2")
     assert seen == [["diffllm launch", "--help"], ["diffllm launch", "--help"], ["diffllm launch", "-h", "--nodes", "2"]]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in COMMANDS if n != "launch"))
+def test_every_key_value_command_is_typed_by_its_registry_entry(diffllm, name):
+    """Every `key=value` command names its typed configs in its registry entry (the one place) and --help lists each
+    key of their root dataclass (a config file's own command keys, or all of a config-less command's)."""
+    import dataclasses
+
+    from diffllm.config import schema_for
+
+    schema = schema_for(name)
+    assert schema and schema == schema_for(COMMANDS[name].config or name)
+    out = diffllm(*name.split(), "--help").out
+    root = schema.get("")
+    for f in dataclasses.fields(root) if root else ():
+        assert f"\n  {f.name}=" in out, (name, f.name)
