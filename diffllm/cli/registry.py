@@ -125,9 +125,11 @@ def _eval_compare():
     return main
 
 
-def _study():
-    from ..studies import main
-    return main
+def _study(name: str) -> Entry:
+    def entry():
+        from importlib import import_module
+        return import_module(f"diffllm.studies.{name}").main
+    return entry
 
 
 def _export():
@@ -222,11 +224,22 @@ _REGISTRY: dict[str, Command] = {
         _eval_compare, "one table (and plots) of every eval result for several runs",
         schema=_root("diffllm.eval.compare:CompareConfig"),
         examples=("diffllm eval compare runs=[runs/diff-tiny,runs/transformer-tiny]",)),
-    "study": Command(
-        _study, "a study's tables and figures from collected sweeps: compare, needle, recall, stability",
-        examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",
-                  "diffllm study compare a=docs/micro-branch/runs.csv b=docs/micro-branch/control/runs.csv",
-                  "diffllm study recall sweep_dir=runs/sweep/micro-recall out=docs/micro-retrieval")),
+    "study compare": Command(
+        _study("compare"), "two collected sweeps on the points both trained: paired differences, spreads, rankings",
+        schema=_root("diffllm.studies.compare:Config"),
+        examples=("diffllm study compare a=docs/micro-branch/runs.csv b=docs/micro-branch/control/runs.csv",)),
+    "study needle": Command(
+        _study("needle"), "eval needle on a sweep's selected runs: accuracy by number of needles (needle.md)",
+        schema=_root("diffllm.studies.needle:Config"),
+        examples=("diffllm study needle sweep_dir=runs/sweep/micro",)),
+    "study recall": Command(
+        _study("recall"), "the retrieval study: recall accuracy, steps to a level, attention probe",
+        schema=_root("diffllm.studies.recall:Config"),
+        examples=("diffllm study recall sweep_dir=runs/sweep/micro-recall out=docs/micro-retrieval",)),
+    "study stability": Command(
+        _study("stability"), "a learning-rate stability sweep: divergences, spikes, grad norms, outliers, lambda",
+        schema=_root("diffllm.studies.stability:Config"),
+        examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",)),
     "export": Command(
         _export, "write a run's checkpoint as a Hugging Face model directory",
         config="export", schema=_root("diffllm.export.commands:ExportConfig"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..config import run_key_values
 from ..errors import UserError
 from ..scaling.select import select_runs, size_of
 from .common import LR, emit, read_records
@@ -82,3 +83,7 @@ def run(c: Config) -> str:
     lines = [f"{c.loss}: a = {c.a}, b = {c.b}; the points both sweeps trained", ""]
     text = "\n".join(lines + table(pa, pb, names if names[0] != names[1] else ("a", "b"))) + "\n"
     return emit(text, c.out)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    run_key_values("study compare", run, argv)

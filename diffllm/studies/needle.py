@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config import run_key_values
 from ..errors import UserError
 from ..eval.needle import NeedleConfig, run_needle
 from ..scaling.select import select_runs, size_of
@@ -46,3 +47,7 @@ def run(c: Config) -> str:
         lines.append(f"| {series} | {size} | {len(by_n[needles[0]])} | " + " | ".join(cells) + " |")
     out = Path(c.out) if c.out else folder_of(c.sweep_dir)
     return emit("\n".join(lines) + "\n", out / "needle.md")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    run_key_values("study needle", run, argv)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..config import run_key_values
 from ..errors import UserError
 from ..runs import read_json, read_metrics
 from ..scaling.select import size_of
@@ -203,3 +204,7 @@ def run(c: Config) -> str:
     print(text, end="")
     print(f"wrote {out / 'study.md'}, {out / 'recall_vs_step.png'}", file=sys.stderr)
     return text
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    run_key_values("study recall", run, argv)

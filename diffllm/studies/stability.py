@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
+from ..config import run_key_values
 from ..errors import UserError
 from ..runs import read_metrics
 from ..scaling.select import size_of
@@ -104,3 +105,7 @@ def run(c: Config) -> str:
             "baseline (its runs are left out of the loss column).\n\n" + "\n".join(rows(records) + lambda_rows(records))
             + "\n")
     return emit(text, c.out)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    run_key_values("study stability", run, argv)

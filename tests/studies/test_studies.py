@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path):
                                               f"(give a sweep directory or its collected runs.csv)\n")
     err = study("compare", f"a={a}", f"b={a}", "loss=val")[2]
     assert err.startswith("diffllm study compare: error: compare.loss=val: expected")
-    assert study("stabilty")[2] == "diffllm study: error: unknown study 'stabilty'; did you mean stability?\n"
+    assert study("stabilty")[2] == "diffllm: error: unknown command 'study stabilty' (did you mean study stability?)\n"
     assert study("stability", "sweep=x")[0] == 2 and study()[0] == 2
     code, out, _ = study("recall", "--help")
     assert code == 0 and "sweep_dir=" in out and "out=None" in out
