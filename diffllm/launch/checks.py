@@ -18,16 +18,17 @@ def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ..budget import branch_points, plan_budget
     from ..config import compose
-    from ..train.branch import branch_points
-    from ..train.config import TrainConfig, plan_budget
+    from ..train.config import TrainConfig
 
     try:
         cfg = compose("train", overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
     typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
-    branch_points(typed, plan_budget(typed.trainer, typed.data.seq_len, world_size))  # a bad branch budget too
+    budget = plan_budget(typed.trainer, typed.data.seq_len, world_size)
+    branch_points(typed.trainer.branch_budgets, typed.optim, budget)  # a bad branch budget too
     return typed
 
 

@@ -36,7 +36,7 @@ def test_budget_errors_name_the_keys_and_the_fix():
     assert msg.startswith("trainer.global_batch_tokens=3000") and "trainer.micro_batch_size" in msg
     assert "data.seq_len" in msg and "use 2560 or 3072" in msg
     t = TrainerConfig(tokens=10**6, global_batch_tokens=1024, micro_batch_size=4)
-    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000 is not a whole number.*1000448.*round_tokens"):
+    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000: not a whole number.*1000448.*round_tokens"):
         plan_budget(t, 64, 2)
 
 
