@@ -2,8 +2,8 @@
 token-budget arithmetic is diffllm/budget.py's). A field's role on resume is its metadata (`resume`: see ROLES)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Optional
+from dataclasses import MISSING, asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..budget import Budget, Tokens, plan_budget  # noqa: F401 - re-exported: the trainer's budget
 from ..counts import parse_count
@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 ROLES = ("operational", "branch", "kept", "label")
 OPERATIONAL = {"resume": ("operational",)}
 BRANCH = {"resume": ("branch",)}
+
+
+def operational(default: Any = MISSING, factory: Any = MISSING) -> Any:
+    """A field of role operational (see ROLES)."""
+    return field(default=default, default_factory=factory, metadata=OPERATIONAL)
+
+
+def branch_free(default: Any = MISSING) -> Any:
+    """A field of role branch (see ROLES)."""
+    return field(default=default, metadata=BRANCH)
 
 PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
@@ -148,8 +158,8 @@ class FaultsConfig:
     non-finite, spike and signal tests need, made at chosen steps (counted from 1: the step being made)."""
 
     nan_at_steps: list = field(default_factory=list)  # rank 0's loss becomes NaN there
-    stall_at_steps: list = field(default_factory=list, metadata=OPERATIONAL)  # rank 0 hangs reading data there
-    step_delay_s: float = field(default=0.0, metadata=OPERATIONAL)  # rank 0 sleeps this long per step (a slow node; the numbers stay)
+    stall_at_steps: list = operational(factory=list)  # rank 0 hangs reading data there
+    step_delay_s: float = operational(0.0)  # rank 0 sleeps this long per step (a slow node; the numbers stay)
     loss_scale_at_steps: list = field(default_factory=list)  # every rank's loss (so its gradients) x loss_scale there
     loss_scale: float = 1000.0  # the factor of loss_scale_at_steps (a spike)
 
@@ -164,32 +174,32 @@ class FaultsConfig:
 
 @dataclass
 class TrainerConfig:
-    tokens: Tokens = field(default=524288, metadata=BRANCH)  # training budget; the run stops exactly here
-    round_tokens: bool = field(default=False, metadata=OPERATIONAL)  # round a budget that is not a whole number of steps up to one (with a note)
+    tokens: Tokens = branch_free(524288)  # training budget; the run stops exactly here
+    round_tokens: bool = operational(False)  # round a budget that is not a whole number of steps up to one (with a note)
     global_batch_tokens: Tokens = 4096  # tokens per optimizer step, all ranks and micro-batches together
-    micro_batch_size: int = field(default=8, metadata=BRANCH)  # sequences per rank per forward/backward
-    zero_stage: int = field(default=2, metadata=BRANCH)  # DeepSpeed ZeRO stage 0-3
-    offload_optimizer: bool = field(default=False, metadata=BRANCH)  # ZeRO-1/2/3: optimizer state in CPU memory
-    offload_params: bool = field(default=False, metadata=BRANCH)  # ZeRO-3 only: parameters in CPU memory
+    micro_batch_size: int = branch_free(8)  # sequences per rank per forward/backward
+    zero_stage: int = branch_free(2)  # DeepSpeed ZeRO stage 0-3
+    offload_optimizer: bool = branch_free(False)  # ZeRO-1/2/3: optimizer state in CPU memory
+    offload_params: bool = branch_free(False)  # ZeRO-3 only: parameters in CPU memory
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    activation_checkpointing: bool = field(default=False, metadata=OPERATIONAL)  # recompute each block in the backward pass
-    compile: bool = field(default=False, metadata=OPERATIONAL)  # torch.compile each block
-    log_every: int = field(default=8, metadata=OPERATIONAL)  # steps between progress lines / metrics.jsonl records
-    val_every: int = field(default=32, metadata=BRANCH)  # steps between validations (0: only at the start and the end)
-    val_batches: int = field(default=16, metadata=BRANCH)  # held-out batches per validation
-    val_batch_size: Optional[int] = field(default=None, metadata=OPERATIONAL)  # None -> micro_batch_size
-    save_every_steps: int = field(default=32, metadata=OPERATIONAL)  # 0: no step-based saves
-    save_every_minutes: float = field(default=10.0, metadata=OPERATIONAL)  # 0: no time-based saves
-    keep_last: int = field(default=2, metadata=OPERATIONAL)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
-    resume: str = field(default="auto", metadata=OPERATIONAL)  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
-    branch_budgets: list = field(default_factory=list, metadata=OPERATIONAL)  # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
-    branch_from: Optional[str] = field(default=None, metadata=BRANCH)  # a WSD run directory: start this run (its own budget) from its branch checkpoint
-    max_nonfinite_in_a_row: int = field(default=5, metadata=BRANCH)  # stop after this many consecutive skipped (non-finite) steps
-    dist_timeout_minutes: float = field(default=10.0, metadata=OPERATIONAL)  # a collective waiting longer than this ends the job
-    stall_timeout_s: float = field(default=900.0, metadata=OPERATIONAL)  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
+    activation_checkpointing: bool = operational(False)  # recompute each block in the backward pass
+    compile: bool = operational(False)  # torch.compile each block
+    log_every: int = operational(8)  # steps between progress lines / metrics.jsonl records
+    val_every: int = branch_free(32)  # steps between validations (0: only at the start and the end)
+    val_batches: int = branch_free(16)  # held-out batches per validation
+    val_batch_size: Optional[int] = operational(None)  # None -> micro_batch_size
+    save_every_steps: int = operational(32)  # 0: no step-based saves
+    save_every_minutes: float = operational(10.0)  # 0: no time-based saves
+    keep_last: int = operational(2)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
+    resume: str = operational("auto")  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
+    branch_budgets: list = operational(factory=list)  # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
+    branch_from: Optional[str] = branch_free(None)  # a WSD run directory: start this run (its own budget) from its branch checkpoint
+    max_nonfinite_in_a_row: int = branch_free(5)  # stop after this many consecutive skipped (non-finite) steps
+    dist_timeout_minutes: float = operational(10.0)  # a collective waiting longer than this ends the job
+    stall_timeout_s: float = operational(900.0)  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
     deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # fault injection for tests (off by default)
-    eval: EvalConfig = field(default_factory=EvalConfig, metadata=OPERATIONAL)  # in-loop evaluation (off by default)
+    eval: EvalConfig = operational(factory=EvalConfig)  # in-loop evaluation (off by default)
     spikes: SpikesConfig = field(default_factory=SpikesConfig)  # loss / grad-norm spike detection (log by default)
 
     def __post_init__(self) -> None:
@@ -287,11 +297,11 @@ class TrainConfig:
 
     trainer: TrainerConfig
     optim: OptimConfig
-    logging: LoggingConfig = field(metadata=OPERATIONAL)
+    logging: LoggingConfig = operational()
     model: "ModelConfig"
     data: "DataConfig"
     seed: int = 1234
-    run_dir: str = field(default="runs/run", metadata=OPERATIONAL)
+    run_dir: str = operational("runs/run")
 
     @property
     def resolved(self) -> dict:
