@@ -2,7 +2,7 @@
 
     diffllm train trainer.eval.every=32 trainer.eval.ppl_data=[shakespeare] trainer.eval.needle_n=[1,2]
 
-Each evaluation writes one metrics.jsonl record (and W&B, through MetricsLogger's MetricsLog) with step, tokens and
+Each evaluation writes one metrics.jsonl record (and W&B, through the run's one MetricsWriter) with step, tokens and
   eval/ppl/<name>/loss, eval/ppl/<name>/bpb   ppl.perplexity on a data config's held-out sources (<name>: the config,
                                               or <config>/<source> when it holds several)
   eval/needle/n<N>/acc, eval/needle/acc       needle.needle_accuracy (synthetic or text haystack), per N and overall
