@@ -97,7 +97,8 @@ def plan_budget(trainer: BudgetKeys, seq_len: int, world_size: int) -> Budget:
                 f"trainer.global_batch_tokens={batch} is less than one micro-batch on every rank: "
                 f"trainer.micro_batch_size x data.seq_len x world size = {trainer.micro_batch_size} x {seq_len} x "
                 f"{world_size} = {per_micro}; use {per_micro} or a multiple of it, or change trainer.micro_batch_size "
-                f"(the CPU trainer defaults suit one machine; a paper-size model on a cluster wants trainer=paper-scaling)"
+                f"(the CPU trainer defaults suit one machine; a paper-size model on a cluster wants "
+                f"trainer=paper-scaling)"
             )
         lo, hi = batch // per_micro * per_micro, (batch // per_micro + 1) * per_micro
         raise UserError(

@@ -123,10 +123,11 @@ class Trainer:
                          log=self.log, request_save=self.asks.request_save, say=say, device=self.device,
                          beat=self.watchdog.beat, elapsed=self.elapsed, failing=lambda: self.failing)
         peak = cfg.logging.peak_tflops or peak_tflops(device_name())
-        self.hooks = Hooks([Summary(), StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
-                            DiagnosticsHook(trainer.log_every), *eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved),
-                            *fault_hooks(trainer.faults), Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
-                            *plan.branches.hooks(), *self.extra_hooks], self.view)
+        built_in = [Summary(), StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
+                    DiagnosticsHook(trainer.log_every), *eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved),
+                    *fault_hooks(trainer.faults), Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
+                    *plan.branches.hooks()]
+        self.hooks = Hooks([*built_in, *self.extra_hooks], self.view)
         self.writer = MetricsWriter(self.rank, trainer.log_every, self.budget.steps, self.budget.tokens,
                                     self.budget.global_batch_tokens)
         return plan
@@ -249,8 +250,9 @@ class Trainer:
                 f"stopping (trainer.max_nonfinite_in_a_row={t.max_nonfinite_in_a_row}); the last "
                 f"checkpoint: {last.path if last else 'none'} (exit code {EXIT_NONFINITE})", error=True)
         elif code == EXIT_SPIKES:
-            say(f"error: {self.spikes.stopping()} at step {s.step}; stopping after saving {self.ckpt.dir / f'step{s.step}'} "
-                f"(exit code {EXIT_SPIKES}); relaunch to continue past the spike", error=True)
+            saved = self.ckpt.dir / f"step{s.step}"
+            say(f"error: {self.spikes.stopping()} at step {s.step}; stopping after saving {saved} (exit code "
+                f"{EXIT_SPIKES}); relaunch to continue past the spike", error=True)
         else:
             say(f"stopped by {self.asks.stop.received or 'a signal on another rank'} at step {s.step}; "
                 f"relaunch the same command to continue (exit code {EXIT_PREEMPTED})")

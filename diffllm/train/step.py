@@ -47,8 +47,9 @@ class Step:
 
     def __init__(self, engine, optimizer, loader, spikes: "SpikeGuard", budget: "Budget", optim: "OptimConfig",
                  zero_stage: int, device: torch.device, watchdog: "Watchdog"):
-        self.engine, self.optimizer, self.gate, self.loader, self.spikes = engine, optimizer, optimizer.gate, loader, spikes
-        self.budget, self.optim, self.zero_stage, self.device, self.watchdog = budget, optim, zero_stage, device, watchdog
+        self.engine, self.optimizer, self.gate = engine, optimizer, optimizer.gate
+        self.loader, self.spikes, self.budget, self.optim = loader, spikes, budget, optim
+        self.zero_stage, self.device, self.watchdog = zero_stage, device, watchdog
 
     def __call__(self, state: "TrainState", hooks: Hooks, asks: Asks) -> tuple[dict, bool]:
         """grad_accum micro-batches, then the update. Hooks see it through on_step_start (before the first batch is
