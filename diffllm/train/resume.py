@@ -133,7 +133,10 @@ def check_prefix(parent: dict, cfg: "TrainConfig", src: str) -> None:
     """The first config key (sorted) that differs from the parent's, the keys a branch may set otherwise (roles
     operational and branch: they change neither what was computed before the branch point nor how) aside: a one-line
     error."""
-    changed = changed_keys(parent, cfg.resolved, keys_with(cfg, "operational", "branch"))
+    free = keys_with(cfg, "operational", "branch")
+    if cfg.model.init_from is None:  # the vocabulary is the tokenizer's (plan_resume), compared as data.tokenizer
+        free += ("model.vocab_size",)
+    changed = changed_keys(parent, cfg.resolved, free)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise UserError(f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
