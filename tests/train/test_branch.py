@@ -143,7 +143,7 @@ def refusal(parent: Path, run_dir: Path, *extra: str) -> str:
 def test_a_branch_that_would_differ_from_its_parent_is_refused_naming_the_first_key(wsd, tmp_path, extra, said):
     parent, _ = wsd(1)
     line = refusal(parent, tmp_path / "branch", *extra)
-    assert line.startswith(f"trainer.") and said in line, line
+    assert line.startswith("trainer.") and said in line, line
     assert not (tmp_path / "branch").exists()
 
 
