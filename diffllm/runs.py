@@ -59,10 +59,10 @@ def exception_line(e: BaseException, limit: int = 240) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def damaged_checkpoint(path: Path, e: BaseException) -> ValueError:
+def damaged_checkpoint(path: Path, e: BaseException) -> UserError:
     """The one-line error for a checkpoint that torch or DeepSpeed cannot read."""
-    return ValueError(f"{path}: cannot load this checkpoint ({exception_line(e)}); the checkpoint is damaged: resume "
-                      f"an earlier one with trainer.resume=<its step folder>")
+    return UserError(f"{path}: cannot load this checkpoint ({exception_line(e)}); the checkpoint is damaged: resume "
+                     f"an earlier one with trainer.resume=<its step folder>")
 
 
 def read_json(path: Path) -> Any:

@@ -1,5 +1,5 @@
 """Training-step benchmark (not a test): diffllm's step (DeepSpeed engine, skip-step AdamW, the trainer's own
-train_step) against a bare PyTorch loop (DecoderLM + torch AdamW + clipping) on the same model and the same batches,
+Step) against a bare PyTorch loop (DecoderLM + torch AdamW + clipping) on the same model and the same batches,
 for Diff and Transformer presets of equal size. Variants run interleaved, round after round, so that a machine
 whose load drifts (other jobs) hits them all alike; the medians and their ratios are printed side by side.
 
@@ -85,16 +85,12 @@ class Bare:
 
 
 class Ours:
-    """diffllm's Trainer, set up as `diffllm train` does (real DeepSpeed engine), stepping with its own train_step."""
+    """diffllm's Trainer, set up as `diffllm train` does (real DeepSpeed engine), stepping with its own Step."""
 
     def __init__(self, preset: str, stage: int, seq_len: int, micro: int, data, run_dir: Path, extra: list[str]):
         from diffllm.config import compose
         from diffllm.train.config import TrainConfig
         from diffllm.train.loop import Trainer
-        from diffllm.train.step import train_step
-
-        self._step = train_step
-
         cfg = compose("train", [f"model={preset}", f"data.seq_len={seq_len}", f"trainer.micro_batch_size={micro}",
                                 f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
                                 f"trainer.zero_stage={stage}", "trainer.val_batches=1", "logging.wandb=disabled",
@@ -102,11 +98,12 @@ class Ours:
                                 *extra])
         self.trainer = Trainer(TrainConfig.from_hydra(cfg))
         self.trainer.setup()
-        self.trainer.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
+        self.trainer.step.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
         self.params = self.trainer.stats.total_params
 
     def step(self) -> None:
-        self._step(self.trainer)
+        t = self.trainer
+        t.step(t.state, t.hooks, t.asks)
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ class TokenizerConfig:
     """Which tokenizer: a local tokenizer.json / HF tokenizer folder, or (path null) a byte-level BPE trained on the
     training sources and cached under <cache>/tokenizers/<fingerprint>/tokenizer.json."""
 
-    path: Optional[str] = None
+    path: Optional[str] = field(default=None, metadata={"resume": ("operational",)})
     vocab_size: int = 8192  # for the trained BPE (special tokens included)
     eos_token: str = "<|endoftext|>"
     special_tokens: List[str] = field(default_factory=list)  # extra special tokens for the trained BPE
@@ -78,8 +78,8 @@ class DataConfig:
     val: List[Any] = field(default_factory=list)  # held-out SourceConfig nodes, read once in order
     val_fraction: float = 0.0  # with val empty: hold out this share of the training documents (by a hash of each) for validation
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    num_workers: int = 1  # DataLoader worker processes per rank (0 = tokenize in the training process)
-    worker_timeout_s: float = 600.0  # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
+    num_workers: int = field(default=1, metadata={"resume": ("operational",)})  # DataLoader worker processes per rank (0 = tokenize in the training process)
+    worker_timeout_s: float = field(default=600.0, metadata={"resume": ("operational",)})  # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
     num_streams: Optional[int] = None  # independent packed streams; null -> world_size * max(1, num_workers)
     shuffle_files: bool = True  # reshuffle each stream's file order every epoch (seeded)
     epochs: Optional[int] = None  # null = loop forever (training); N = stop after N passes

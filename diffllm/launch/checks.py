@@ -18,9 +18,9 @@ def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ..budget import branch_points, plan_budget
     from ..config import check_typed, compose, schema_for
-    from ..train.branch import branch_points
-    from ..train.config import TrainConfig, plan_budget
+    from ..train.config import TrainConfig
 
     try:
         cfg = compose("train", overrides)
@@ -28,7 +28,8 @@ def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig
         raise UserError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
     check_typed(cfg, schema_for("train"))  # every key typed (seed=abc: one line), as `diffllm train` checks it
     typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
-    branch_points(typed, plan_budget(typed.trainer, typed.data.seq_len, world_size))  # a bad branch budget too
+    budget = plan_budget(typed.trainer, typed.data.seq_len, world_size)
+    branch_points(typed.trainer.branch_budgets, typed.optim, budget)  # a bad branch budget too
     return typed
 
 

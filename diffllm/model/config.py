@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 from ..errors import UserError
 from .registry import variant
@@ -18,7 +18,7 @@ class ModelConfig:
     uses n_heads/2 heads (and n_kv_heads/2 kv heads) of twice the value width, with the same head dim d; Diff V2 uses
     2 n_heads query heads of d, n_kv_heads kv heads and n_heads output heads."""
 
-    name: str = "custom"
+    name: str = field(default="custom", metadata={"resume": ("label",)})  # what was loaded calls it
     arch: str = "transformer"  # a registered variant: transformer | diff | diff2 | one from $DIFFLLM_VARIANTS
     d_model: int = 128
     n_layers: int = 4
@@ -35,12 +35,12 @@ class ModelConfig:
     qkv_bias: bool = False
     tie_embeddings: bool = False
     init_std: float = 0.02
-    max_seq_len: int = 2048
-    attn_backend: str = "sdpa"  # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
+    max_seq_len: int = field(default=2048, metadata={"resume": ("kept",)})
+    attn_backend: str = field(default="sdpa", metadata={"resume": ("operational", "kept")})  # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
     # Variant options: read (and checked) only by the variant that documents them, ignored by the others.
     lambda_init: Optional[float] = None  # diff: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # diff: init std of lambda_{q,k}{1,2}
-    init_from: Optional[str] = None  # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at step 0
+    init_from: Optional[str] = field(default=None, metadata={"resume": ("kept",)})  # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at step 0
 
     def __post_init__(self) -> None:
         self.validate()

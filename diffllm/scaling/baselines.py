@@ -83,14 +83,13 @@ def stream_windows(workers: int, world_size: int, n_streams: int, batches_per_ra
 
 def _layout(config: dict, summary: dict):
     """(DataConfig, Budget, val batch size, val batches) of a run from its config.yaml and summary."""
+    from ..budget import budget_keys, plan_budget
     from ..config import build
     from ..data import DataConfig
-    from ..train.config import TrainerConfig, plan_budget
 
-    data = build(DataConfig, config["data"], "data")
-    trainer = build(TrainerConfig, config["trainer"], "trainer")
-    budget = plan_budget(trainer, data.seq_len, int(summary.get("world_size") or 1))
-    return data, budget, trainer.val_batch_size or budget.micro_batch_size, trainer.val_batches
+    data, trainer = build(DataConfig, config["data"], "data"), config["trainer"]
+    budget = plan_budget(budget_keys(trainer), data.seq_len, int(summary.get("world_size") or 1))
+    return data, budget, trainer.get("val_batch_size") or budget.micro_batch_size, trainer.get("val_batches", 16)
 
 
 def training_windows(data, tok, budget) -> np.ndarray:

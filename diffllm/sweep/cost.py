@@ -3,7 +3,7 @@ GPU-hours on a named cluster from the planner's per-run time (diffllm/scaling/pl
 
 A run's FLOPs are counted as its summary will count them: model_stats' FLOPs per token (at the run's seq_len) x the
 tokens it trains. Scratch mode trains every budget D in full. Branch mode trains each stable run to its largest budget
-and each cooldown only past its branch point: D - S(D) x global_batch_tokens tokens, S = schedule.decay_start (the
+and each cooldown only past its branch point: D - S(D) x global_batch_tokens tokens, S = budget.decay_start (the
 prefix is the stable run's). So per (model, axes, seed) with budgets D_1 < ... < D_k:
     scratch = f x (D_1 + ... + D_k),   branch = f x (D_k + sum_{i<k} (D_i - S(D_i) x B)).
 GPU-hours = the planner's time for those tokens (FLOPs / (GPUs x peak x MFU), the plan checked to fit in memory) x GPUs:
@@ -13,15 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..budget import branch_start
 from ..config import compose
 from ..counts import parse_count
 from ..hardware import lookup
 from ..model.accounting import model_stats
 from ..scaling.config import PlanConfig
 from ..scaling.planner import make_plan
-from ..train.branch import budget_steps, check_after_warmup
 from ..train.config import TrainConfig
-from ..train.schedule import decay_start
 from .grid import BUDGET_MODES, Run, SweepConfig, plan_runs, value_text
 
 # Axis keys that can change a run's FLOPs per token, batch or branch points (an lr axis cannot: not composed per value)
@@ -79,9 +78,8 @@ class _Costs:
             return run.tokens
         _, batch, optim, _ = self.get(run)
         key = f"sweep.tokens of {run.model}: budget"
-        steps = budget_steps(run.tokens, key, batch)
-        check_after_warmup(steps, optim, key, run.tokens)
-        return run.tokens - decay_start(steps, optim) * batch
+        _, start = branch_start(run.tokens, key, batch, optim)
+        return run.tokens - start * batch
 
 
 def totals(cfg: SweepConfig, cluster: Optional[Cluster] = None) -> list[Total]:

@@ -1,9 +1,11 @@
-"""Typed configs of the trainer (`trainer`, `optim`, `logging` groups) and the token-budget arithmetic."""
+"""Typed configs of the trainer (`trainer`, `optim`, `logging` groups) and `TrainConfig`, all of them together (the
+token-budget arithmetic is diffllm/budget.py's). A field's role on resume is its metadata (`resume`: see ROLES)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Union
+from dataclasses import MISSING, asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
 
+from ..budget import Budget, Tokens, plan_budget  # noqa: F401 - re-exported: the trainer's budget
 from ..counts import parse_count
 from ..errors import UserError
 
@@ -13,7 +15,27 @@ if TYPE_CHECKING:
     from ..data import DataConfig
     from ..model import ModelConfig
 
-Tokens = Union[int, str]  # 1000000, "20M", "10B", "1.5T"
+# The roles a config key may play on resume (dataclass field metadata {"resume": (role, ...)}, read by resume.py):
+#   operational  how a run is executed or logged, not what it computes: any relaunch may change it, even of a finished
+#                run, and a branch may set it otherwise than its parent
+#   branch       a WSD branch may set it otherwise than its parent (its budget, validation, the ZeRO layout of the
+#                same global batch); a finished run's relaunch still compares it
+#   kept         a model key that is how this launch runs the model, not its architecture: kept over a checkpoint's
+#                or model.init_from's architecture
+#   label        a model key that names the model, not its architecture (what was loaded calls it)
+ROLES = ("operational", "branch", "kept", "label")
+OPERATIONAL = {"resume": ("operational",)}
+BRANCH = {"resume": ("branch",)}
+
+
+def operational(default: Any = MISSING, factory: Any = MISSING) -> Any:
+    """A field of role operational (see ROLES)."""
+    return field(default=default, default_factory=factory, metadata=OPERATIONAL)
+
+
+def branch_free(default: Any = MISSING) -> Any:
+    """A field of role branch (see ROLES)."""
+    return field(default=default, metadata=BRANCH)
 
 PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
@@ -131,37 +153,53 @@ class SpikesConfig:
 
 
 @dataclass
+class FaultsConfig:
+    """Fault injection for tests (`trainer.faults`, diffllm/train/faults.py): the failures that the watchdog,
+    non-finite, spike and signal tests need, made at chosen steps (counted from 1: the step being made)."""
+
+    nan_at_steps: list = field(default_factory=list)  # rank 0's loss becomes NaN there
+    stall_at_steps: list = operational(factory=list)  # rank 0 hangs reading data there
+    step_delay_s: float = operational(0.0)  # rank 0 sleeps this long per step (a slow node; the numbers stay)
+    loss_scale_at_steps: list = field(default_factory=list)  # every rank's loss (so its gradients) x loss_scale there
+    loss_scale: float = 1000.0  # the factor of loss_scale_at_steps (a spike)
+
+    @property
+    def on(self) -> bool:
+        return bool(self.stall_at_steps or self.step_delay_s or self.nan_at_steps or self.loss_scale_at_steps)
+
+    def validate(self) -> None:
+        if self.step_delay_s < 0:
+            raise UserError(f"trainer.faults.step_delay_s: must be >= 0 seconds, got {self.step_delay_s}")
+
+
+@dataclass
 class TrainerConfig:
-    tokens: Tokens = 524288  # training budget; the run stops exactly here
-    round_tokens: bool = False  # round a budget that is not a whole number of steps up to one (with a note)
+    tokens: Tokens = branch_free(524288)  # training budget; the run stops exactly here
+    round_tokens: bool = operational(False)  # round a budget that is not a whole number of steps up to one (with a note)
     global_batch_tokens: Tokens = 4096  # tokens per optimizer step, all ranks and micro-batches together
-    micro_batch_size: int = 8  # sequences per rank per forward/backward
-    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
-    offload_optimizer: bool = False  # ZeRO-1/2/3: optimizer state in CPU memory
-    offload_params: bool = False  # ZeRO-3 only: parameters in CPU memory
+    micro_batch_size: int = branch_free(8)  # sequences per rank per forward/backward
+    zero_stage: int = branch_free(2)  # DeepSpeed ZeRO stage 0-3
+    offload_optimizer: bool = branch_free(False)  # ZeRO-1/2/3: optimizer state in CPU memory
+    offload_params: bool = branch_free(False)  # ZeRO-3 only: parameters in CPU memory
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    activation_checkpointing: bool = False  # recompute each block in the backward pass
-    compile: bool = False  # torch.compile each block
-    log_every: int = 8  # steps between progress lines / metrics.jsonl records
-    val_every: int = 32  # steps between validations (0: only at the start and the end)
-    val_batches: int = 16  # held-out batches per validation
-    val_batch_size: Optional[int] = None  # None -> micro_batch_size
-    save_every_steps: int = 32  # 0: no step-based saves
-    save_every_minutes: float = 10.0  # 0: no time-based saves
-    keep_last: int = 2  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
-    resume: str = "auto"  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
-    branch_budgets: list = field(default_factory=list)  # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
-    branch_from: Optional[str] = None  # a WSD run directory: start this run (its own budget) from its branch checkpoint
-    max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) steps
-    dist_timeout_minutes: float = 10.0  # a collective waiting longer than this ends the job
-    stall_timeout_s: float = 900.0  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
+    activation_checkpointing: bool = operational(False)  # recompute each block in the backward pass
+    compile: bool = operational(False)  # torch.compile each block
+    log_every: int = operational(8)  # steps between progress lines / metrics.jsonl records
+    val_every: int = branch_free(32)  # steps between validations (0: only at the start and the end)
+    val_batches: int = branch_free(16)  # held-out batches per validation
+    val_batch_size: Optional[int] = operational(None)  # None -> micro_batch_size
+    save_every_steps: int = operational(32)  # 0: no step-based saves
+    save_every_minutes: float = operational(10.0)  # 0: no time-based saves
+    keep_last: int = operational(2)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
+    resume: str = operational("auto")  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
+    branch_budgets: list = operational(factory=list)  # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
+    branch_from: Optional[str] = branch_free(None)  # a WSD run directory: start this run (its own budget) from its branch checkpoint
+    max_nonfinite_in_a_row: int = branch_free(5)  # stop after this many consecutive skipped (non-finite) steps
+    dist_timeout_minutes: float = operational(10.0)  # a collective waiting longer than this ends the job
+    stall_timeout_s: float = operational(900.0)  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
     deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
-    inject_nan_at_steps: list = field(default_factory=list)  # fault injection: rank 0's loss becomes NaN there
-    inject_stall_at_steps: list = field(default_factory=list)  # fault injection: rank 0 hangs reading data there
-    inject_step_delay_s: float = 0.0  # fault injection: rank 0 sleeps this long per step (a slow node; the numbers stay)
-    inject_loss_scale_at_steps: list = field(default_factory=list)  # fault injection: every rank's loss (so its gradients) x inject_loss_scale there
-    inject_loss_scale: float = 1000.0  # the factor of inject_loss_scale_at_steps (a spike)
-    eval: EvalConfig = field(default_factory=EvalConfig)  # in-loop evaluation (off by default)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)  # fault injection for tests (off by default)
+    eval: EvalConfig = operational(factory=EvalConfig)  # in-loop evaluation (off by default)
     spikes: SpikesConfig = field(default_factory=SpikesConfig)  # loss / grad-norm spike detection (log by default)
 
     def __post_init__(self) -> None:
@@ -171,6 +209,8 @@ class TrainerConfig:
             self.eval = build(EvalConfig, self.eval, "trainer.eval")
         if not isinstance(self.spikes, SpikesConfig):
             self.spikes = build(SpikesConfig, self.spikes, "trainer.spikes")
+        if not isinstance(self.faults, FaultsConfig):
+            self.faults = build(FaultsConfig, self.faults, "trainer.faults")
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> None:
@@ -184,8 +224,6 @@ class TrainerConfig:
             bad("offload_params", "needs trainer.zero_stage=3")
         if self.offload_optimizer and self.zero_stage == 0:
             bad("offload_optimizer", "needs trainer.zero_stage >= 1")
-        if self.inject_step_delay_s < 0:
-            bad("inject_step_delay_s", f"must be >= 0 seconds, got {self.inject_step_delay_s}")
         for key in ("micro_batch_size", "log_every", "keep_last", "val_batches", "max_nonfinite_in_a_row"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
@@ -251,91 +289,36 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """How a token budget maps onto steps: tokens = steps x global_batch_tokens, exactly."""
-
-    tokens: int
-    global_batch_tokens: int
-    micro_batch_size: int
-    seq_len: int
-    world_size: int
-    grad_accum: int
-    steps: int
-    requested_tokens: Optional[int] = None  # trainer.tokens as asked, when trainer.round_tokens rounded it
-
-    @property
-    def note(self) -> Optional[str]:
-        """What rounding did to the budget, for the log (None when nothing was rounded)."""
-        if self.requested_tokens is None or self.requested_tokens == self.tokens:
-            return None
-        return (f"trainer.tokens={self.requested_tokens} rounded up to {self.tokens} = {self.steps} whole steps of "
-                f"{self.global_batch_tokens} tokens (trainer.round_tokens=true)")
-
-    @property
-    def sequences_per_step(self) -> int:
-        return self.micro_batch_size * self.grad_accum * self.world_size
-
-
-def plan_budget(trainer: TrainerConfig, seq_len: int, world_size: int) -> Budget:
-    """Gradient accumulation and step count from the global batch in tokens; a combination that does not divide
-    exactly is an error naming the keys and the nearest values that would work."""
-    tokens = parse_count(trainer.tokens, "trainer.tokens")
-    batch = parse_count(trainer.global_batch_tokens, "trainer.global_batch_tokens")
-    per_micro = trainer.micro_batch_size * seq_len * world_size
-    if batch % per_micro:
-        if batch < per_micro:  # smaller than one micro-batch on every rank: CPU trainer defaults on a cluster
-            raise UserError(
-                f"trainer.global_batch_tokens={batch} is less than one micro-batch on every rank: "
-                f"trainer.micro_batch_size x data.seq_len x world size = {trainer.micro_batch_size} x {seq_len} x "
-                f"{world_size} = {per_micro}; use {per_micro} or a multiple of it, or change trainer.micro_batch_size "
-                f"(the CPU trainer defaults suit one machine; a paper-size model on a cluster wants trainer=paper-scaling)"
-            )
-        lo, hi = batch // per_micro * per_micro, (batch // per_micro + 1) * per_micro
-        raise UserError(
-            f"trainer.global_batch_tokens={batch} is not a multiple of trainer.micro_batch_size x data.seq_len x "
-            f"world size = {trainer.micro_batch_size} x {seq_len} x {world_size} = {per_micro}; "
-            f"use {lo} or {hi}, or change trainer.micro_batch_size"
-        )
-    if tokens % batch and trainer.round_tokens:
-        rounded = -(-tokens // batch) * batch
-        return Budget(rounded, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro,
-                      rounded // batch, requested_tokens=tokens)
-    if tokens % batch:
-        above = (tokens // batch + 1) * batch
-        use = f"{tokens // batch * batch} or {above}" if tokens > batch else f"{above}"  # one number, never twice
-        raise UserError(
-            f"trainer.tokens={tokens} is not a whole number of steps of trainer.global_batch_tokens={batch}; "
-            f"use {use} (the run stops exactly at the budget), or trainer.round_tokens=true"
-        )
-    return Budget(tokens, batch, trainer.micro_batch_size, seq_len, world_size, batch // per_micro, tokens // batch)
-
-
-@dataclass
 class TrainConfig:
-    """Everything `diffllm train` is given, typed: what the Trainer takes (build it from Hydra with from_hydra)."""
+    """Everything `diffllm train` is given, typed: what the Trainer takes (build it from Hydra with from_hydra).
+    Frozen: what a launch changes (resume.py's plan: the tokenizer's vocabulary, model.init_from's architecture) is a
+    new TrainConfig (dataclasses.replace), and `resolved`, the config that checkpoints and config.yaml record, is
+    derived from it, so the two cannot disagree."""
 
     trainer: TrainerConfig
     optim: OptimConfig
-    logging: LoggingConfig
+    logging: LoggingConfig = operational()
     model: "ModelConfig"
     data: "DataConfig"
     seed: int = 1234
-    run_dir: str = "runs/run"
-    resolved: dict = field(default_factory=dict)  # the whole resolved config, as saved in checkpoints and config.yaml
+    run_dir: str = operational("runs/run")
+
+    @property
+    def resolved(self) -> dict:
+        """The whole resolved config as plain containers (checkpoints, config.yaml, W&B), from the typed configs."""
+        groups = {name: asdict(getattr(self, name)) for name in ("model", "data", "trainer", "optim", "logging")}
+        return {**groups, "seed": self.seed, "run_dir": self.run_dir}
 
     @classmethod
     def from_hydra(cls, cfg: "DictConfig") -> "TrainConfig":
         """Each group built and validated into its dataclass (a bad key or value is a one-line ValueError)."""
-        from omegaconf import OmegaConf
-
         from ..config import build
         from ..data import DataConfig
         from ..model import ModelConfig
 
         out = cls(trainer=build(TrainerConfig, cfg.trainer, "trainer"), optim=build(OptimConfig, cfg.optim, "optim"),
                   logging=build(LoggingConfig, cfg.logging, "logging"), model=build(ModelConfig, cfg.model, "model"),
-                  data=build(DataConfig, cfg.data, "data"), seed=int(cfg.seed), run_dir=str(cfg.run_dir),
-                  resolved=OmegaConf.to_container(cfg, resolve=True))
+                  data=build(DataConfig, cfg.data, "data"), seed=int(cfg.seed), run_dir=str(cfg.run_dir))
         for c in (out.trainer, out.optim, out.logging):
             c.validate()
         return out

@@ -1,5 +1,5 @@
-"""Diagnostics during training (Diff's lambda, and stability telemetry for every arch), added to the records that
-MetricsLogger writes (metrics.jsonl, W&B, the progress line):
+"""Diagnostics during training (Diff's lambda, and stability telemetry for every arch), added by DiagnosticsHook to the
+records that are logged (metrics.jsonl, W&B, the progress line):
 
     <key>/<i>, <key>_min     each value the variant reports per layer from its parameters (`report()`; Diff V1:
                              lambda/<i>, lambda_min), read after the step's update, and its min over layers
@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import nn
 
 from ..model.documents import causal_mask
 from .dist import all_reduce_maxes, all_reduce_sum, world_size
-from .metrics import finite_or_none
+from .hooks import Hook, View
+from .metrics import finite_or_none, logged
 
 
 def rms(t: torch.Tensor) -> torch.Tensor:
@@ -46,8 +47,8 @@ def rms(t: torch.Tensor) -> torch.Tensor:
 
 
 class Diagnostics:
-    """Per-layer reports (Diff: lambda) and attention-output RMS of `model` (a DecoderLM: `model.layers[i].attn`). `say(msg,
-    error=False)` prints notes and warnings (Trainer.say: rank 0 only)."""
+    """Per-layer reports (Diff: lambda) and attention-output RMS of `model` (a DecoderLM: `model.layers[i].attn`).
+    `say(msg, error=False)` prints notes and warnings (View.say: rank 0 only)."""
 
     def __init__(self, model: nn.Module, say: Callable[..., None]):
         self.attns = [block.attn for block in model.layers]
@@ -190,3 +191,32 @@ class Diagnostics:
     def collect(self, step: int) -> dict[str, Optional[float]]:
         """Everything for the record of `step`: the reports (always), the forward-side values (when armed)."""
         return {**self.report_record(step), **self.disarm()}
+
+
+class DiagnosticsHook(Hook):
+    """The diagnostics of every logged step, added to its record: the forward-side hooks are armed for the steps
+    whose record is written (foreseen: every log_every steps and the last; a skipped or spiking step gets lambda and
+    what was armed), the block grad norms kept before the update. Every rank arms and collects at the same steps."""
+
+    def __init__(self, log_every: int):
+        self.log_every = log_every
+        self.diag: Optional[Diagnostics] = None
+
+    def arm_for(self, view: View, step: int) -> None:
+        """Diagnostics hooks on for the forwards of `step` if its record is written (on every rank alike)."""
+        steps = view.budget.steps
+        if self.diag is not None and step <= steps and (step % self.log_every == 0 or step == steps):
+            self.diag.arm()
+
+    def on_start(self, view: View) -> None:
+        self.diag = Diagnostics(view.model().module, view.say)
+        self.arm_for(view, view.state.step + 1)
+
+    def on_before_update(self, view: View) -> None:
+        if self.diag is not None and self.diag.armed:
+            self.diag.keep_grad_norms()
+
+    def on_step_end(self, view: View, record: Mapping) -> Optional[dict]:
+        out = self.diag.collect(view.state.step) if logged(record, self.log_every, view.budget.steps) else None
+        self.arm_for(view, view.state.step + 1)
+        return out

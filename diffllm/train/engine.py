@@ -11,7 +11,7 @@ from torch.utils.checkpoint import checkpoint
 from ..model import DecoderLM, ModelConfig
 from .config import Budget, OptimConfig, TrainerConfig
 from .dist import on_gpu, rank
-from .optim import build_optimizer
+from .optim import UpdateGate, build_optimizer
 
 
 def resolve_precision(trainer: TrainerConfig) -> str:
@@ -80,8 +80,9 @@ def build_model(cfg: ModelConfig, ds_config: dict, seed: int, weights: Optional[
 
 
 def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_config: dict, seed: int,
-                 weights: Optional[dict] = None):
-    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it."""
+                 gate: UpdateGate, weights: Optional[dict] = None):
+    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it, which asks
+    `gate` whether to drop each update."""
     import deepspeed
 
     model = build_model(cfg, ds_config, seed, weights)
@@ -90,11 +91,10 @@ def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_
     if trainer.compile:
         for block in model.layers:
             block.compile()
-    optimizer = build_optimizer(model, opt)
+    optimizer = build_optimizer(model, opt, gate)
     # bf16 without ZeRO wraps the optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose constructor runs one step
     # with zero gradients to create the optimizer state: AdamW would count it (its bias correction then lags, the
     # first real update being 0.735x an fp32 run's) and apply weight decay once. That step is skipped.
-    optimizer.force_skip = True
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-    optimizer.force_skip = False
+    with gate.closed():
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     return engine, optimizer

@@ -2,7 +2,7 @@
 
     diffllm train trainer.eval.every=32 trainer.eval.ppl_data=[shakespeare] trainer.eval.needle_n=[1,2]
 
-Each evaluation writes one metrics.jsonl record (and W&B, through MetricsLogger's MetricsLog) with step, tokens and
+Each evaluation writes one metrics.jsonl record (and W&B, through the run's one MetricsWriter) with step, tokens and
   eval/ppl/<name>/loss, eval/ppl/<name>/bpb   ppl.perplexity on a data config's held-out sources (<name>: the config,
                                               or <config>/<source> when it holds several)
   eval/needle/n<N>/acc, eval/needle/acc       needle.needle_accuracy (synthetic or text haystack), per N and overall
@@ -17,7 +17,7 @@ touches the training data stream; the model runs in eval mode without gradients 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -26,11 +26,8 @@ from ..eval.ppl import perplexity, score_sets
 from ..eval.recall import RecallTask, recall_accuracy
 from ..eval.recall import task_prompts as recall_prompts
 from .config import EvalConfig
-from .hooks import Hook
+from .hooks import Hook, View
 from ..errors import UserError
-
-if TYPE_CHECKING:
-    from .loop import Trainer
 
 
 class _Forward:
@@ -38,12 +35,13 @@ class _Forward:
     through the DeepSpeed engine (ZeRO-3's parameter gathering) and tells the step watchdog that evaluation is busy.
     `to_cpu`: logits come back on the CPU (needle_accuracy compares them with CPU token tensors)."""
 
-    def __init__(self, trainer: "Trainer", to_cpu: bool = False):
-        self.trainer, self.cfg, self.to_cpu = trainer, trainer.engine.module.cfg, to_cpu
+    def __init__(self, view: View, to_cpu: bool = False):
+        self.view, self.engine, self.to_cpu = view, view.model(), to_cpu
+        self.cfg = self.engine.module.cfg
 
     def __call__(self, ids: torch.Tensor, **model_kwargs) -> torch.Tensor:
-        self.trainer.watchdog.beat("in-loop evaluation")
-        logits = self.trainer.engine(ids.to(self.trainer.device), **model_kwargs)  # (B, T, V)
+        self.view.beat("in-loop evaluation")
+        logits = self.engine(ids.to(self.view.device), **model_kwargs)  # (B, T, V)
         return logits.cpu() if self.to_cpu else logits
 
 
@@ -59,8 +57,8 @@ class InLoopEval(Hook):
         self.haystack: Optional[list[int]] = None
         self.recall: Optional[RecallTask] = None
 
-    def on_start(self, trainer: "Trainer") -> None:
-        c, model_len = self.cfg, trainer.model_cfg.max_seq_len
+    def on_start(self, view: View) -> None:
+        c, model_len = self.cfg, view.model().module.cfg.max_seq_len
         if self.seq_len > model_len:
             raise UserError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
         for name in c.ppl_data:  # what `diffllm eval ppl data=<name>` scores: held-out windows or whole sources
@@ -68,7 +66,7 @@ class InLoopEval(Hook):
                               doc_mask=self.doc_mask, restart_positions=self.restart_positions)
             for s in sets:
                 key = name if len(sets) == 1 else f"{name}/{s.name}"
-                self.ppl_sets[key] = ([b.to(trainer.device) for b in s.batches], s.n_bytes)
+                self.ppl_sets[key] = ([b.to(view.device) for b in s.batches], s.n_bytes)
         if c.needle_n:
             length = c.needle_length or self.seq_len
             if length > model_len:
@@ -90,37 +88,38 @@ class InLoopEval(Hook):
             except ValueError as e:
                 raise UserError(f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}") from None
 
-    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
-        c, step = self.cfg, trainer.state.step
-        due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.budget.steps)
-        if due and not trainer.failing:
-            self.evaluate(trainer)
+    def on_step_end(self, view: View, record: Mapping) -> None:
+        c, step = self.cfg, view.state.step
+        due = (c.every and step % c.every == 0) or (c.at_end and step == view.budget.steps)
+        if due and not view.failing():
+            self.evaluate(view)
 
-    def evaluate(self, trainer: "Trainer") -> dict:
+    def evaluate(self, view: View) -> dict:
         """One evaluation of the model as it is now: the metrics record (written by rank 0) and a console line."""
         t0 = time.perf_counter()
-        rec: dict = {"step": trainer.state.step, "tokens": trainer.state.tokens}
-        engine, was_training = trainer.engine, trainer.engine.training
-        devices = [trainer.device] if trainer.device.type == "cuda" else []
+        rec: dict = {"step": view.state.step, "tokens": view.state.tokens}
+        engine = view.model()
+        was_training = engine.training
+        devices = [view.device] if view.device.type == "cuda" else []
         engine.eval()
         try:
             with torch.random.fork_rng(devices=devices), torch.no_grad():
                 for name, (batches, n_bytes) in self.ppl_sets.items():
-                    res = perplexity(_Forward(trainer), batches, n_bytes)
+                    res = perplexity(_Forward(view), batches, n_bytes)
                     rec[f"eval/ppl/{name}/loss"], rec[f"eval/ppl/{name}/bpb"] = res["loss"], res["bits_per_byte"]
                 if self.needle is not None:
-                    res = needle_accuracy(_Forward(trainer, to_cpu=True), self.tok, self.needle, self.haystack)
+                    res = needle_accuracy(_Forward(view, to_cpu=True), self.tok, self.needle, self.haystack)
                     rec.update({f"eval/needle/n{n}/acc": acc for n, acc in res["by_n"].items()})
                     rec["eval/needle/acc"] = res["mean"]
                 if self.recall is not None:
-                    res = recall_accuracy(_Forward(trainer, to_cpu=True), self.tok, self.recall)
+                    res = recall_accuracy(_Forward(view, to_cpu=True), self.tok, self.recall)
                     rec.update({f"eval/recall/n{n}/acc": acc for n, acc in res["by_n"].items()})
                     rec["eval/recall/acc"] = res["mean"]
         finally:
             engine.train(was_training)
         rec["eval/time_s"] = round(time.perf_counter() - t0, 3)
-        trainer.log(rec)
-        trainer.say(eval_line(rec))
+        view.log(rec)
+        view.say(eval_line(rec))
         return rec
 
 
@@ -136,6 +135,6 @@ def eval_line(rec: dict) -> str:
 
 
 def eval_hooks(cfg: EvalConfig, tok, seq_len: int, run_config: dict) -> list[Hook]:
-    """[InLoopEval] when trainer.eval is on, else []: the Trainer puts it after Validation, before Checkpointing (an
-    evaluation is logged before the checkpoint of its step, so a resume from that checkpoint never loses it)."""
+    """[InLoopEval] when trainer.eval is on, else [] (its record is written with its step's, before the checkpoint
+    of that step: a resume from that checkpoint never loses it)."""
     return [InLoopEval(cfg, tok, seq_len, run_config)] if cfg.on else []

@@ -1,43 +1,66 @@
-"""Hooks around the training loop (as OLMo-core's callbacks): validation, checkpoint timing and metrics live here,
-not inside the loop (the summary is summary.py's, fault injection faults.py's, in-loop evaluation eval_hook.py's).
-A new concern (a profiler, generations) is one small class:
+"""Hooks around the training loop (as OLMo-core's callbacks) and the `View` of the run they are given: checkpoint
+timing and the step's window metrics live here, not inside the loop (validation too, which the loop calls; the summary
+is summary.py's, diagnostics diagnostics.py's, fault injection faults.py's, in-loop evaluation eval_hook.py's). A new
+concern (a profiler, generations) is one small class:
 
     class Generations(Hook):
-        def on_validate(self, trainer, losses):
-            trainer.log({"step": trainer.state.step, "tokens": trainer.state.tokens,
-                         "sample": sample(trainer.engine.module)})
+        def on_validate(self, view, losses):
+            view.log({"step": view.state.step, "tokens": view.state.tokens, "sample": sample(view.model().module)})
 
     Trainer(cfg, hooks=[Generations()]).run()   # runs after the built-in hooks, in list order
 
-What a hook may ask of the trainer: `trainer.log(record)` (a metrics.jsonl record, written by rank 0, and W&B),
-`trainer.request_save()` (a checkpoint at the end of this step; `agree=True`: one rank's wish, such as a clock,
-agreed across ranks in the step's one collective), `trainer.call_hooks(event, ...)` (tell every hook of an event),
-`trainer.say(msg)`; and it reads trainer.state, trainer.budget, trainer.engine, trainer.rank.
+A hook sees the run through its `View` only: state, budget, rank and world size, the device, the run directory, the
+model through `model()` (the DeepSpeed engine: forwards go through it), and asks through `log(record)` (a record of
+its own: metrics.jsonl and W&B, rank 0), `request_save()` (a checkpoint at the end of this step; `agree=True`: one
+rank's wish, such as a clock, agreed across ranks in the step's one collective), `say(msg)` and `beat(phase)` (the
+step watchdog: a long phase is busy). It contributes to the step's record by returning keys from `on_step_end`; the
+record is written once, after every hook, by the loop's one writer (metrics.py MetricsWriter).
 
 Every rank calls every hook at the same points, so a hook may run collectives (forward passes under ZeRO-3, an
-all-reduce); work that only rank 0 must do checks `trainer.rank == 0`. A hook must not draw from the global RNGs
+all-reduce); work that only rank 0 must do checks `view.rank == 0`. A hook must not draw from the global RNGs
 (python, numpy, torch) during training: the checkpointed RNG states would then differ from an uninterrupted run's.
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Optional
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .diagnostics import Diagnostics
 from .dist import all_reduce_sum
-from .metrics import MetricsLog, finite_or_none, mfu, progress_line
-from .tracking import open_wandb
+from .metrics import finite_or_none, logged, mfu
 
 if TYPE_CHECKING:
+    from ..budget import Budget
     from ..data import Batch
-    from .loop import Trainer
+    from ..runs import Run
+    from .state import TrainState
 
 IGNORE = -100  # F.cross_entropy's ignore_index: targets outside the loss mask
 MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
+
+
+@dataclass
+class View:
+    """What a hook sees of the run (the Trainer makes one after setup; a test makes its own)."""
+
+    state: "TrainState"  # the counters: step (done so far), tokens, ...
+    budget: "Budget"
+    rank: int
+    world_size: int
+    run: "Run"  # the run directory
+    model: Callable[[], Any]  # the DeepSpeed engine (its .module: the DecoderLM)
+    log: Callable[[dict], None]  # a record of its own (rank 0 writes it, after the step's record)
+    request_save: Callable[..., None]  # request_save(agree=False)
+    say: Callable[..., None]  # say(msg, error=False): rank 0 prints
+    device: torch.device = torch.device("cpu")
+    beat: Callable[[str], None] = lambda phase: None  # the step watchdog hears that `phase` is busy
+    elapsed: Callable[[], float] = lambda: 0.0  # wall seconds of the run so far (all launches)
+    failing: Callable[[], bool] = lambda: False  # too many non-finite steps in a row: the loop stops after this step
 
 
 def lm_loss(model, batch: "Batch", reduction: str = "mean") -> torch.Tensor:
@@ -58,36 +81,60 @@ def lm_loss(model, batch: "Batch", reduction: str = "mean") -> torch.Tensor:
 class Hook:
     """Override what you need; every method is called on every rank."""
 
-    def on_start(self, trainer: "Trainer") -> None:
-        """After setup (and a resume), before the first step of this launch."""
+    def on_start(self, view: View) -> None:
+        """After setup (and a resume, and the step-0 validation), before the first step of this launch."""
 
-    def on_step_start(self, trainer: "Trainer") -> None:
-        """Before each optimizer step reads its first batch (trainer.state.step: the steps done so far)."""
+    def on_step_start(self, view: View) -> None:
+        """Before each optimizer step reads its first batch (view.state.step: the steps done so far)."""
 
-    def on_loss(self, trainer: "Trainer", loss: torch.Tensor) -> torch.Tensor:
+    def on_loss(self, view: View, loss: torch.Tensor) -> torch.Tensor:
         """Each micro-batch's loss before its backward pass; returns the loss to use (fault injection replaces it)."""
         return loss
 
-    def on_before_update(self, trainer: "Trainer") -> None:
+    def on_before_update(self, view: View) -> None:
         """After the step's last backward and its agreement across ranks, before the optimizer update: the step's
         gradients are complete (under ZeRO, in DeepSpeed's partitions)."""
 
-    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
-        """After each optimizer step. `record`: step, tokens, loss (mean over ranks and micro-batches; None if
-        non-finite), lr, grad_norm, skipped, step_time_s; at a spike also spike, z_loss, z_grad, spike_grad_norm.
-        Hooks may add keys before MetricsLogger writes it."""
+    def on_step_end(self, view: View, record: Mapping) -> Optional[dict]:
+        """After each optimizer step. `record` (read-only): step, tokens, loss_tokens, loss (mean over ranks and
+        micro-batches; None if non-finite), lr, grad_norm, skipped, step_time_s; at a spike also spike, z_loss, z_grad,
+        spike_grad_norm; and what the hooks before this one returned. Returns keys to add to the record (or None);
+        the record is written (every log_every steps, at the last, a skipped or a spiking step) after every hook."""
 
-    def on_validate(self, trainer: "Trainer", losses: dict[str, float]) -> None:
+    def on_validate(self, view: View, losses: dict[str, float]) -> None:
         """After a validation that is recorded: mean token loss per named held-out set."""
 
-    def on_save(self, trainer: "Trainer", tag: str) -> None:
+    def on_save(self, view: View, tag: str) -> None:
         """After a checkpoint `run_dir/checkpoints/<tag>` is published (every rank has written its part)."""
 
-    def on_finish(self, trainer: "Trainer", summary: dict) -> None:
+    def on_finish(self, view: View, summary: dict) -> None:
         """When the run reached its budget, after summary.json was written."""
 
-    def close(self, trainer: "Trainer") -> None:
+    def close(self, view: View) -> None:
         """Always, at the end of the launch (finished, stopped or failed): release files, processes, connections."""
+
+
+class Hooks:
+    """The hooks of a launch, called in order with their View."""
+
+    def __init__(self, hooks: list[Hook], view: View):
+        self.hooks, self.view = hooks, view
+
+    def call(self, event: str, *args) -> None:
+        for hook in self.hooks:
+            getattr(hook, event)(self.view, *args)
+
+    def loss(self, loss: torch.Tensor) -> torch.Tensor:
+        for hook in self.hooks:
+            loss = hook.on_loss(self.view, loss)
+        return loss
+
+    def step_end(self, record: dict) -> dict:
+        """The step's record with every hook's contribution, in hook order (a later hook sees the earlier ones')."""
+        record = dict(record)
+        for hook in self.hooks:
+            record.update(hook.on_step_end(self.view, MappingProxyType(record)) or {})
+        return record
 
 
 def val_losses_record(step: int, tokens: int, losses: dict[str, float]) -> dict:
@@ -98,43 +145,38 @@ def val_losses_record(step: int, tokens: int, losses: dict[str, float]) -> dict:
     return rec
 
 
-class Validation(Hook):
-    """Held-out loss at the start (step 0 is recorded), every `every` steps, and at the end (Trainer.run calls
-    `validate`). `sets`: named lists of Batches; the main one is "val". The loss is per counted target token (with
-    data.loss_on=marked: the marked ones)."""
+class Validation:
+    """Held-out loss at the start (step 0 is recorded), every `every` steps, and at the end: the loop calls it. `sets`:
+    named lists of Batches; the main one is "val". The loss is per counted target token (with data.loss_on=marked:
+    the marked ones)."""
 
     def __init__(self, sets: dict[str, list["Batch"]], every: int):
         self.sets, self.every = sets, every
 
-    def on_start(self, trainer: "Trainer") -> None:
-        self.validate(trainer, record=trainer.state.step == 0)
+    def due(self, view: View) -> bool:
+        step = view.state.step
+        return bool(self.every) and step % self.every == 0 and step < view.budget.steps and not view.failing()
 
-    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
-        step = trainer.state.step
-        if self.every and step % self.every == 0 and step < trainer.budget.steps and not trainer.failing:
-            self.validate(trainer)
-
-    def validate(self, trainer: "Trainer", record: bool = True) -> dict[str, float]:
-        losses = {name: self.evaluate(trainer, batches) for name, batches in self.sets.items()}
+    def validate(self, view: View) -> dict[str, float]:
+        """Every set's loss, said; the caller records it."""
+        losses = {name: self.evaluate(view, batches) for name, batches in self.sets.items()}
         main = losses.get(MAIN_VAL, next(iter(losses.values())))
-        trainer.state.last_val_loss = main
-        trainer.say(f"step {trainer.state.step}: val_loss {main:.4f}" + "".join(
+        view.state.last_val_loss = main
+        view.say(f"step {view.state.step}: val_loss {main:.4f}" + "".join(
             f", {name} {v:.4f}" for name, v in losses.items() if name != MAIN_VAL))
-        if record:
-            trainer.call_hooks("on_validate", losses)
         return losses
 
     @torch.no_grad()
-    def evaluate(self, trainer: "Trainer", batches: list["Batch"]) -> float:
+    def evaluate(self, view: View, batches: list["Batch"]) -> float:
         """Mean token loss over `batches`, split over ranks. Every rank runs the same number of forwards (ZeRO-3
         gathers parameters collectively), padding with a zero-weight batch where its share is short."""
-        engine, r, ws = trainer.engine, trainer.rank, trainer.ws
+        engine, r, ws = view.model(), view.rank, view.world_size
         engine.eval()
         mine = batches[r::ws]
         total, count = 0.0, 0
         for i in range(math.ceil(len(batches) / ws)):
-            trainer.watchdog.beat("validation")
-            batch = (mine[i] if i < len(mine) else batches[0]).to(trainer.device)
+            view.beat("validation")
+            batch = (mine[i] if i < len(mine) else batches[0]).to(view.device)
             loss = lm_loss(engine, batch, reduction="sum")
             if i < len(mine):
                 total, count = total + loss.item(), count + batch.loss_tokens()
@@ -144,97 +186,51 @@ class Validation(Hook):
 
 
 class Checkpointing(Hook):
-    """Save timing: asks for a save every trainer.save_every_steps steps, and when trainer.save_every_minutes have
-    passed since the last save on this rank's clock (a wish, agreed across ranks in the step's one collective). The
-    final and the preemption saves are the loop's own."""
+    """Save timing: asks for a save every `every_steps` steps (trainer.save_every_steps), and when `every_minutes`
+    (trainer.save_every_minutes) have passed since the last save on this rank's clock (a wish, agreed across ranks in
+    the step's one collective). The final, spike and preemption saves are the loop's own."""
 
-    def __init__(self) -> None:
+    def __init__(self, every_steps: int, every_minutes: float) -> None:
+        self.every_steps, self.every_minutes = every_steps, every_minutes
         self.last_save_t = time.monotonic()
 
-    def on_start(self, trainer: "Trainer") -> None:
+    def on_start(self, view: View) -> None:
         self.last_save_t = time.monotonic()
 
-    def on_step_start(self, trainer: "Trainer") -> None:
-        minutes = trainer.trainer.save_every_minutes
-        if minutes and time.monotonic() - self.last_save_t >= 60 * minutes:
-            trainer.request_save(agree=True)
+    def on_step_start(self, view: View) -> None:
+        if self.every_minutes and time.monotonic() - self.last_save_t >= 60 * self.every_minutes:
+            view.request_save(agree=True)
 
-    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
-        every = trainer.trainer.save_every_steps
-        if every and trainer.state.step % every == 0:
-            trainer.request_save()
+    def on_step_end(self, view: View, record: Mapping) -> None:
+        if self.every_steps and view.state.step % self.every_steps == 0:
+            view.request_save()
 
-    def on_save(self, trainer: "Trainer", tag: str) -> None:
+    def on_save(self, view: View, tag: str) -> None:
         self.last_save_t = time.monotonic()
 
 
-class MetricsLogger(Hook):
-    """metrics.jsonl (and W&B) on rank 0, and the progress line: one record every log_every steps, at the last step
-    and at every skipped or spiking step, with throughput, MFU, wall-clock time, elapsed seconds, the spike count,
-    the mean loss over the steps since the previous record (`loss` is the last step's), and the diagnostics of
-    diagnostics.py (lambda, attention-output RMS, grad norm, largest activation and attention logit per layer)."""
+class StepMetrics(Hook):
+    """The logged record's window statistics: throughput, MFU, wall-clock time, elapsed seconds, skipped steps, the
+    spike count, and the mean loss over the steps since the previous record (`loss` is the last step's).
+    `flops_per_token` and `peak` (dense TFLOPs of the device; None: no MFU) give MFU."""
 
-    def __init__(self) -> None:
-        self.log: Optional[MetricsLog] = None
+    def __init__(self, log_every: int, flops_per_token: float, peak: Optional[float]) -> None:
+        self.log_every, self.flops_per_token, self.peak = log_every, flops_per_token, peak
         self.window_t, self.window_losses = 0.0, []
-        self.diag: Optional[Diagnostics] = None
 
-    @staticmethod
-    def logs_at(trainer: "Trainer", step: int) -> bool:
-        """Whether the record of `step` is written (a skipped step's is as well, unforeseen)."""
-        return step % trainer.trainer.log_every == 0 or step == trainer.budget.steps
-
-    def arm_for(self, trainer: "Trainer", step: int) -> None:
-        """Diagnostics hooks on for the forwards of `step` if its record is written (on every rank alike)."""
-        if self.diag is not None and step <= trainer.budget.steps and self.logs_at(trainer, step):
-            self.diag.arm()
-
-    def on_start(self, trainer: "Trainer") -> None:
-        if hasattr(trainer, "engine"):  # every rank: the hooks are armed, and lambda gathered, on all of them
-            self.diag = Diagnostics(trainer.engine.module, trainer.say)
-            self.arm_for(trainer, trainer.state.step + 1)
-        if trainer.rank != 0:
-            return
-        self.log = MetricsLog(trainer.run_dir)
-        dropped = self.log.truncate_after(trainer.state.step)
-        if dropped:
-            trainer.say(f"metrics.jsonl: dropped {dropped} records after step {trainer.state.step} "
-                        f"(they are redone now)")
-        self.log.wandb = open_wandb(trainer.logging, trainer.run_dir, trainer.state.wandb_id, trainer.config)
-
-    def on_step_end(self, trainer: "Trainer", record: dict) -> None:
-        self.window_t += record.pop("step_time_s")
+    def on_step_end(self, view: View, record: Mapping) -> Optional[dict]:
+        self.window_t += record["step_time_s"]
         self.window_losses.append(record["loss"])
-        s, b = trainer.state, trainer.budget
-        logged = self.logs_at(trainer, s.step) or record["skipped"] or "spike" in record
-        diagnostics = self.diag.collect(s.step) if self.diag is not None and logged else {}
-        self.arm_for(trainer, s.step + 1)
-        if not logged:
-            return
-        steps = len(self.window_losses)
+        s, b = view.state, view.budget
+        if not logged(record, self.log_every, b.steps):
+            return None
         finite = [x for x in self.window_losses if x is not None]
-        tokens_per_s = steps * b.global_batch_tokens / max(self.window_t, 1e-9)
-        record.update(loss_mean=sum(finite) / len(finite) if finite else None, tokens_per_s=tokens_per_s,
-                      mfu=mfu(tokens_per_s / trainer.ws, trainer.stats.flops_per_token, trainer.peak),
-                      skipped_steps=s.skipped_steps, spikes=s.spikes.spikes, time=round(time.time(), 3),
-                      elapsed_s=round(trainer.elapsed(), 3))
-        if record["loss"] is None:
-            record["nonfinite"] = True
-        record.update(diagnostics)
-        if trainer.rank == 0:
-            self.log.write(record)
-            eta = (b.steps - s.step) * self.window_t / steps
-            print(progress_line(record, b.steps, b.tokens, eta), flush=True)
+        tokens_per_s = len(self.window_losses) * b.global_batch_tokens / max(self.window_t, 1e-9)
         self.window_t, self.window_losses = 0.0, []
-
-    def on_before_update(self, trainer: "Trainer") -> None:
-        if self.diag is not None and self.diag.armed:
-            self.diag.keep_grad_norms()
-
-    def on_validate(self, trainer: "Trainer", losses: dict[str, float]) -> None:
-        if trainer.rank == 0:
-            self.log.write(val_losses_record(trainer.state.step, trainer.state.tokens, losses))
-
-    def close(self, trainer: "Trainer") -> None:
-        if self.log is not None and self.log.wandb is not None:
-            self.log.wandb.finish()
+        out = dict(loss_mean=sum(finite) / len(finite) if finite else None, tokens_per_s=tokens_per_s,
+                   mfu=mfu(tokens_per_s / view.world_size, self.flops_per_token, self.peak),
+                   skipped_steps=s.skipped_steps, spikes=s.spikes.spikes, time=round(time.time(), 3),
+                   elapsed_s=round(view.elapsed(), 3))
+        if record["loss"] is None:
+            out["nonfinite"] = True
+        return out

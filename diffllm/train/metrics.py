@@ -1,10 +1,11 @@
-"""Honest throughput metrics: dense bf16 peaks looked up by device name, MFU, the progress line, metrics.jsonl, W&B."""
+"""Honest throughput metrics: dense bf16 peaks looked up by device name, MFU, the progress line, and the one writer of
+metrics.jsonl and W&B (MetricsWriter)."""
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -68,3 +69,53 @@ class MetricsLog:
         self.run.append_metrics(rec)
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in rec.items() if k != "step" and v is not None}, step=rec["step"])
+
+
+def logged(record: Mapping, log_every: int, steps: int) -> bool:
+    """Whether a step's record is written: every log_every steps, the last step, and any skipped or spiking step."""
+    return record["step"] % log_every == 0 or record["step"] == steps or bool(record["skipped"]) or "spike" in record
+
+
+class MetricsWriter:
+    """The one writer of metrics.jsonl (and W&B) and of the progress line, on rank 0: a step's record after every hook
+    contributed to it (when `logged`), then the records logged during the step (validation, evaluation), in order."""
+
+    def __init__(self, rank: int, log_every: int, steps: int, budget_tokens: int, global_batch_tokens: int):
+        self.rank, self.log_every, self.steps = rank, log_every, steps
+        self.budget_tokens, self.global_batch_tokens = budget_tokens, global_batch_tokens
+        self.log: Optional[MetricsLog] = None
+        self.pending: list[dict] = []
+
+    def open(self, run_dir: Path, after_step: int, wandb_run_of, say) -> None:
+        """Rank 0: metrics.jsonl, with the records after `after_step` (the checkpoint resumed) dropped; then W&B
+        (`wandb_run_of()`: the W&B run or None)."""
+        if self.rank != 0:
+            return
+        self.log = MetricsLog(run_dir)
+        dropped = self.log.truncate_after(after_step)
+        if dropped:
+            say(f"metrics.jsonl: dropped {dropped} records after step {after_step} (they are redone now)")
+        self.log.wandb = wandb_run_of()
+
+    def add(self, record: dict) -> None:
+        """A record of its own (validation, an evaluation), written at the next `flush`."""
+        if self.rank == 0:
+            self.pending.append(record)
+
+    def step(self, record: dict) -> None:
+        """The step's record, with every hook's keys (its step_time_s is not written), then the pending records."""
+        record = {k: v for k, v in record.items() if k != "step_time_s"}
+        if self.rank == 0 and logged(record, self.log_every, self.steps):
+            self.log.write(record)
+            eta = (self.steps - record["step"]) * self.global_batch_tokens / max(record["tokens_per_s"], 1e-9)
+            print(progress_line(record, self.steps, self.budget_tokens, eta), flush=True)
+        self.flush()
+
+    def flush(self) -> None:
+        for record in self.pending:
+            self.log.write(record)
+        self.pending = []
+
+    def close(self) -> None:
+        if self.log is not None and self.log.wandb is not None:
+            self.log.wandb.finish()

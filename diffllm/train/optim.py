@@ -1,7 +1,9 @@
-"""AdamW with decay/no-decay parameter groups, and a step that is skipped on every rank when gradients are non-finite."""
+"""AdamW with decay/no-decay parameter groups, and a step that is skipped on every rank when gradients are non-finite
+or its UpdateGate drops the update (a non-finite loss, a spike)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+import contextlib
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -28,32 +30,63 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-class SkipStepAdamW(torch.optim.AdamW):
-    """torch AdamW whose `step` does nothing, on all ranks alike, when any rank sees a non-finite gradient, the
-    trainer set `force_skip` (a non-finite loss) or its `gate()` says so (a spike: diffllm/train/spikes.py). Under
-    ZeRO, DeepSpeed calls this on every rank with that rank's (clipped, averaged) fp32 gradient partition, once per
-    parameter group (or sub-group), after it computed the global grad norm, so the check covers the whole model and
-    the gate can read that norm. The trainer clears `force_skip` and `gate` after the engine's step. Adam's moments
-    and step count stay untouched by a skipped step."""
+class UpdateGate:
+    """Whether this step's update is dropped, on every rank alike: the one decision that crosses into DeepSpeed's
+    optimizer step, handed to SkipStepAdamW when it is built. Per step:
 
-    def __init__(self, params, **kwargs):
-        super().__init__(params, **kwargs)
-        self.force_skip = False
-        self.gate: Optional[Callable[[], bool]] = None
+        gate.arm(nonfinite_loss, judge)   # before engine.step(): a non-finite loss drops it; `judge()` (a spike
+        engine.step()                     #   test that needs the grad norm) is asked inside the optimizer step
+        skipped = gate.disarm()           # whether the optimizer dropped the update
+
+    `closed()`: every update in the block is dropped (DeepSpeed's bf16 initialisation step)."""
+
+    def __init__(self) -> None:
+        self.force = False
+        self.judge: Optional[Callable[[], bool]] = None
         self.skipped = False
+
+    def arm(self, nonfinite_loss: bool, judge: Optional[Callable[[], bool]] = None) -> None:
+        self.force, self.judge, self.skipped = nonfinite_loss, judge, False
+
+    def drops(self) -> bool:
+        """This rank's wish to drop the update (the optimizer agrees it across ranks with the gradient check)."""
+        return self.force or (self.judge is not None and self.judge())
+
+    def disarm(self) -> bool:
+        skipped, self.force, self.judge = self.skipped, False, None
+        return skipped
+
+    @contextlib.contextmanager
+    def closed(self) -> Iterator[None]:
+        self.force = True
+        try:
+            yield
+        finally:
+            self.force = False
+
+
+class SkipStepAdamW(torch.optim.AdamW):
+    """torch AdamW whose `step` does nothing, on all ranks alike, when any rank sees a non-finite gradient or its
+    `gate` (UpdateGate) drops the update (a non-finite loss; a spike: diffllm/train/spikes.py). Under ZeRO, DeepSpeed
+    calls this on every rank with that rank's (clipped, averaged) fp32 gradient partition, once per parameter group
+    (or sub-group), after it computed the global grad norm, so the check covers the whole model and the gate's judge
+    can read that norm. Adam's moments and step count stay untouched by a skipped step."""
+
+    def __init__(self, params, gate: Optional[UpdateGate] = None, **kwargs):
+        super().__init__(params, **kwargs)
+        self.gate = gate or UpdateGate()
 
     @torch.no_grad()
     def step(self, closure=None):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         # one sum per gradient tensor (NaN and inf survive a sum; a finite fp32 gradient does not overflow it)
-        bad = self.force_skip or (self.gate is not None and self.gate()) or (
-            bool(grads) and not bool(torch.stack([g.sum() for g in grads]).isfinite().all()))
-        self.skipped = all_reduce_max(bad)
-        if self.skipped:
+        bad = self.gate.drops() or (bool(grads) and not bool(torch.stack([g.sum() for g in grads]).isfinite().all()))
+        self.gate.skipped = all_reduce_max(bad)
+        if self.gate.skipped:
             return None
         return super().step(closure)
 
 
-def build_optimizer(model: nn.Module, opt: OptimConfig) -> SkipStepAdamW:
+def build_optimizer(model: nn.Module, opt: OptimConfig, gate: UpdateGate) -> SkipStepAdamW:
     """fused/foreach are left to torch's defaults; the lr is set by the trainer before every step."""
-    return SkipStepAdamW(param_groups(model, opt.weight_decay), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+    return SkipStepAdamW(param_groups(model, opt.weight_decay), gate, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)

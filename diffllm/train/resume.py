@@ -6,29 +6,34 @@ own tokenizer. Every check reads only, so all ranks reach the same verdict befor
 (a finished run is never changed, at any world size)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..budget import Budget, branch_points, check_after_warmup, decay_start
 from ..counts import parse_count
+from ..errors import UserError
 from ..model import ModelConfig
 from ..runs import Checkpoint, Run, choose_tokenizer, config_hash, find_checkpoint
-from .branch import check_after_warmup
+from .branch import BranchPlan
 from .dist import barrier
-from .schedule import decay_start
-from ..errors import UserError
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-# Keys that change how a run is executed or logged, not what it computes: a finished run may be relaunched with
-# other values. (trainer.tokens is compared: a larger budget continues the run, see Trainer.load.)
-OPERATIONAL = ("run_dir", "trainer.resume", "trainer.log_every", "trainer.save_every_steps",
-               "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes",
-               "trainer.round_tokens", "trainer.eval", "trainer.stall_timeout_s", "trainer.inject_stall_at_steps",
-               "trainer.inject_step_delay_s", "trainer.branch_budgets",
-               "trainer.val_batch_size", "trainer.compile", "trainer.activation_checkpointing", "model.attn_backend",
-               "data.num_workers", "data.worker_timeout_s", "data.tokenizer.path", "logging")
+
+def keys_with(cfg: Any, *roles: str, prefix: str = "") -> tuple[str, ...]:
+    """The dotted keys of a config (a dataclass instance, nested ones walked) whose field metadata gives them one of
+    `roles` (config.py ROLES): `keys_with(train_config, "operational")` -> ("trainer.resume", ..., "run_dir")."""
+    out: list[str] = []
+    for f in dataclasses.fields(cfg):
+        key = f"{prefix}{f.name}"
+        if set(f.metadata.get("resume", ())) & set(roles):
+            out.append(key)
+        elif dataclasses.is_dataclass(getattr(cfg, f.name)):
+            out.extend(keys_with(getattr(cfg, f.name), *roles, prefix=f"{key}."))
+    return tuple(out)
 
 
 def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
@@ -58,15 +63,12 @@ def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
                      f"away first)")
 
 
-KEPT_KEYS = ("attn_backend", "max_seq_len", "init_from")  # how this launch runs the model: model.init_from keeps ours
-RUNTIME_KEYS = ("name", *KEPT_KEYS)  # model keys that are not the architecture (the name: what was loaded calls it)
-
-
-def check_model(ckpt: Checkpoint, model_cfg) -> None:
-    """A checkpoint of another architecture is refused up front, naming the first differing key."""
-    saved, ours = ckpt.meta.get("model", {}), asdict(model_cfg)
+def check_model(ckpt: Checkpoint, model_cfg: ModelConfig) -> None:
+    """A checkpoint of another architecture is refused up front, naming the first differing key (the keys that are
+    no architecture, roles kept and label, aside)."""
+    saved, ours, runtime = ckpt.meta.get("model", {}), asdict(model_cfg), keys_with(model_cfg, "kept", "label")
     for key in sorted(set(saved) | set(ours)):
-        if key not in RUNTIME_KEYS and saved.get(key) != ours.get(key):
+        if key not in runtime and saved.get(key) != ours.get(key):
             raise UserError(f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
                              f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
 
@@ -92,7 +94,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...] = OPERATIONAL) -> list[str]:
+def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...]) -> list[str]:
     """`key (old -> new)` for every config key that differs, but those under `ignore`."""
     old, new = flatten(saved), flatten(now)
     skip = lambda k: any(k == i or k.startswith(i + ".") for i in ignore)  # noqa: E731
@@ -100,9 +102,10 @@ def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...] = OPERATIONAL) 
             if not skip(k) and old.get(k) != new.get(k)]
 
 
-def check_finished_unchanged(run: Run, saved_config: dict, config: dict) -> None:
-    """A finished run's result is final: relaunching it with a different config is an error naming the keys."""
-    changed = changed_keys(saved_config, config)
+def check_finished_unchanged(run: Run, saved_config: dict, cfg: "TrainConfig") -> None:
+    """A finished run's result is final: relaunching it with a different config (operational keys aside) is an
+    error naming the keys."""
+    changed = changed_keys(saved_config, cfg.resolved, keys_with(cfg, "operational"))
     if changed:
         raise UserError(f"run_dir={run.dir} holds a finished run (summary.json) whose config differs: "
                          f"{'; '.join(changed)}; its result is not rewritten: use another run_dir, or "
@@ -126,16 +129,14 @@ def note_changes(saved: dict, config: dict, say: Callable[[str], None]) -> None:
             say(f"note: {group}.{key} changed since the checkpoint ({old} -> {new}); the run continues with {new}")
 
 
-# Keys a cooldown may set otherwise than its parent: they change neither what was computed before the branch point
-# (its budget, the branch keys, validation, the ZeRO layout of the same global batch) nor how it is run (OPERATIONAL).
-BRANCH_FREE = (*OPERATIONAL, "trainer.tokens", "trainer.branch_from", "trainer.val_every",
-               "trainer.val_batches", "trainer.zero_stage", "trainer.offload_optimizer", "trainer.offload_params",
-               "trainer.micro_batch_size", "trainer.max_nonfinite_in_a_row")
-
-
-def check_prefix(parent: dict, config: dict, src: str) -> None:
-    """The first config key (sorted) that differs from the parent's, BRANCH_FREE keys aside: a one-line error."""
-    changed = changed_keys(parent, config, ignore=BRANCH_FREE)
+def check_prefix(parent: dict, cfg: "TrainConfig", src: str) -> None:
+    """The first config key (sorted) that differs from the parent's, the keys a branch may set otherwise (roles
+    operational and branch: they change neither what was computed before the branch point nor how) aside: a one-line
+    error."""
+    free = keys_with(cfg, "operational", "branch")
+    if cfg.model.init_from is None:  # the vocabulary is the tokenizer's (plan_resume), compared as data.tokenizer
+        free += ("model.vocab_size",)
+    changed = changed_keys(parent, cfg.resolved, free)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise UserError(f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
@@ -168,7 +169,7 @@ def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
                          f"from that run")
     if cfg.optim.schedule != "wsd":
         raise UserError(f"trainer.branch_from={src}: needs optim.schedule=wsd (got {cfg.optim.schedule})")
-    check_prefix(pconf, cfg.resolved, src)
+    check_prefix(pconf, cfg, src)
     batch = parse_count(cfg.trainer.global_batch_tokens, "trainer.global_batch_tokens")
     parent_steps = -(-parse_count(pconf["trainer"]["tokens"], "trainer.tokens") // batch)
     if steps > parent_steps:
@@ -186,82 +187,83 @@ def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
     return parent.checkpoint(step), record
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResumePlan:
     """Where this launch starts, decided on every rank alike before the engine is built."""
 
+    config: "TrainConfig"  # what is trained: the launch's config with what resume decided (vocabulary, init_from)
     checkpoint: Optional[Checkpoint]  # the checkpoint to load; None: a fresh start at step 0
     universal: bool  # load it through DeepSpeed's universal format (the world size or ZeRO stage changed)
-    model: ModelConfig  # what is trained (model.init_from: the pretrained architecture and name, our runtime keys)
     weights: Optional[dict]  # model.init_from on a new run: its weights
     tokenizer: Any  # diffllm.data.Tokenizer
+    branches: BranchPlan  # the run's WSD branching: checkpoints kept for branches; a branch's start from its parent
     saved: Optional[dict] = None  # the checkpoint's resumable state (Resumable.saved), read before any engine exists
     finished: bool = False  # run_dir holds a finished run at this budget: nothing is built, loaded or written
-    branch: Optional[dict] = None  # a WSD branch starting from its parent's checkpoint: its branch.json record
 
 
-def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, steps: int,
+def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, budget: Budget,
                 say: Callable[[str], None]) -> ResumePlan:
-    """The launch's plan for a budget of `steps`. A fresh start's old files are moved aside by rank 0 (after every
-    rank found no checkpoint); a resume writes nothing here: whether the run is finished (then its config must be
-    unchanged) is decided from its summary.json and checkpoint, before any universal conversion or write. `cfg.model`,
-    `cfg.data` and `cfg.resolved` are updated to what is trained (init_from's architecture, name and tokenizer, the
-    tokenizer's vocabulary)."""
+    """The launch's plan for `budget`. A fresh start's old files are moved aside by rank 0 (after every rank found
+    no checkpoint); a resume writes nothing here: whether the run is finished (then its config must be unchanged) is
+    decided from its summary.json and checkpoint, before any universal conversion or write. The plan's `config` is
+    `cfg` as trained (init_from's architecture, name and tokenizer, the tokenizer's vocabulary): a new TrainConfig,
+    whose `resolved` is what config.yaml and the checkpoints record."""
     from .state import Resumable
 
-    mode = cfg.trainer.resume
-    ckpt, branch = resume_point(run, mode), None
+    mode, steps = cfg.trainer.resume, budget.steps
+    points = branch_points(cfg.trainer.branch_budgets, cfg.optim, budget)  # {step: budget}: kept for branches
+    ckpt, source = resume_point(run, mode), None
     if cfg.trainer.branch_from:  # a relaunched branch resumes its own checkpoint, a new one its parent's
-        ckpt, branch = branch_source(cfg, run, ckpt, steps)
-    if ckpt is None or branch is not None:
+        ckpt, source = branch_source(cfg, run, ckpt, steps)
+    if ckpt is None or source is not None:
         if rank == 0:
-            run.move_aside("trainer.resume=none" if mode == "none" else "a new branch" if branch else
+            run.move_aside("trainer.resume=none" if mode == "none" else "a new branch" if source else
                            "no checkpoint to resume from")
         barrier()
-    model, weights = init_from(cfg, run, ckpt, say)
+    cfg, weights = init_from(cfg, run, ckpt, say)
     tok = tokenizer(cfg, run, ckpt, rank)
-    if model.init_from is None:
-        model.vocab_size = tok.vocab_size
-    elif tok.vocab_size > model.padded_vocab_size:
-        raise UserError(f"model.init_from={model.init_from}: its embedding has {model.padded_vocab_size} rows, the "
-                         f"tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)")
+    if cfg.model.init_from is None:
+        cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size))
+    elif tok.vocab_size > cfg.model.padded_vocab_size:
+        raise UserError(f"model.init_from={cfg.model.init_from}: its embedding has {cfg.model.padded_vocab_size} "
+                        f"rows, the tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)")
+    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source))
     if ckpt is None:
-        return ResumePlan(None, False, model, weights, tok)
-    check_model(ckpt, model)
+        return plan
+    check_model(ckpt, cfg.model)
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
         raise UserError(f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
                          f"from them with model.init_from={ckpt.dir.parent} and another run_dir")
     if run.is_finished() and ckpt.step >= steps:
-        check_finished_unchanged(run, saved["config"], cfg.resolved)
-        return ResumePlan(ckpt, False, model, weights, tok, saved, finished=True)
-    return ResumePlan(ckpt, needs_universal(ckpt, world_size, cfg.trainer.zero_stage), model, weights, tok, saved,
-                      branch=branch)
+        check_finished_unchanged(run, saved["config"], cfg)
+        return replace(plan, saved=saved, finished=True)
+    return replace(plan, universal=needs_universal(ckpt, world_size, cfg.trainer.zero_stage), saved=saved)
 
 
-def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], say: Callable[[str], None]):
-    """model.init_from -> (ModelConfig, weights or None): the architecture (all but the runtime keys) is the
-    pretrained model's; a new run also takes its weights and, unless data.tokenizer.path is set, its tokenizer
-    (choose_tokenizer). A relaunch resumes its own checkpoints as any run does."""
+def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint],
+              say: Callable[[str], None]) -> tuple["TrainConfig", Optional[dict]]:
+    """model.init_from -> (the config with the pretrained architecture, its weights or None): the architecture (all
+    but the kept keys) and name are the pretrained model's; a new run also takes its weights and, unless
+    data.tokenizer.path is set, its tokenizer (choose_tokenizer). A relaunch resumes its own checkpoints as any run
+    does."""
     src = cfg.model.init_from
     if not src:
-        return cfg.model, None
+        return cfg, None
     from ..export import load_pretrained
 
-    runtime = {k: getattr(cfg.model, k) for k in KEPT_KEYS}
+    kept = {k: getattr(cfg.model, k) for k in keys_with(cfg.model, "kept")}
     if ckpt is not None:
-        cfg.model = ModelConfig(**{**ckpt.meta["model"], **runtime})
-        cfg.resolved["model"] = asdict(cfg.model)
-        return cfg.model, None
+        return replace(cfg, model=ModelConfig(**{**ckpt.meta["model"], **kept})), None
     pretrained, weights = load_pretrained(src)
-    cfg.model = replace(pretrained, **runtime)  # its name too: summary.json and sweeps must not call it the preset
-    cfg.resolved["model"] = asdict(cfg.model)  # config.yaml and the checkpoints record what is trained
+    model = replace(pretrained, **kept)  # its name too: summary.json and sweeps must not call it the preset
     tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src)
-    if cfg.data.tokenizer.path is None and tok_file is not None:
-        cfg.data.tokenizer.path = cfg.resolved["data"]["tokenizer"]["path"] = str(tok_file)
+    data = cfg.data
+    if data.tokenizer.path is None and tok_file is not None:
+        data = replace(data, tokenizer=replace(data.tokenizer, path=str(tok_file)))
     say(f"model.init_from={src}: {pretrained.arch}, {pretrained.n_layers} layers, d_model {pretrained.d_model}, vocab "
-        f"{pretrained.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {cfg.data.tokenizer.path}")
-    return cfg.model, weights
+        f"{pretrained.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {data.tokenizer.path}")
+    return replace(cfg, model=model, data=data), weights
 
 
 def tokenizer(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], rank: int):
@@ -274,8 +276,8 @@ def tokenizer(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], rank: in
     kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path)
     if is_kept:
         saved = ((run.config() or {}).get("data") or {}).get("tokenizer")
-        now = (cfg.resolved.get("data") or {}).get("tokenizer") or {}
-        changed = changed_keys(saved, now, ignore=("path",)) if saved else []
+        now = asdict(tok_cfg)
+        changed = changed_keys(saved, now, ignore=keys_with(tok_cfg, "operational")) if saved else []
         if changed:
             raise UserError(f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
                              f"a resumed run keeps its own {kept}: use another run_dir for a new tokenizer")

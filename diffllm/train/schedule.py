@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from ..budget import decay_start
 from .config import OptimConfig
 
 
@@ -33,15 +34,6 @@ def lr_at(step: int, total_steps: int, opt: OptimConfig) -> float:
         p = _progress(step - warmup, total_steps - warmup)
         return opt.min_lr + (opt.lr - opt.min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
     return _linear(opt.lr, opt.min_lr, step - warmup, total_steps - warmup)
-
-
-def decay_start(total_steps: int, opt: OptimConfig) -> int:
-    """WSD: the first decay step of a run of `total_steps` (total_steps when nothing decays): the last
-    decay = max(1, round(decay_fraction x total_steps)) steps decay (none when decay_fraction = 0), never a warmup step:
-    start = max(min(warmup_steps, total_steps), total_steps - decay). Every step before it has the same lr in every
-    WSD run whose start is not earlier, which is what a branch (diffllm/train/branch.py) is saved at."""
-    decay = max(1, round(opt.decay_fraction * total_steps)) if opt.decay_fraction > 0 else 0
-    return total_steps if decay == 0 else max(min(opt.warmup_steps, total_steps), total_steps - decay)
 
 
 def _progress(i: int, n: int) -> float:

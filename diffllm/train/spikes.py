@@ -15,7 +15,8 @@ TrainState, so a relaunch makes the same decisions as an uninterrupted run.
 
 When the grad norm is known: at ZeRO-0, before engine.step() (step.py's plain_grad_norm); at ZeRO-1/2/3 only inside
 DeepSpeed's step, after it computed the (all-reduced) norm and before it calls the optimizer on the first parameter
-group. The decision is therefore made through SkipStepAdamW's `gate`, called there, on every stage alike.
+group. The decision is therefore made inside the optimizer step, through the UpdateGate (optim.py) that SkipStepAdamW
+was built with, on every stage alike.
 """
 from __future__ import annotations
 
@@ -45,12 +46,6 @@ def mean_std(values: list) -> Optional[tuple[float, float]]:
         return None
     mean = math.fsum(values) / n
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-
-
-def zscore(x: float, values: list) -> Optional[float]:
-    """(x - mean) / std of `values`; None with fewer than 2 values or no spread."""
-    ms = mean_std(values)
-    return None if ms is None or ms[1] == 0 else (x - ms[0]) / ms[1]
 
 
 @dataclass(frozen=True)
@@ -99,7 +94,7 @@ class SpikeGuard:
     """The trainer's spike handling, step by step (step.py calls it; the loop asks `stopping`):
 
         guard.begin(history, loss, grad_norm_now)   # after the loss is agreed, before engine.step()
-        optimizer.gate = guard.gate                 # action=skip|stop: called inside the optimizer step
+        update_gate.arm(nonfinite, guard.drops)     # action=skip|stop: asked inside the optimizer step
         engine.step()
         fields = guard.end(grad_norm)               # the record's spike fields; the windows move
 
@@ -116,7 +111,7 @@ class SpikeGuard:
     def begin(self, h: SpikeHistory, loss: float, grad_norm_now: Callable[[], Optional[float]]) -> None:
         self.h, self.loss, self.norm_now, self.verdict, self.dropped = h, loss, grad_norm_now, None, False
 
-    def gate(self) -> bool:
+    def drops(self) -> bool:
         """Whether this step's update is dropped (judged once per step; DeepSpeed calls the optimizer once per
         parameter group)."""
         if self.verdict is None:

@@ -89,10 +89,10 @@ def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
     assert res.code == 0 and "preset               diff-tiny (diff: Diff Transformer)" in res.out
     assert "preset               transformer-tiny (transformer: Transformer)" in res.out
     cfg = compose("train", ["+trainer.deepspeed.steps_per_print=7", "logging.tags=[a,b]",
-                            "~trainer.inject_nan_at_steps",
+                            "~trainer.faults.nan_at_steps",
                             "+model.lambda_init=0.5"])  # `+` on a field that now always exists still works
     assert cfg.trainer.deepspeed.steps_per_print == 7 and list(cfg.logging.tags) == ["a", "b"]
-    assert "inject_nan_at_steps" not in cfg.trainer
+    assert "nan_at_steps" not in cfg.trainer.faults
     assert cfg.model.lambda_init == 0.5
     res = diffllm("info", "+model.lambda_init=0.5", "model.n_layers=2")
     assert res.code == 0 and "diff-tiny" in res.out

@@ -19,7 +19,7 @@ from tests.train.helpers import ENV, comparable, tiny
 pytestmark = pytest.mark.slow
 
 STEPS = 400  # of 1024 tokens: 10-80 s on 2 cores, idle or loaded
-SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.inject_step_delay_s): >= 80 s in all, so they are
+SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.faults.step_delay_s): >= 80 s in all, so they are
 # still training when SLURM's signal (<= 30 s after the limit is cut) or scancel comes, however idle the machine
 
 
@@ -27,7 +27,7 @@ def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool
     """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file). `slow`: rank 0 sleeps
     SLOW_STEP_S per step (the losses stay those of the plain run)."""
     train = tiny(run_dir, 1, f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=40", "trainer.log_every=1",
-                 *([f"trainer.inject_step_delay_s={SLOW_STEP_S}"] if slow else []))
+                 *([f"trainer.faults.step_delay_s={SLOW_STEP_S}"] if slow else []))
     venv = Path(sys.executable).parent  # as a user's `--setup "source .venv/bin/activate"`: torchrun on the PATH
     job = slurm.launch(tmp, "--procs", "2", "--gpus-per-node", "0", "--job-name", name, "--log-dir", str(tmp / "logs"),
                        "--shutdown-timeout-s", "20", "--setup", f"export PATH={venv}:$PATH", *options, *train,

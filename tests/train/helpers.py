@@ -28,3 +28,16 @@ def comparable(records: list[dict]) -> list[tuple]:
     """What must match bit for bit between runs: everything but timings."""
     keys = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "skipped")
     return [tuple(r.get(k) for k in keys) for r in records]
+
+
+def make_view(run_dir: Path, steps: int, rank: int = 0, model=None, **asks):
+    """A hook's View of a one-rank run of `steps` steps of 1024 tokens in `run_dir`, at step 0 (a fresh TrainState);
+    `asks`: the View's callables (log, request_save, say, elapsed, failing) where a test wants its own."""
+    from diffllm.budget import Budget
+    from diffllm.runs import Run
+    from diffllm.train.hooks import View
+    from diffllm.train.state import TrainState
+
+    budget = Budget(steps * 1024, 1024, 4, 64, 1, 4, steps)
+    defaults = dict(log=lambda record: None, request_save=lambda agree=False: None, say=lambda msg, error=False: None)
+    return View(TrainState(wandb_id="x"), budget, rank, 1, Run(run_dir), model=lambda: model, **{**defaults, **asks})

@@ -90,7 +90,7 @@ def test_a_branch_on_two_ranks_killed_in_its_cooldown_resumes_its_own_checkpoint
     rank 0 never returns), where it is killed -9; the relaunch resumes the branch's own step 6, not the parent's."""
     parent, scratch = wsd(2)
     run_dir = tmp_path / "branch"
-    first = launch_train(branch_args(parent, run_dir, "trainer.save_every_steps=2", "trainer.inject_stall_at_steps=[7]"),
+    first = launch_train(branch_args(parent, run_dir, "trainer.save_every_steps=2", "trainer.faults.stall_at_steps=[7]"),
                          2, tmp_path / "logs1")
     latest = run_dir / "checkpoints" / "latest"
     first.wait_until(lambda: latest.is_file() and latest.read_text() == "step6")
@@ -112,7 +112,7 @@ def branch_config(parent: Path, run_dir: Path, *extra: str):
 
 def refusal(parent: Path, run_dir: Path, *extra: str) -> str:
     """branch_source's one-line error for a new branch in run_dir (it reads only: nothing is written)."""
-    from diffllm.train.config import plan_budget
+    from diffllm.budget import plan_budget
     from diffllm.train.resume import branch_source
 
     cfg = branch_config(parent, run_dir, *extra)
@@ -143,7 +143,7 @@ def refusal(parent: Path, run_dir: Path, *extra: str) -> str:
 def test_a_branch_that_would_differ_from_its_parent_is_refused_naming_the_first_key(wsd, tmp_path, extra, said):
     parent, _ = wsd(1)
     line = refusal(parent, tmp_path / "branch", *extra)
-    assert line.startswith(f"trainer.") and said in line, line
+    assert line.startswith("trainer.") and said in line, line
     assert not (tmp_path / "branch").exists()
 
 
@@ -172,28 +172,29 @@ def test_parents_that_cannot_be_branched_are_refused(wsd, tmp_path):
     ("[0.5x]", "trainer.branch_budgets[0]: expected a count like 20M"),
 ])
 def test_branch_budgets_are_checked_before_a_run_starts(budgets, said):
+    from diffllm.budget import branch_points, plan_budget
     from diffllm.config import compose
-    from diffllm.train.branch import branch_points
-    from diffllm.train.config import TrainConfig, plan_budget
+    from diffllm.train.config import TrainConfig
 
     linear = ["optim.schedule=linear"] if "decay" in said else []
     with pytest.raises(ValueError) as e:
         cfg = TrainConfig.from_hydra(compose("train", [*WSD, f"trainer.tokens={PARENT}", *linear,
                                                        f"trainer.branch_budgets={budgets}"]))
-        branch_points(cfg, plan_budget(cfg.trainer, 64, 1))
+        branch_points(cfg.trainer.branch_budgets, cfg.optim, plan_budget(cfg.trainer, 64, 1))
     assert said in str(e.value), str(e.value)
 
 
 def test_the_branch_points_are_the_decay_starts_of_the_budgets():
+    from diffllm.budget import branch_points, plan_budget
     from diffllm.config import compose
-    from diffllm.train.branch import branch_points
-    from diffllm.train.config import TrainConfig, plan_budget
+    from diffllm.train.config import TrainConfig
 
     cfg = TrainConfig.from_hydra(compose("train", [*WSD, "trainer.tokens=100K", "trainer.global_batch_tokens=1000",
                                                    "trainer.micro_batch_size=1", "data.seq_len=100",
                                                    "trainer.branch_budgets=[10K, 0.05M, 100000]"]))
     # decay over the last half (warmup 2): 10 steps -> from 5, 50 -> 25, 100 -> 50
-    assert branch_points(cfg, plan_budget(cfg.trainer, 100, 1)) == {5: 10_000, 25: 50_000, 50: 100_000}
+    assert branch_points(cfg.trainer.branch_budgets, cfg.optim, plan_budget(cfg.trainer, 100, 1)) == {
+        5: 10_000, 25: 50_000, 50: 100_000}
 
 
 @pytest.mark.slow

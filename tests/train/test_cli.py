@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.distributed import base_env
 from tests.train.helpers import TINY
@@ -40,6 +41,10 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary) and summary["world_size"] == 1 and summary["tokens"] == 4096
     assert summary["model"] == "diff-tiny" and summary["arch"] == "diff" and summary["status"] == "finished"
+    # config.yaml is the config that was trained: the model's vocabulary is the tokenizer's (the preset says 8192)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    meta = json.loads((run / "checkpoints" / "step4" / "meta.json").read_text())
+    assert config["model"]["vocab_size"] == meta["model"]["vocab_size"] == 1024
 
     # What a save killed half-way leaves behind: shards under the temporary tag, never published as `latest`.
     partial = run / "checkpoints" / "tmp-step8"
@@ -66,7 +71,7 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize("override, culprit", [
-    ("trainer.tokens=1000", "trainer.tokens=1000 is not a whole number of steps"),
+    ("trainer.tokens=1000", "trainer.tokens=1000: not a whole number of steps"),
     ("trainer.global_batch_tokens=1000", "trainer.global_batch_tokens=1000 is not a multiple"),
     ("trainer.resume=/nonexistent/ckpt", "trainer.resume=/nonexistent/ckpt: no such checkpoint"),
 ])

@@ -36,7 +36,7 @@ def test_budget_errors_name_the_keys_and_the_fix():
     assert msg.startswith("trainer.global_batch_tokens=3000") and "trainer.micro_batch_size" in msg
     assert "data.seq_len" in msg and "use 2560 or 3072" in msg
     t = TrainerConfig(tokens=10**6, global_batch_tokens=1024, micro_batch_size=4)
-    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000 is not a whole number.*1000448.*round_tokens"):
+    with pytest.raises(ValueError, match=r"^trainer\.tokens=1000000: not a whole number.*1000448.*round_tokens"):
         plan_budget(t, 64, 2)
 
 
@@ -115,3 +115,43 @@ def test_round_tokens_rounds_up_to_whole_steps_with_a_note():
                       "(trainer.round_tokens=true)")
     assert plan_budget(TrainerConfig(tokens=2048, global_batch_tokens=1024, micro_batch_size=4, round_tokens=True),
                        64, 2).note is None
+
+
+def test_the_roles_of_keys_on_resume_are_field_metadata():
+    """What the four hand-kept lists said (operational keys, those a branch may change, the model keys that are not
+    its architecture) is read from the dataclasses' field metadata."""
+    from diffllm.config import compose
+    from diffllm.model import ModelConfig
+    from diffllm.train.config import TrainConfig
+    from diffllm.train.resume import keys_with
+
+    cfg = TrainConfig.from_hydra(compose("train", []))
+    operational = {"run_dir", "trainer.resume", "trainer.log_every", "trainer.save_every_steps",
+                   "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes",
+                   "trainer.round_tokens", "trainer.eval", "trainer.stall_timeout_s", "trainer.faults.stall_at_steps",
+                   "trainer.faults.step_delay_s", "trainer.branch_budgets", "trainer.val_batch_size", "trainer.compile",
+                   "trainer.activation_checkpointing", "model.attn_backend", "data.num_workers",
+                   "data.worker_timeout_s", "data.tokenizer.path", "logging"}
+    assert set(keys_with(cfg, "operational")) == operational
+    assert set(keys_with(cfg, "operational", "branch")) - operational == {
+        "trainer.tokens", "trainer.branch_from", "trainer.val_every", "trainer.val_batches", "trainer.zero_stage",
+        "trainer.offload_optimizer", "trainer.offload_params", "trainer.micro_batch_size",
+        "trainer.max_nonfinite_in_a_row"}
+    assert set(keys_with(ModelConfig(), "kept")) == {"attn_backend", "max_seq_len", "init_from"}
+    assert set(keys_with(ModelConfig(), "kept", "label")) == {"name", "attn_backend", "max_seq_len", "init_from"}
+
+
+def test_the_resolved_config_is_derived_from_the_typed_one():
+    """TrainConfig is frozen; a changed group is a new TrainConfig whose `resolved` (what config.yaml and the
+    checkpoints record) says so."""
+    import dataclasses
+
+    from diffllm.config import compose
+    from diffllm.train.config import TrainConfig
+
+    cfg = TrainConfig.from_hydra(compose("train", ["data.tokenizer.vocab_size=1024"]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model = cfg.model
+    trained = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=1024))
+    assert trained.resolved["model"]["vocab_size"] == 1024 and cfg.resolved["model"]["vocab_size"] == 8192
+    assert trained.resolved["data"]["tokenizer"]["vocab_size"] == 1024 and trained.resolved["seed"] == cfg.seed

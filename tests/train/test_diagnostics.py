@@ -13,12 +13,9 @@ from types import SimpleNamespace
 from diffllm.model import DecoderLM, ModelConfig
 from diffllm.model.layers import rotary_cos_sin
 from diffllm.runs import Run, read_metrics
-from diffllm.train.config import LoggingConfig, TrainerConfig
-from diffllm.train.diagnostics import Diagnostics
-from diffllm.train.hooks import MetricsLogger
-from diffllm.train.state import TrainState
+from diffllm.train.diagnostics import Diagnostics, DiagnosticsHook
 from tests.distributed import run_train
-from tests.train.helpers import tiny
+from tests.train.helpers import make_view, tiny
 
 
 def tiny_model(arch: str) -> DecoderLM:
@@ -76,30 +73,24 @@ def test_forward_values_are_the_mean_over_micro_batches_of_the_float64_reference
     assert not any(k.startswith("attn_rms/") for k in diag.collect(step=2))
 
 
-def test_metrics_logger_hooks_only_the_logged_steps(tmp_path):
+def test_the_diagnostics_hook_arms_only_the_logged_steps(tmp_path):
     """log_every=2 over 3 steps: the records of steps 2 and 3 hold the RMS of their own forwards only (step 1's is not
-    mixed in), and a step that is not logged runs without hooks."""
+    mixed in), a step that is not logged runs without hooks and adds nothing, and the hooks come off at the end."""
     model = tiny_model("diff2").train()
-    state = TrainState(wandb_id="x")
-    trainer = SimpleNamespace(rank=0, ws=1, state=state, trainer=TrainerConfig(log_every=2), peak=None,
-                              budget=SimpleNamespace(steps=3, tokens=3072, global_batch_tokens=1024),
-                              stats=SimpleNamespace(flops_per_token=1.0), run_dir=tmp_path, config={},
-                              logging=LoggingConfig(wandb="disabled"), say=print, elapsed=lambda: 1.0,
-                              already_finished=False, engine=SimpleNamespace(module=model))
-    hook = MetricsLogger()
-    hook.on_start(trainer)
+    view = make_view(tmp_path, steps=3, model=SimpleNamespace(module=model))  # the accessor gives the engine
+    hook = DiagnosticsHook(log_every=2)
+    hook.on_start(view)
     batches = {s: torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3)}
+    records = {}
     for step, batch in batches.items():
         assert bool(model.layers[0].attn._forward_hooks) == (step != 1)
         model(batch).sum().backward()
-        state.step = step
-        hook.on_step_end(trainer, {"step": step, "tokens": 1024 * step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0,
-                                   "skipped": False, "step_time_s": 0.1})
-    records = read_metrics(tmp_path)
-    assert [r["step"] for r in records] == [2, 3]
-    for r in records:
-        for k, v in reference(model, batches[r["step"]]).items():  # the weights did not change between the steps
-            assert r[k] == pytest.approx(v, rel=1e-5), (r["step"], k)
+        view.state.step = step
+        records[step] = hook.on_step_end(view, {"step": step, "skipped": False})
+    assert records[1] is None
+    for step in (2, 3):
+        for k, v in reference(model, batches[step]).items():  # the weights did not change between the steps
+            assert records[step][k] == pytest.approx(v, rel=1e-5), (step, k)
     assert not model.layers[0].attn._forward_hooks
 
 

@@ -1,5 +1,5 @@
 """Validation and the watchdog in real runs. The step watchdog inside a 2-rank run: rank 0 hangs reading data
-(trainer.inject_stall_at_steps), rank 1 waits for it in the step's collectives; both end within trainer.stall_timeout_s, each with one line (the stalled
+(trainer.faults.stall_at_steps), rank 1 waits for it in the step's collectives; both end within trainer.stall_timeout_s, each with one line (the stalled
 phase, or the broken collective), so a launcher restarts the job and no rank is left behind."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def processes_writing_to(folder) -> list[int]:
 
 def test_a_stalled_rank_ends_the_job_with_exit_code_5(tokenizer, tmp_path):
     t0 = time.monotonic()
-    run = launch_train(tiny(tmp_path / "run", 2, "trainer.inject_stall_at_steps=[3]", "trainer.stall_timeout_s=6"), 2,
+    run = launch_train(tiny(tmp_path / "run", 2, "trainer.faults.stall_at_steps=[3]", "trainer.stall_timeout_s=6"), 2,
                        tmp_path / "logs")
     codes = run.wait(240)
     deadline = time.monotonic() + 20  # nothing is left behind: no forkserver, no DataLoader worker

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from diffllm.model import DecoderLM, ModelConfig
-from diffllm.train.optim import SkipStepAdamW, param_groups
+from diffllm.train.optim import SkipStepAdamW, UpdateGate, param_groups
 from tests.distributed import run_distributed
 
 
@@ -32,24 +32,31 @@ def _skip_step_on_two_ranks() -> dict:
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(5, 3))
     ref = torch.nn.Parameter(w.detach().clone())
-    opt = SkipStepAdamW([w], lr=0.1, weight_decay=0.1)
+    gate = UpdateGate()
+    opt = SkipStepAdamW([w], gate, lr=0.1, weight_decay=0.1)
     ref_opt = torch.optim.AdamW([ref], lr=0.1, weight_decay=0.1)
     before = w.detach().clone()
     w.grad = torch.full_like(w, float("nan") if dist.get_rank() == 0 else 1.0)
+    gate.arm(nonfinite_loss=False)
     opt.step()
-    skipped = opt.skipped and torch.equal(w.detach(), before) and not opt.state
+    skipped = gate.disarm() and torch.equal(w.detach(), before) and not opt.state
     g = torch.randn(5, 3)
     w.grad, ref.grad = g.clone(), g.clone()
     opt.step()
     ref_opt.step()
-    opt.force_skip = True  # what the trainer sets for a non-finite loss
+    asked = []
+    gate.arm(nonfinite_loss=False, judge=lambda: asked.append(1) or dist.get_rank() == 1)  # a spike, seen by rank 1
     w.grad = g.clone()
     after = w.detach().clone()
     opt.step()
-    return {"skipped": skipped, "matches_adamw": torch.equal(after, ref.detach()),
-            "forced": opt.skipped and torch.equal(w.detach(), after), "adam_steps": int(opt.state[w]["step"])}
+    judged = gate.disarm() and torch.equal(w.detach(), after) and asked == [1]
+    gate.arm(nonfinite_loss=True, judge=lambda: asked.append(2) or False)  # a non-finite loss: the judge is not asked
+    opt.step()
+    return {"skipped": skipped, "matches_adamw": torch.equal(after, ref.detach()), "judged": judged,
+            "forced": gate.disarm() and torch.equal(w.detach(), after) and asked == [1],
+            "adam_steps": int(opt.state[w]["step"])}
 
 
 def test_skip_step_adamw_agrees_across_ranks():
     for r in run_distributed(_skip_step_on_two_ranks, world_size=2):
-        assert r == {"skipped": True, "matches_adamw": True, "forced": True, "adam_steps": 1}
+        assert r == {"skipped": True, "matches_adamw": True, "judged": True, "forced": True, "adam_steps": 1}

@@ -117,13 +117,14 @@ def _bf16_engine_without_zero() -> tuple[int, bool]:
     from diffllm.train.config import OptimConfig, TrainerConfig, plan_budget
     from diffllm.train.dist import skip_shm_op
     from diffllm.train.engine import build_engine, deepspeed_config
+    from diffllm.train.optim import UpdateGate
 
     skip_shm_op()  # as the trainer does: no 60-80 s JIT compile of DeepSpeed's shared-memory op
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)  # over the harness's group
     trainer, opt = TrainerConfig(zero_stage=0, micro_batch_size=2, global_batch_tokens=64, tokens=64), OptimConfig()
     ds = deepspeed_config(trainer, opt, plan_budget(trainer, 32, 1), "bf16")
     engine, optimizer = build_engine(ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2), trainer, opt,
-                                     ds, seed=0)
+                                     ds, seed=0, gate=UpdateGate())
     masters = [p for group in engine.optimizer.fp32_groups for p in group]
     models = [p for group in engine.optimizer.fp16_groups for p in group]
     return len(optimizer.state), all(torch.equal(m, p.float()) for m, p in zip(masters, models))

@@ -1,5 +1,5 @@
 """Loss and grad-norm spikes (diffllm/train/spikes.py): the z-score test against a hand computation, and real 2-rank
-runs with a spike injected on every rank (trainer.inject_loss_scale_at_steps): detected at the injected steps with
+runs with a spike injected on every rank (trainer.faults.loss_scale_at_steps): detected at the injected steps with
 the z-scores recomputed from metrics.jsonl; action=skip leaves the weights bit-identical to the step before; the cap
 on consecutive skips and action=stop save and exit 7; a kill -9 and relaunch re-makes the same decisions."""
 from __future__ import annotations
@@ -14,21 +14,20 @@ import torch
 from diffllm.config import build
 from diffllm.runs import Run, find_checkpoint, read_metrics
 from diffllm.train.config import SpikesConfig
-from diffllm.train.spikes import SpikeGuard, SpikeHistory, judge, remember, zscore
+from diffllm.train.spikes import SpikeGuard, SpikeHistory, judge, mean_std, remember
 from tests.distributed import launch_train, run_train
 from tests.train.helpers import STEPS, comparable, tiny
 
 SPIKES = [7, 10, 14]  # injected: every rank's loss x 1000 at these steps
-ARGS = ["trainer.spikes.warmup=4", "trainer.spikes.window=8", "trainer.inject_loss_scale=1000",
-        f"trainer.inject_loss_scale_at_steps={SPIKES}"]
+ARGS = ["trainer.spikes.warmup=4", "trainer.spikes.window=8", "trainer.faults.loss_scale=1000",
+        f"trainer.faults.loss_scale_at_steps={SPIKES}"]
 
 
 # ----- the test itself, by hand ---------------------------------------------------------------------------------------
-def test_zscore_is_the_hand_computation():
+def test_mean_std_is_the_hand_computation():
     """[1, 2, 3, 4]: mean 2.5, sample variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3."""
-    assert zscore(10.0, [1.0, 2.0, 3.0, 4.0]) == pytest.approx(7.5 / math.sqrt(5 / 3), rel=1e-15)
-    assert zscore(1.0, [1.0, 2.0, 3.0, 4.0]) == pytest.approx(-1.5 / math.sqrt(5 / 3), rel=1e-15)
-    assert zscore(5.0, [3.0]) is None and zscore(5.0, [3.0, 3.0, 3.0]) is None  # no spread: no test
+    assert mean_std([1.0, 2.0, 3.0, 4.0]) == (2.5, pytest.approx(math.sqrt(5 / 3), rel=1e-15))
+    assert mean_std([3.0]) is None and mean_std([3.0, 3.0, 3.0]) == (3.0, 0.0)  # no spread: judge tests nothing
 
 
 def test_judge_arms_after_warmup_is_one_sided_and_slides_its_window():
@@ -75,12 +74,12 @@ def test_guard_drops_and_counts_in_a_row_and_says_when_to_stop():
     calls = []
     for loss in (9.0, 100.0):
         guard.begin(h, loss, lambda: calls.append(1) or 1.0)
-        assert guard.gate() and guard.gate() and len(calls) in (1, 2)
+        assert guard.drops() and guard.drops() and len(calls) in (1, 2)
         fields = guard.end(1.0)
         assert fields["spike"] == "loss"
     assert h.skips_in_a_row == 2 and h.skipped == 2 and "2 spikes skipped in a row" in guard.stopping()
     guard.begin(h, 1.0, lambda: 1.0)
-    assert not guard.gate() and guard.end(1.0) == {} and h.skips_in_a_row == 0 and guard.stopping() is None
+    assert not guard.drops() and guard.end(1.0) == {} and h.skips_in_a_row == 0 and guard.stopping() is None
 
 
 @pytest.mark.parametrize("override, message", [
@@ -195,7 +194,7 @@ def test_log_mode_detects_at_zero3_and_changes_nothing(skip_run, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("stage, extra, stop_at", [
     (2, ["trainer.spikes.action=skip", "trainer.spikes.max_consecutive_skips=2",
-         "trainer.inject_loss_scale_at_steps=[7,8]"], 8),  # the cap: two skipped spikes in a row
+         "trainer.faults.loss_scale_at_steps=[7,8]"], 8),  # the cap: two skipped spikes in a row
     (0, ["trainer.spikes.action=stop"], 7),  # stop at the first spike (ZeRO-0: the norm is ours, before the step)
 ])
 def test_the_cap_and_stop_save_and_exit_7(tokenizer, tmp_path, stage, extra, stop_at):

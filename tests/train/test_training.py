@@ -130,10 +130,10 @@ def test_zero_to_fp32_round_trip_reproduces_the_trained_model(reference, tokeniz
 
 
 def test_nonfinite_steps_are_skipped_then_the_run_stops(reference, tmp_path):
-    """A NaN loss on rank 0 only (trainer.inject_nan_at_steps) makes both ranks skip that update: the weights after
+    """A NaN loss on rank 0 only (trainer.faults.nan_at_steps) makes both ranks skip that update: the weights after
     the step equal those before it, the run carries on; two NaN steps in a row stop it with exit code 4."""
     run_dir = tmp_path / "run"
-    args = tiny(run_dir, 2, "trainer.inject_nan_at_steps=[3,6,7]", "trainer.max_nonfinite_in_a_row=2",
+    args = tiny(run_dir, 2, "trainer.faults.nan_at_steps=[3,6,7]", "trainer.max_nonfinite_in_a_row=2",
                 "trainer.save_every_steps=1", "trainer.keep_last=20")
     run = run_train(args, 2, tmp_path / "logs", expect=4)
     assert "2 steps in a row had a non-finite loss or gradient (step 7)" in run.output(0)
