@@ -45,7 +45,7 @@ class KVCache:
 
     def __init__(self, max_len: int):
         if max_len < 1:
-            raise UserError(f"KV cache: max_len must be positive, got {max_len}")
+            raise ValueError(f"KV cache: max_len must be positive, got {max_len}")
         self.max_len, self.pos = max_len, 0
         self.layers: list[LayerCache] = []
         self.doc_ids: Optional[torch.Tensor] = None
@@ -55,11 +55,11 @@ class KVCache:
         None when no call passes doc_ids; a cache is filled either with doc ids at every call or without at all."""
         if doc_ids is None:
             if self.doc_ids is not None:
-                raise UserError("KV cache: the cached tokens have doc_ids; pass doc_ids for the new tokens too")
+                raise ValueError("KV cache: the cached tokens have doc_ids; pass doc_ids for the new tokens too")
             return None
         if self.doc_ids is None:
             if self.pos:
-                raise UserError(f"KV cache: doc_ids given now but not for the {self.pos} cached tokens; pass doc_ids "
+                raise ValueError(f"KV cache: doc_ids given now but not for the {self.pos} cached tokens; pass doc_ids "
                                  f"at every call or at none")
             self.doc_ids = doc_ids.new_zeros(doc_ids.shape[0], self.max_len, dtype=torch.long)
         self.doc_ids[:, self.pos: self.pos + doc_ids.shape[1]] = doc_ids

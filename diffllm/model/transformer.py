@@ -73,9 +73,9 @@ class DecoderLM(nn.Module):
         if start + T > self.cfg.max_seq_len:
             raise UserError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
         if doc_ids is not None and doc_ids.shape != tokens.shape:
-            raise UserError(f"doc_ids: want the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
+            raise ValueError(f"doc_ids: want the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
         if restart_positions and doc_ids is None:
-            raise UserError("restart_positions needs doc_ids (the document of each token)")
+            raise ValueError("restart_positions needs doc_ids (the document of each token)")
         docs = None
         if cache is not None:
             cache.check_room(T)

@@ -290,20 +290,20 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
     if triton is None:
         raise RuntimeError("attn_backend=triton needs the triton package (pip install triton); use sdpa here")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise UserError(f"fused_diff_attention: q, k, v must be 4-D, got {tuple(q.shape)}, {tuple(k.shape)}, "
+        raise ValueError(f"fused_diff_attention: q, k, v must be 4-D, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     B, h2, T, d = q.shape
     g2 = k.shape[1]
     if h2 % 2 or g2 % 2 or h2 % g2 or k.shape != (B, g2, T, d) or v.shape != (B, g2 // 2, T, 2 * d):
-        raise UserError(f"fused_diff_attention: want q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) with g | h; "
+        raise ValueError(f"fused_diff_attention: want q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) with g | h; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if lam.numel() != 1:
-        raise UserError(f"fused_diff_attention: lam must be a scalar, got shape {tuple(lam.shape)}")
+        raise ValueError(f"fused_diff_attention: lam must be a scalar, got shape {tuple(lam.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise UserError(f"fused_diff_attention: q, k, v need one dtype of fp32/bf16/fp16, got {q.dtype}, {k.dtype}, "
+        raise ValueError(f"fused_diff_attention: q, k, v need one dtype of fp32/bf16/fp16, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
     if docs is not None and (docs.ids.shape != (B, T) or docs.n_queries != T):
-        raise UserError(f"fused_diff_attention: docs must describe the (B, T) = {(B, T)} positions, all of them "
+        raise ValueError(f"fused_diff_attention: docs must describe the (B, T) = {(B, T)} positions, all of them "
                          f"queries; got ids {tuple(docs.ids.shape)} with {docs.n_queries} queries")
     if q.device.type != "cuda" and not INTERPRET:
         raise UserError(f"fused_diff_attention: tensors on {q.device}; the Triton kernels run on CUDA "
