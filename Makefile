@@ -11,7 +11,7 @@ export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo c
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-slow test-all test-fast train bench clean test-packages
+.PHONY: install lint test test-slow test-all test-fast train bench clean test-packages
 
 install: $(STAMP)
 
@@ -43,7 +43,13 @@ test-packages:
 # `make test`: every test not marked slow (target: 15 min on 2 cores). `make test-slow`: the slow-marked ones
 # (multi-process DeepSpeed runs, real SLURM and ssh launches, bf16 and compiled training: about 25 min more).
 # `make test-all` runs both, as CI does (.ci/run).
-test: install test-packages
+# `make lint`: ruff's linter and formatter (configured in pyproject.toml) over the tree; `make test` runs it first, so
+# style never drifts. `ruff format diffllm tests scripts` and `ruff check --fix ...` repair most of what it reports.
+lint: install
+	$(BIN)/ruff check diffllm tests scripts
+	$(BIN)/ruff format --check diffllm tests scripts
+
+test: install test-packages lint
 	$(BIN)/python -m pytest -q --durations=25 -m "not slow" tests
 
 test-slow: install test-packages

@@ -1,4 +1,5 @@
 """diffllm: pretrain Transformers and Differential Transformers with DeepSpeed ZeRO, and measure the difference."""
+
 import os
 
 # Before torch loads OpenMP, for every command (training, evaluation, export): on a CPU shared with other jobs,

@@ -5,6 +5,7 @@ At the bottom of the package (it imports only diffllm.counts and diffllm.errors)
 preflight, the sweep's cost table and the scaling baselines all count steps here. The configs it reads are duck-typed
 (`BudgetKeys`, `DecayKeys`): train/config.py's TrainerConfig and OptimConfig, or `budget_keys(config.yaml's trainer)`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,12 @@ class TrainerBudget:
 
 
 def budget_keys(trainer: Mapping) -> TrainerBudget:
-    return TrainerBudget(trainer["tokens"], trainer["global_batch_tokens"], trainer.get("micro_batch_size", 8),
-                         bool(trainer.get("round_tokens", False)))
+    return TrainerBudget(
+        trainer["tokens"],
+        trainer["global_batch_tokens"],
+        trainer.get("micro_batch_size", 8),
+        bool(trainer.get("round_tokens", False)),
+    )
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,10 @@ class Budget:
         """What rounding did to the budget, for the log (None when nothing was rounded)."""
         if self.requested_tokens is None or self.requested_tokens == self.tokens:
             return None
-        return (f"trainer.tokens={self.requested_tokens} rounded up to {self.tokens} = {self.steps} whole steps of "
-                f"{self.global_batch_tokens} tokens (trainer.round_tokens=true)")
+        return (
+            f"trainer.tokens={self.requested_tokens} rounded up to {self.tokens} = {self.steps} whole steps of "
+            f"{self.global_batch_tokens} tokens (trainer.round_tokens=true)"
+        )
 
     @property
     def sequences_per_step(self) -> int:
@@ -80,8 +87,9 @@ def whole_steps(tokens: Tokens, key: str, global_batch_tokens: int, hint: str = 
     n, b = parse_count(tokens, key), global_batch_tokens
     if n % b:
         use = f"{n // b * b} or {(n // b + 1) * b}" if n > b else f"{b}"  # one number, never twice
-        raise UserError(f"{key}={tokens}: not a whole number of steps of trainer.global_batch_tokens={b}; use {use}"
-                        f"{hint}")
+        raise UserError(
+            f"{key}={tokens}: not a whole number of steps of trainer.global_batch_tokens={b}; use {use}{hint}"
+        )
     return n // b
 
 
@@ -109,10 +117,19 @@ def plan_budget(trainer: BudgetKeys, seq_len: int, world_size: int) -> Budget:
     accum = batch // per_micro
     if tokens % batch and trainer.round_tokens:
         rounded = -(-tokens // batch) * batch
-        return Budget(rounded, batch, trainer.micro_batch_size, seq_len, world_size, accum, rounded // batch,
-                      requested_tokens=tokens)
-    steps = whole_steps(tokens, "trainer.tokens", batch,
-                        " (the run stops exactly at the budget), or trainer.round_tokens=true")
+        return Budget(
+            rounded,
+            batch,
+            trainer.micro_batch_size,
+            seq_len,
+            world_size,
+            accum,
+            rounded // batch,
+            requested_tokens=tokens,
+        )
+    steps = whole_steps(
+        tokens, "trainer.tokens", batch, " (the run stops exactly at the budget), or trainer.round_tokens=true"
+    )
     return Budget(tokens, batch, trainer.micro_batch_size, seq_len, world_size, accum, steps)
 
 
@@ -128,8 +145,10 @@ def decay_start(total_steps: int, opt: DecayKeys) -> int:
 def check_after_warmup(steps: int, opt: DecayKeys, key: str, tokens: Tokens) -> None:
     """A budget shorter than the warmup warms up to its own end: no prefix is shared with a longer run."""
     if steps <= opt.warmup_steps:
-        raise UserError(f"{key}={tokens}: {steps} steps, not more than optim.warmup_steps={opt.warmup_steps}; a "
-                        f"branch must decay after the warmup: use a larger budget")
+        raise UserError(
+            f"{key}={tokens}: {steps} steps, not more than optim.warmup_steps={opt.warmup_steps}; a "
+            f"branch must decay after the warmup: use a larger budget"
+        )
 
 
 def branch_start(tokens: Tokens, key: str, global_batch_tokens: int, opt: DecayKeys) -> tuple[int, int]:
@@ -144,16 +163,20 @@ def branch_points(budgets: list, opt: DecayKeys, budget: Budget) -> dict[int, in
     if not budgets:
         return {}
     if opt.schedule != "wsd" or opt.decay_fraction == 0:
-        raise UserError(f"trainer.branch_budgets: branches need a decay to branch into: optim.schedule=wsd with "
-                        f"optim.decay_fraction > 0 (got optim.schedule={opt.schedule}, "
-                        f"optim.decay_fraction={opt.decay_fraction})")
+        raise UserError(
+            f"trainer.branch_budgets: branches need a decay to branch into: optim.schedule=wsd with "
+            f"optim.decay_fraction > 0 (got optim.schedule={opt.schedule}, "
+            f"optim.decay_fraction={opt.decay_fraction})"
+        )
     points = {}
     for i, tokens in enumerate(budgets):
         key = f"trainer.branch_budgets[{i}]"
         steps = whole_steps(tokens, key, budget.global_batch_tokens)
         if steps > budget.steps:
-            raise UserError(f"{key}={tokens}: beyond this run's budget trainer.tokens={budget.tokens} ({steps} > "
-                            f"{budget.steps} steps); a branch budget is at most the run's own")
+            raise UserError(
+                f"{key}={tokens}: beyond this run's budget trainer.tokens={budget.tokens} ({steps} > "
+                f"{budget.steps} steps); a branch budget is at most the run's own"
+            )
         _, start = branch_start(tokens, key, budget.global_batch_tokens, opt)
         points[start] = steps * budget.global_batch_tokens
     return points

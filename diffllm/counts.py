@@ -1,9 +1,11 @@
 """The one parser of token and parameter counts in configs and on the command line: `5B`, `524288`, `1.5M`, `2e9`."""
+
 from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
 from .errors import UserError
 
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}  # decimal, as token budgets are
@@ -30,6 +32,9 @@ def parse_count(value: Any, key: str, minimum: int = 1) -> int:
             raise UserError(f"{key}: {value!r} is not a whole number ({exact.normalize():f})")
         n = int(exact)
     if n < minimum:
-        raise UserError(f"{key}: must be at least {minimum}, got {value!r}" if minimum != 1 else
-                         f"{key}: must be positive, got {value!r}")
+        raise UserError(
+            f"{key}: must be at least {minimum}, got {value!r}"
+            if minimum != 1
+            else f"{key}: must be positive, got {value!r}"
+        )
     return n

@@ -1,8 +1,10 @@
 """Accelerators diffllm knows: memory and dense bf16 peak, for the planner (`gpu=h100`) and for MFU (device names)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
 from .errors import UserError
 
 

@@ -6,6 +6,7 @@ A run's *axes* are the dotted config keys (config.yaml) whose values differ betw
 group, bookkeeping left out (run_dir, seeds, resume, paths). The reference baselines and the best-of-grid flag are
 filled in by their owners (diffllm/scaling/baselines.py `add_baselines`, diffllm/scaling/select.py `mark_selected`).
 This module imports nothing of train/, sweep/ or scaling/."""
+
 from __future__ import annotations
 
 import csv
@@ -18,8 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from .runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
 from .errors import UserError
+from .runs import METRICS_FILE, SUMMARY_FILE, Run, read_metrics
 
 
 @dataclass
@@ -54,13 +55,26 @@ class RunRecord:
     recall_step_90: Optional[int] = None  # ... and 0.9
     branch_parent: Optional[str] = None  # a WSD cooldown: its parent's run_dir (branch.json)
     branch_tokens: Optional[int] = None  # ... and the tokens it shares with the parent (trained once, by the parent)
-    branch_wall_s: Optional[float] = None  # ... and the parent's wall time up to the branch (in the cooldown's wall_time_s)
+    branch_wall_s: Optional[float] = (
+        None  # ... and the parent's wall time up to the branch (in the cooldown's wall_time_s)
+    )
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
 
 
 COLUMNS = [f.name for f in fields(RunRecord) if f.name != "axes"]
-BOOKKEEPING = {"run_dir", "seed", "data.seed", "trainer.resume", "model.name", "data.tokenizer.path",
-               "model.init_from", "data.prepared_dir", "logging.name", "logging.tags", "trainer.branch_budgets"}
+BOOKKEEPING = {
+    "run_dir",
+    "seed",
+    "data.seed",
+    "trainer.resume",
+    "model.name",
+    "data.tokenizer.path",
+    "model.init_from",
+    "data.prepared_dir",
+    "logging.name",
+    "logging.tags",
+    "trainer.branch_budgets",
+}
 PATHY = ("path", "dir", "run_dir", "prepared_dir")
 
 
@@ -152,10 +166,15 @@ def metrics_stats(run_dir: Path) -> dict:
         values = [v for r in records for k, v in r.items() if k.startswith(prefix) and v is not None]
         return max(values) if values else None
 
-    return {"lambda_min": lambdas[-1] if lambdas else None, "lambda_lowest": min(lambdas) if lambdas else None,
-            "act_max": largest("act_max/"), "attn_logit_max": largest("attn_logit_max/"),
-            "recall_acc": recall[-1][1] if recall else None, "recall_step_50": first_step(0.5),
-            "recall_step_90": first_step(0.9)}
+    return {
+        "lambda_min": lambdas[-1] if lambdas else None,
+        "lambda_lowest": min(lambdas) if lambdas else None,
+        "act_max": largest("act_max/"),
+        "attn_logit_max": largest("attn_logit_max/"),
+        "recall_acc": recall[-1][1] if recall else None,
+        "recall_step_50": first_step(0.5),
+        "recall_step_90": first_step(0.9),
+    }
 
 
 def read_run(run_dir: Path) -> RunRecord:
@@ -166,15 +185,26 @@ def read_run(run_dir: Path) -> RunRecord:
     branch = s.get("branch") or run.branch() or {}
     model = s.get("model") or _preset_in_path(run_dir)
     return RunRecord(
-        run_dir=str(run_dir), model=model, arch=s.get("arch") or _preset_arch(model),
-        seed=_seed(s, run, config), total_params=s.get("total_params"),
-        nonembedding_params=s.get("nonembedding_params"), block_params=block_params(config.get("model")),
-        tokens=s.get("tokens"), flops=s.get("flops"),
-        final_train_loss=s.get("final_train_loss"), final_val_loss=s.get("final_val_loss"),
-        wall_time_s=s.get("wall_time_s"), world_size=s.get("world_size"),
-        status=s.get("status", "unfinished") if s else "unfinished", **metrics_stats(run_dir),
-        spikes=s.get("spikes"), skipped_steps=s.get("skipped_steps"), max_grad_norm=s.get("max_grad_norm"),
-        branch_parent=branch.get("parent"), branch_tokens=branch.get("tokens"),
+        run_dir=str(run_dir),
+        model=model,
+        arch=s.get("arch") or _preset_arch(model),
+        seed=_seed(s, run, config),
+        total_params=s.get("total_params"),
+        nonembedding_params=s.get("nonembedding_params"),
+        block_params=block_params(config.get("model")),
+        tokens=s.get("tokens"),
+        flops=s.get("flops"),
+        final_train_loss=s.get("final_train_loss"),
+        final_val_loss=s.get("final_val_loss"),
+        wall_time_s=s.get("wall_time_s"),
+        world_size=s.get("world_size"),
+        status=s.get("status", "unfinished") if s else "unfinished",
+        **metrics_stats(run_dir),
+        spikes=s.get("spikes"),
+        skipped_steps=s.get("skipped_steps"),
+        max_grad_norm=s.get("max_grad_norm"),
+        branch_parent=branch.get("parent"),
+        branch_tokens=branch.get("tokens"),
         branch_wall_s=branch.get("parent_elapsed_s"),
     )
 
@@ -230,17 +260,22 @@ def trained_wall(records: list[RunRecord]) -> Optional[tuple[float, float]]:
     run with no cooldown here) measured: the same timings, priced as if no prefix were shared."""
     present = {str(Path(r.run_dir).resolve()) for r in records}
     cooldowns = [r for r in records if _shares_prefix(r, present)]
-    if not cooldowns or any(r.wall_time_s is None or not r.tokens for r in records) or any(
-            r.branch_wall_s is None for r in cooldowns):
+    if (
+        not cooldowns
+        or any(r.wall_time_s is None or not r.tokens for r in records)
+        or any(r.branch_wall_s is None for r in cooldowns)
+    ):
         return None
     per_token = {str(Path(r.run_dir).resolve()): r.wall_time_s / r.tokens for r in records}
     measured = sum(r.wall_time_s for r in records) - sum(r.branch_wall_s for r in cooldowns)
-    scratch = sum(r.tokens * per_token[str(Path(r.branch_parent).resolve()) if r in cooldowns else
-                                       str(Path(r.run_dir).resolve())] for r in records)
+    scratch = sum(
+        r.tokens * per_token[str(Path(r.branch_parent).resolve()) if r in cooldowns else str(Path(r.run_dir).resolve())]
+        for r in records
+    )
     return measured, scratch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _preset_arch(model: str) -> str:
     """A run without a summary yet: the arch its preset names ("unknown" for a name that is no preset)."""
     from .model.presets import load_preset
@@ -251,7 +286,7 @@ def _preset_arch(model: str) -> str:
         return "unknown"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _preset_size(model: str) -> int:
     """Sort key: the preset's parameter count (works for runs that have no summary yet)."""
     from .model.accounting import model_stats
@@ -264,11 +299,34 @@ def _preset_size(model: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------- runs.csv
-_INTS = {"seed", "total_params", "nonembedding_params", "block_params", "tokens", "world_size", "spikes",
-         "skipped_steps", "branch_tokens", "recall_step_50", "recall_step_90"}
-_FLOATS = {"flops", "final_train_loss", "final_val_loss", "wall_time_s", "unigram_loss", "bigram_loss",
-           "lambda_min", "lambda_lowest", "max_grad_norm", "act_max", "attn_logit_max", "branch_wall_s",
-           "recall_acc"}
+_INTS = {
+    "seed",
+    "total_params",
+    "nonembedding_params",
+    "block_params",
+    "tokens",
+    "world_size",
+    "spikes",
+    "skipped_steps",
+    "branch_tokens",
+    "recall_step_50",
+    "recall_step_90",
+}
+_FLOATS = {
+    "flops",
+    "final_train_loss",
+    "final_val_loss",
+    "wall_time_s",
+    "unigram_loss",
+    "bigram_loss",
+    "lambda_min",
+    "lambda_lowest",
+    "max_grad_norm",
+    "act_max",
+    "attn_logit_max",
+    "branch_wall_s",
+    "recall_acc",
+}
 _BOOLS = {"under_trained", "selected"}
 
 
@@ -316,6 +374,10 @@ def to_csv(records: list[RunRecord]) -> str:
 def read_csv(path: str | Path) -> list[RunRecord]:
     """The table `to_csv` wrote, typed again (columns that are no RunRecord field are axes)."""
     with open(path, newline="") as f:
-        return [RunRecord(**{k: _parse(k, v) for k, v in row.items() if k in COLUMNS},
-                          axes={k: _axis_value(v) for k, v in row.items() if k not in COLUMNS})
-                for row in csv.DictReader(f)]
+        return [
+            RunRecord(
+                **{k: _parse(k, v) for k, v in row.items() if k in COLUMNS},
+                axes={k: _axis_value(v) for k, v in row.items() if k not in COLUMNS},
+            )
+            for row in csv.DictReader(f)
+        ]

@@ -17,6 +17,7 @@ environment defaults), so loading a trained model is cheap and side-effect free:
     cfg, model, tok = Run("runs/diff-tiny").model()            # the latest checkpoint, fp32 on CPU, eval mode
     cfg, model, tok = Run("runs/diff-tiny/checkpoints/step64").model()
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,14 +30,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Optional, Union
+
 from .errors import UserError
 
 TAG = re.compile(r"^step(\d+)$")
-MODEL_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's module weights (complete under ZeRO 0-2, placeholders under 3)
-CONFIG_FILE, TOKENIZER_FILE, SUMMARY_FILE, METRICS_FILE = "config.yaml", "tokenizer.json", "summary.json", "metrics.jsonl"
+MODEL_STATES = (
+    "mp_rank_00_model_states.pt"  # DeepSpeed's module weights (complete under ZeRO 0-2, placeholders under 3)
+)
+CONFIG_FILE, TOKENIZER_FILE, SUMMARY_FILE, METRICS_FILE = (
+    "config.yaml",
+    "tokenizer.json",
+    "summary.json",
+    "metrics.jsonl",
+)
 BRANCH_FILE = "branch.json"
-RUN_FILES = ("checkpoints", METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, TOKENIZER_FILE, BRANCH_FILE,
-             "wandb")  # what a run owns
+RUN_FILES = (
+    "checkpoints",
+    METRICS_FILE,
+    SUMMARY_FILE,
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    BRANCH_FILE,
+    "wandb",
+)  # what a run owns
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -55,14 +71,16 @@ def exception_line(e: BaseException, limit: int = 240) -> str:
     text = " ".join(str(e).split("\n", 1)[0].split())
     if len(text) > limit:
         ends = [i + 1 for i in range(limit) if text[i] == "." and (i + 1 == len(text) or text[i + 1] == " ")]
-        text = text[: ends[-1]] if ends else text[: limit].rsplit(" ", 1)[0] + " ..."
+        text = text[: ends[-1]] if ends else text[:limit].rsplit(" ", 1)[0] + " ..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def damaged_checkpoint(path: Path, e: BaseException) -> UserError:
     """The one-line error for a checkpoint that torch or DeepSpeed cannot read."""
-    return UserError(f"{path}: cannot load this checkpoint ({exception_line(e)}); the checkpoint is damaged: resume "
-                     f"an earlier one with trainer.resume=<its step folder>")
+    return UserError(
+        f"{path}: cannot load this checkpoint ({exception_line(e)}); the checkpoint is damaged: resume "
+        f"an earlier one with trainer.resume=<its step folder>"
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -150,8 +168,10 @@ class Checkpoint:
 def read_meta(tag_dir: Path) -> dict:
     path = Path(tag_dir) / "meta.json"
     if not path.is_file():
-        raise UserError(f"{tag_dir}: not a diffllm checkpoint (no meta.json); pass a step<N> folder, a checkpoints "
-                         f"folder or a run directory")
+        raise UserError(
+            f"{tag_dir}: not a diffllm checkpoint (no meta.json); pass a step<N> folder, a checkpoints "
+            f"folder or a run directory"
+        )
     meta = read_json(path)
     if not isinstance(meta, dict) or "step" not in meta or "model" not in meta:
         raise UserError(f"{path}: not a diffllm checkpoint's meta.json (no step or model); the file is damaged")
@@ -246,8 +266,10 @@ class Run:
         dest.mkdir(parents=True, exist_ok=True)
         for p in present:
             shutil.move(str(p), str(dest / p.name))
-        print(f"[diffllm.train] {why}: moved the previous run's {', '.join(p.name for p in present)} to {dest}",
-              flush=True)
+        print(
+            f"[diffllm.train] {why}: moved the previous run's {', '.join(p.name for p in present)} to {dest}",
+            flush=True,
+        )
         return dest
 
     def prepare(self) -> None:
@@ -298,8 +320,9 @@ class Run:
         """Published checkpoints' steps, oldest first."""
         if not self.checkpoints_dir.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.checkpoints_dir.iterdir()
-                      if p.is_dir() and (m := TAG.match(p.name)))
+        return sorted(
+            int(m.group(1)) for p in self.checkpoints_dir.iterdir() if p.is_dir() and (m := TAG.match(p.name))
+        )
 
     def latest(self) -> Optional[Checkpoint]:
         return find_checkpoint(self.checkpoints_dir) if self.checkpoints_dir.is_dir() else None
@@ -311,8 +334,9 @@ class Run:
         if step == "latest":
             found = self.latest()
             if found is None:
-                raise UserError(f"{self.dir}: no checkpoints (train it first, or pass a run directory that has "
-                                 f"checkpoints/)")
+                raise UserError(
+                    f"{self.dir}: no checkpoints (train it first, or pass a run directory that has checkpoints/)"
+                )
             return found
         try:
             step = int(step)
@@ -340,13 +364,16 @@ class Run:
         return Checkpoint(self.checkpoints_dir, tag, meta)
 
     def write_weights(self, state_dict: dict, meta: dict) -> Checkpoint:
-        """A checkpoint from plain weights (`diffllm import`): DeepSpeed's ZeRO-0 layout, which `consolidated_state_dict`
+        """A checkpoint from plain weights (`diffllm import`): DeepSpeed's ZeRO-0 layout, which
+        `consolidated_state_dict`
         reads back and `diffllm train` resumes or starts from."""
         import torch
 
         tag, tmp = f"step{meta['step']}", f"tmp-step{meta['step']}"
         (self.checkpoints_dir / tmp).mkdir(parents=True)
-        torch.save({"module": {k: v.contiguous() for k, v in state_dict.items()}}, self.checkpoints_dir / tmp / MODEL_STATES)
+        torch.save(
+            {"module": {k: v.contiguous() for k, v in state_dict.items()}}, self.checkpoints_dir / tmp / MODEL_STATES
+        )
         return self.publish(tmp, tag, meta)
 
     def publish_universal(self, ckpt: Checkpoint, tmp: Path) -> str:
@@ -372,8 +399,10 @@ class Run:
 
         path, _ = choose_tokenizer(self)
         if path is None:
-            raise UserError(f"{self.dir}: no {TOKENIZER_FILE} in the run directory (a run keeps the tokenizer it "
-                             f"trained with; an import of weights alone has none)")
+            raise UserError(
+                f"{self.dir}: no {TOKENIZER_FILE} in the run directory (a run keeps the tokenizer it "
+                f"trained with; an import of weights alone has none)"
+            )
         tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
         return load_tokenizer(str(path), tok_cfg.get("eos_token", "<|endoftext|>"))
 
@@ -389,8 +418,10 @@ class Run:
         model = DecoderLM(cfg)
         missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
         if missing or unexpected:
-            raise UserError(f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}")
+            raise UserError(
+                f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]}"
+            )
         return cfg, model.to(device).eval(), (self.tokenizer() if tokenizer else None)
 
 
@@ -403,8 +434,12 @@ def model_tokenizer(path: Union[str, Path]) -> Optional[Path]:
     return folder if (folder / "tokenizer_config.json").is_file() else None
 
 
-def choose_tokenizer(run: Run, resume: Optional[Checkpoint] = None, configured: Optional[str] = None,
-                     init_from: Optional[Union[str, Path]] = None) -> tuple[Optional[Path], bool]:
+def choose_tokenizer(
+    run: Run,
+    resume: Optional[Checkpoint] = None,
+    configured: Optional[str] = None,
+    init_from: Optional[Union[str, Path]] = None,
+) -> tuple[Optional[Path], bool]:
     """Which tokenizer `run` uses -> (path or None, kept): the one decision, for training, import and reading back.
 
     1. kept (True): a run directory that holds its tokenizer.json keeps it (a trained, imported or resumed run; a
@@ -441,5 +476,7 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
         with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is the caller's (generate's text)
             return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
-        raise UserError(f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
-                         f"an earlier step") from None
+        raise UserError(
+            f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
+            f"an earlier step"
+        ) from None

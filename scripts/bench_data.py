@@ -5,6 +5,7 @@ time, which other jobs on a shared machine barely disturb) are reported; the rat
 
     .venv/bin/python scripts/bench_data.py [--mb 4] [--repeats 3] [--seq-len 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,9 @@ def _raw(rank: int, world: int, args, barrier, out) -> None:
     from diffllm.data import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer, "<|endoftext|>")
-    docs = [json.loads(line)["text"] for f in sorted(glob.glob(f"{args.corpus}/*.jsonl")) for line in open(f)][rank::world]
+    docs = [json.loads(line)["text"] for f in sorted(glob.glob(f"{args.corpus}/*.jsonl")) for line in open(f)][
+        rank::world
+    ]
     batches, cur, chars = [], [], 0
     for d in docs:  # the same batching as the pipeline: about tokenize_chars characters per encode_batch call
         cur.append(d)
@@ -64,11 +67,21 @@ def _raw(rank: int, world: int, args, barrier, out) -> None:
 
 def _pipeline(rank: int, world: int, args, barrier, out) -> None:
     from diffllm.config import build
-    from diffllm.data import build_train_loader, load_tokenizer, DataConfig
+    from diffllm.data import DataConfig, build_train_loader, load_tokenizer
 
     tok = load_tokenizer(args.tokenizer, "<|endoftext|>")
-    data = build(DataConfig, {"name": "bench", "seq_len": args.seq_len, "num_workers": 0, "epochs": 1,
-                              "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}], "prepared_dir": args.prepared}, "data")
+    data = build(
+        DataConfig,
+        {
+            "name": "bench",
+            "seq_len": args.seq_len,
+            "num_workers": 0,
+            "epochs": 1,
+            "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}],
+            "prepared_dir": args.prepared,
+        },
+        "data",
+    )
     loader = build_train_loader(data, tok, rank, world, 8)
     barrier.wait()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -111,24 +124,38 @@ def main() -> None:
         args.corpus = tmp + "/corpus"
         Path(args.corpus).mkdir()
         docs = write_corpus(Path(args.corpus), args.mb, args.files)
-        data = build(DataConfig, {"name": "bench", "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}]}, "data")
+        data = build(
+            DataConfig, {"name": "bench", "sources": [{"name": "c", "path": f"{args.corpus}/*.jsonl"}]}, "data"
+        )
         prepare_source(resolve_sources(data)[0], tok, Path(tmp) / "prepared")  # also imports HF's json reader
-        print(f"corpus: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} MB in {args.files} jsonl files; "
-              f"tokenizer vocab {tok.vocab_size}; windows of {args.seq_len + 1}; best of {args.repeats} runs; {os.cpu_count()} CPUs\n")
-        print("| processes | raw tokens/s | pipeline tokens/s | ratio (wall) | raw tokens/CPU-s | pipeline tokens/CPU-s "
-              "| ratio (CPU) | paired CPU ratios | prepared tokens/s |")
+        print(
+            f"corpus: {len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} MB in {args.files} jsonl files; "
+            f"tokenizer vocab {tok.vocab_size}; windows of {args.seq_len + 1}; best of {args.repeats} runs; "
+            f"{os.cpu_count()} CPUs\n"
+        )
+        print(
+            "| processes | raw tokens/s | pipeline tokens/s | ratio (wall) | raw tokens/CPU-s | pipeline tokens/CPU-s "
+            "| ratio (CPU) | paired CPU ratios | prepared tokens/s |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for world in (1, 2):
             runs = {"raw": [], "pipe": [], "prep": []}
             for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit all three alike
-                for key, fn, prepared in (("raw", _raw, None), ("pipe", _pipeline, None), ("prep", _pipeline, tmp + "/prepared")):
+                for key, fn, prepared in (
+                    ("raw", _raw, None),
+                    ("pipe", _pipeline, None),
+                    ("prep", _pipeline, tmp + "/prepared"),
+                ):
                     args.prepared = prepared
                     runs[key].append(measure(fn, world, args))
             (rw, rc), (pw, pc) = (tuple(map(max, zip(*runs[k]))) for k in ("raw", "pipe"))
             paired = sorted(p[1] / r[1] for r, p in zip(runs["raw"], runs["pipe"]))
-            print(f"| {world} | {rw:,.0f} | {pw:,.0f} | {pw / rw:.0%} | {rc:,.0f} | {pc:,.0f} | {pc / rc:.0%} | "
-                  f"{paired[0]:.0%}-{paired[-1]:.0%} (median {paired[len(paired) // 2]:.0%}) | {max(q[0] for q in runs['prep']):,.0f} |",
-                  flush=True)
+            print(
+                f"| {world} | {rw:,.0f} | {pw:,.0f} | {pw / rw:.0%} | {rc:,.0f} | {pc:,.0f} | {pc / rc:.0%} | "
+                f"{paired[0]:.0%}-{paired[-1]:.0%} (median {paired[len(paired) // 2]:.0%}) | "
+                f"{max(q[0] for q in runs['prep']):,.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

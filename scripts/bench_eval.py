@@ -7,6 +7,7 @@ forward is about a third of forward + backward). The last variant scores with th
 
     .venv/bin/python scripts/bench_eval.py [--model diff-tiny] [--rounds 4] [--seq-len 256] [--batch 8 32] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,13 @@ def main() -> None:
     p.add_argument("--train-batch", type=int, default=8, help="the trainer's micro-batch (configs/trainer/cpu.yaml)")
     p.add_argument("--batch", nargs="+", type=int, default=[8, 32], help="eval batch sizes to time")
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 on a shared machine, "
-                                                          "where spinning intra-op threads distort every figure")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: torch's default); 1 on a shared machine, "
+        "where spinning intra-op threads distort every figure",
+    )
     a = p.parse_args()
 
     import torch
@@ -75,9 +81,11 @@ def main() -> None:
         return n
 
     big = max(a.batch)
-    variants = {"train step (fwd+bwd+AdamW)": train_step, **{f"eval ppl, batch {bs}": (lambda bs=bs: eval_pass(bs))
-                                                              for bs in a.batch},
-                f"eval before the fix (transposed cross-entropy), batch {big}": lambda: eval_before(big)}
+    variants = {
+        "train step (fwd+bwd+AdamW)": train_step,
+        **{f"eval ppl, batch {bs}": (lambda bs=bs: eval_pass(bs)) for bs in a.batch},
+        f"eval before the fix (transposed cross-entropy), batch {big}": lambda: eval_before(big),
+    }
     for fn in variants.values():  # warm-up
         fn()
     rates: dict = {k: [] for k in variants}
@@ -87,8 +95,10 @@ def main() -> None:
             n = fn()
             rates[name].append(n / (time.perf_counter() - t0))
     base = statistics.median(rates["train step (fwd+bwd+AdamW)"])
-    print(f"model {a.model} ({mcfg.arch}), seq {a.seq_len}, torch threads {torch.get_num_threads()}, "
-          f"{a.rounds} interleaved rounds, medians")
+    print(
+        f"model {a.model} ({mcfg.arch}), seq {a.seq_len}, torch threads {torch.get_num_threads()}, "
+        f"{a.rounds} interleaved rounds, medians"
+    )
     print("| variant | tokens/s | vs train step |\n|---|---|---|")
     for name, r in rates.items():
         print(f"| {name} | {statistics.median(r):,.0f} | {statistics.median(r) / base:.2f}x |")

@@ -11,6 +11,7 @@ plain step. --bf16 (trainer.precision=bf16) and --compile (trainer.compile=true)
 their step-time ratios to the plain (fp32, eager) step, per preset and stage. The first warm-up step of every variant
 is printed too: for a compiled variant it holds inductor's compile (or its load from the on-disk cache).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,8 @@ class Bare:
     def __init__(self, preset: str, vocab: int, device, data):
         import torch
 
-        from diffllm.model.presets import load_preset
         from diffllm.model import DecoderLM
+        from diffllm.model.presets import load_preset
         from diffllm.train.optim import param_groups
 
         cfg = load_preset(preset)
@@ -69,7 +70,11 @@ class Bare:
         torch.manual_seed(0)
         self.model = DecoderLM(cfg).to(device)
         self.opt = torch.optim.AdamW(param_groups(self.model, 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-        self.data, self.device, self.params = itertools.cycle(data), device, sum(p.numel() for p in self.model.parameters())
+        self.data, self.device, self.params = (
+            itertools.cycle(data),
+            device,
+            sum(p.numel() for p in self.model.parameters()),
+        )
 
     def step(self) -> None:
         import torch
@@ -91,11 +96,25 @@ class Ours:
         from diffllm.config import compose
         from diffllm.train.config import TrainConfig
         from diffllm.train.loop import Trainer
-        cfg = compose("train", [f"model={preset}", f"data.seq_len={seq_len}", f"trainer.micro_batch_size={micro}",
-                                f"trainer.global_batch_tokens={micro * seq_len}", f"trainer.tokens={micro * seq_len * 10**6}",
-                                f"trainer.zero_stage={stage}", "trainer.val_batches=1", "logging.wandb=disabled",
-                                "optim.lr=1e-3", "optim.warmup_steps=0", "optim.schedule=constant", f"run_dir={run_dir}",
-                                *extra])
+
+        cfg = compose(
+            "train",
+            [
+                f"model={preset}",
+                f"data.seq_len={seq_len}",
+                f"trainer.micro_batch_size={micro}",
+                f"trainer.global_batch_tokens={micro * seq_len}",
+                f"trainer.tokens={micro * seq_len * 10**6}",
+                f"trainer.zero_stage={stage}",
+                "trainer.val_batches=1",
+                "logging.wandb=disabled",
+                "optim.lr=1e-3",
+                "optim.warmup_steps=0",
+                "optim.schedule=constant",
+                f"run_dir={run_dir}",
+                *extra,
+            ],
+        )
         self.trainer = Trainer(TrainConfig.from_hydra(cfg))
         self.trainer.setup()
         self.trainer.step.loader = itertools.cycle(data)  # the same in-memory batches as the bare loop
@@ -118,21 +137,34 @@ def main() -> None:
     tok, data = batches(args.seq_len, args.micro_batch, 16)
     masked = batches(args.seq_len, args.micro_batch, 16, doc_mask=True)[1] if args.doc_mask else None
     # option name -> (overrides, batches) of a variant of each diffllm step, timed against the plain step
-    options = {name: how for name, on, how in [("doc_mask", args.doc_mask, (["data.doc_mask=true"], masked)),
-                                                ("bf16", args.bf16, (["trainer.precision=bf16"], data)),
-                                                ("compiled", args.compile, (["trainer.compile=true"], data))] if on}
+    options = {
+        name: how
+        for name, on, how in [
+            ("doc_mask", args.doc_mask, (["data.doc_mask=true"], masked)),
+            ("bf16", args.bf16, (["trainer.precision=bf16"], data)),
+            ("compiled", args.compile, (["trainer.compile=true"], data)),
+        ]
+        if on
+    }
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     variants: dict[tuple[str, str], object] = {}
     for preset in args.archs:
         variants[(preset, "bare torch AdamW")] = Bare(preset, tok.vocab_size, device, data)
         for stage in args.stages:
             plain = ["trainer.precision=fp32"] if args.bf16 else []  # else auto: fp32 on CPUs, bf16 on GPUs
-            variants[(preset, f"diffllm ZeRO-{stage}")] = Ours(preset, stage, args.seq_len, args.micro_batch, data,
-                                                               tmp / f"{preset}-z{stage}", plain)
+            variants[(preset, f"diffllm ZeRO-{stage}")] = Ours(
+                preset, stage, args.seq_len, args.micro_batch, data, tmp / f"{preset}-z{stage}", plain
+            )
             for name, (extra, batches_of) in options.items():
                 variants[(preset, f"diffllm ZeRO-{stage}, {name}")] = Ours(
-                    preset, stage, args.seq_len, args.micro_batch, batches_of, tmp / f"{preset}-z{stage}-{name}",
-                    plain + extra)
+                    preset,
+                    stage,
+                    args.seq_len,
+                    args.micro_batch,
+                    batches_of,
+                    tmp / f"{preset}-z{stage}-{name}",
+                    plain + extra,
+                )
     first: dict[tuple[str, str], float] = {}
     for key, v in variants.items():
         for i in range(args.warmup):
@@ -152,16 +184,20 @@ def main() -> None:
 
     tokens = args.micro_batch * args.seq_len
     med = {k: statistics.median(t) for k, t in times.items()}
-    print(f"\ndevice {device}, torch threads {torch.get_num_threads()}, {tokens} tokens/step (micro-batch "
-          f"{args.micro_batch} x seq {args.seq_len}, no accumulation), {args.rounds} rounds x {args.steps} steps, "
-          f"medians; ratio = step time / bare step time of the same preset")
+    print(
+        f"\ndevice {device}, torch threads {torch.get_num_threads()}, {tokens} tokens/step (micro-batch "
+        f"{args.micro_batch} x seq {args.seq_len}, no accumulation), {args.rounds} rounds x {args.steps} steps, "
+        f"medians; ratio = step time / bare step time of the same preset"
+    )
     print("| preset | loop | params | ms/step (median) | min | tokens/s | vs bare | first warm-up step (s) |")
     print("|---|---|---|---|---|---|---|---|")
     for (preset, loop), m in med.items():
         bare = med[(preset, "bare torch AdamW")]
-        print(f"| {preset} | {loop} | {variants[(preset, loop)].params:,} | {1000 * m:.1f} | "
-              f"{1000 * min(times[(preset, loop)]):.1f} | {tokens / m:,.0f} | {m / bare:.3f} | "
-              f"{first.get((preset, loop), float('nan')):.1f} |")
+        print(
+            f"| {preset} | {loop} | {variants[(preset, loop)].params:,} | {1000 * m:.1f} | "
+            f"{1000 * min(times[(preset, loop)]):.1f} | {tokens / m:,.0f} | {m / bare:.3f} | "
+            f"{first.get((preset, loop), float('nan')):.1f} |"
+        )
     if masked is not None:
         boundaries = sum(int((b.doc_ids[:, -1] > 0).sum()) for b in masked)
         print(f"\n{boundaries} of {16 * args.micro_batch} windows hold a document boundary")

@@ -4,6 +4,7 @@ tokens/s and MFU of transformer-1.4b vs diff-1.4b (each backend) vs diff2-1.4b (
 and 4096 with the micro-batch that fills memory, then the block sizes Triton's autotuner picked.
 `GPU_CHECK_SMOKE=1` runs the same code on CPU (fp32, tiny presets, Triton interpreter) to prove that it runs.
 `GPU_BENCH_BUDGET_S` (default 280) bounds the throughput rows: those left when it is spent print as skipped."""
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,17 @@ def agreement(B: int, h: int, g: int, T: int, d: int, lam: float) -> None:
         out = diff_core(*leaves, backend)
         got = [out, *torch.autograd.grad(out, leaves, grad_out.to(out.dtype))]
         errs = [((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, wants)]
-        row("agreement", shape, backend, T, B, "", "", "",
-            "max rel err " + ", ".join(f"{n} {e:.1e}" for n, e in zip(("out", "dq", "dk", "dv", "dlam"), errs)))
+        row(
+            "agreement",
+            shape,
+            backend,
+            T,
+            B,
+            "",
+            "",
+            "",
+            "max rel err " + ", ".join(f"{n} {e:.1e}" for n, e in zip(("out", "dq", "dk", "dv", "dlam"), errs)),
+        )
 
 
 def train_step(model, tokens) -> None:
@@ -136,18 +146,32 @@ def autotune_rows() -> None:
 
     for kernel in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
         best = getattr(getattr(td, kernel, None), "best_config", None)
-        row("autotune", kernel, "triton", "", "", "", "", "", str(best) if best else "interpreter: fixed blocks "
-            f"{td.INTERPRET_BLOCKS}" if td.INTERPRET else "not tuned")
+        row(
+            "autotune",
+            kernel,
+            "triton",
+            "",
+            "",
+            "",
+            "",
+            "",
+            str(best) if best else f"interpreter: fixed blocks {td.INTERPRET_BLOCKS}" if td.INTERPRET else "not tuned",
+        )
 
 
 def main() -> None:
     device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
-    print(f"device: {device}, torch {torch.__version__}, flash-attn: {'yes' if flash_available() else 'no'}, "
-          f"triton: {__import__('triton').__version__ if triton_available() else 'no'}, dtype {str(DTYPE)[6:]}\n")
+    print(
+        f"device: {device}, torch {torch.__version__}, flash-attn: {'yes' if flash_available() else 'no'}, "
+        f"triton: {__import__('triton').__version__ if triton_available() else 'no'}, dtype {str(DTYPE)[6:]}\n"
+    )
     print("| check | model / shape | backend | seq | micro-batch | fwd+bwd tokens/s | MFU | vs transformer | note |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for shape in ([(1, 2, 2, 40, 16, 0.8), (1, 2, 1, 19, 80, -0.3)] if SMOKE else
-                  [(2, 8, 8, 1000, 128, 0.8), (2, 8, 2, 777, 80, -0.3)]):
+    for shape in (
+        [(1, 2, 2, 40, 16, 0.8), (1, 2, 1, 19, 80, -0.3)]
+        if SMOKE
+        else [(2, 8, 8, 1000, 128, 0.8), (2, 8, 2, 777, 80, -0.3)]
+    ):
         agreement(*shape)
     size, seqs = ("tiny", (64, 128)) if SMOKE else ("1.4b", (2048, 4096))
     has_v2 = (Path(__file__).resolve().parents[1] / f"configs/model/diff2-{size}.yaml").exists()

@@ -1,5 +1,6 @@
 """GPU checks in one run (installs nothing; torch only): backend agreement in bf16 and fwd+bwd throughput and MFU of
 Transformer vs Diff at a paper preset. `GPU_CHECK_SMOKE=1` runs the same code on CPU with tiny models."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +53,7 @@ def throughput(name: str, batch: int, seq_len: int, steps: int) -> tuple[float, 
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=DEVICE)
 
     def step() -> None:
-        logits = model(tokens[:, :-1])
+        logits = model(tokens[:, :-1])  # noqa: F821 - the enclosing model
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
 
@@ -74,8 +75,10 @@ def throughput(name: str, batch: int, seq_len: int, steps: int) -> tuple[float, 
 
 
 def main() -> None:
-    print(f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (smoke)'}, torch {torch.__version__}, "
-          f"flash-attn: {'yes' if flash_available() else 'no'}")
+    print(
+        f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (smoke)'}, torch {torch.__version__}, "
+        f"flash-attn: {'yes' if flash_available() else 'no'}"
+    )
     print(f"\n| arch | sdpa vs eager ({str(DTYPE)[6:]} max abs) | flash vs eager |\n|---|---|---|")
     archs = list(variants())  # every registered attention variant, the baseline (Transformer) first
     for name in archs:
@@ -90,8 +93,9 @@ def main() -> None:
         print(f"| {name}-{size} | {tps:,.0f} | {mfu:.1%} |")
     print()
     for name in archs[1:]:
-        print(f"{variants()[name].label} / {variants()[archs[0]].label} throughput: "
-              f"{rates[name] / rates[archs[0]]:.3f}")
+        print(
+            f"{variants()[name].label} / {variants()[archs[0]].label} throughput: {rates[name] / rates[archs[0]]:.3f}"
+        )
     print("(paper Table 7, Diff / Transformer at 3B and 2K with its custom kernel: 0.916)")
 
 

@@ -3,6 +3,7 @@ documents per row through flash-attn's varlen kernel (and, for Diff, the fused T
 dense document mask, in bf16: max |logit difference| and the largest relative parameter-gradient difference, with
 eager (materialised, fp32 softmax) as the noise floor. Prints 'skipped: ...' rows without CUDA, flash-attn or triton.
 `GPU_CHECK_SMOKE=1` runs the same code on CPU (fp32, a short window; Triton in its interpreter, no flash)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,8 +42,10 @@ def backends(arch: str) -> dict[str, str]:
 
 
 def main() -> None:
-    print(f"\n| doc masks ({str(DTYPE)[6:]}, rows of {[list(s) for s in SPLITS]}) | backend | max abs logit diff vs "
-          f"sdpa-mask | max rel grad diff |\n|---|---|---|---|")
+    print(
+        f"\n| doc masks ({str(DTYPE)[6:]}, rows of {[list(s) for s in SPLITS]}) | backend | max abs logit diff vs "
+        f"sdpa-mask | max rel grad diff |\n|---|---|---|---|"
+    )
     if not SMOKE and not torch.cuda.is_available():
         print("| all | all | skipped: no CUDA | |")
         return

@@ -4,6 +4,7 @@ same play comes next. Deterministic (seed 0); 300 items.
 
     .venv/bin/python scripts/make_plays_cloze.py
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,8 +42,14 @@ def main(n_items: int = 300) -> None:
             wrong = rng.sample([x for x in pool if x != answer], 3)
             choices = wrong + [answer]
             rng.shuffle(choices)
-            items.append({"play": play, "context": "\n".join(lines[i : i + 3]), "choices": choices,
-                          "label": choices.index(answer)})
+            items.append(
+                {
+                    "play": play,
+                    "context": "\n".join(lines[i : i + 3]),
+                    "choices": choices,
+                    "label": choices.index(answer),
+                }
+            )
     OUT.write_text("".join(json.dumps(x) + "\n" for x in items))
     print(f"wrote {len(items)} items to {OUT}")
 

@@ -1,5 +1,6 @@
 """Fixtures shared by every test folder that trains real runs: the offline session environment (a session folder for
 caches, no Hub, no W&B; never the user's) and the 1024-token BPE of the tiny runs, trained once per session."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,5 +1,6 @@
 """Run code in N real processes over gloo, as OLMo-core's test harness does: a function (`run_distributed`), or a
 `diffllm train` command (`launch_train`: one OS process per rank with torchrun's environment, or real torchrun)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -20,16 +21,29 @@ REPO = Path(__file__).resolve().parents[1]
 def base_env(extra: Optional[dict] = None) -> dict:
     """CPU, offline, quiet, one thread per rank (what torchrun sets), no W&B unless asked."""
     env = dict(os.environ)
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    env.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+        PYTHONUNBUFFERED="1",
+    )
     env.update(extra or {})
     return env
 
 
 # ----- a function in N processes --------------------------------------------------------------------------------
 def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple, queue) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+    )
     import torch
     import torch.distributed as dist
 
@@ -73,8 +87,15 @@ def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout
 class Launch:
     """The rank processes of one `python -m diffllm.train` run (or one torchrun process), logs in `log_dir`."""
 
-    def __init__(self, overrides: list[str], world_size: int, log_dir: Path, cwd: Path, env: Optional[dict] = None,
-                 launcher: str = "procs"):
+    def __init__(
+        self,
+        overrides: list[str],
+        world_size: int,
+        log_dir: Path,
+        cwd: Path,
+        env: Optional[dict] = None,
+        launcher: str = "procs",
+    ):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -82,20 +103,44 @@ class Launch:
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         if launcher == "torchrun":
-            cmds = [[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size),
-                     "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "diffllm.train", *overrides]]
+            cmds = [
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc_per_node",
+                    str(world_size),
+                    "--master_addr",
+                    "127.0.0.1",
+                    "--master_port",
+                    str(port),
+                    "-m",
+                    "diffllm.train",
+                    *overrides,
+                ]
+            ]
             envs = [env]
         else:
             cmds = [[sys.executable, "-m", "diffllm.train", *overrides] for _ in range(world_size)]
-            envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(port)) for r in range(world_size)]
+            envs = [
+                dict(
+                    env,
+                    RANK=str(r),
+                    LOCAL_RANK=str(r),
+                    WORLD_SIZE=str(world_size),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                )
+                for r in range(world_size)
+            ]
         if world_size == 1 and launcher == "plain":  # no launcher variables at all: the trainer picks its own
             envs = [env]
         for i, (cmd, e) in enumerate(zip(cmds, envs)):
             log = self.log_dir / f"rank{i}.log"
             with open(log, "w") as f:
-                self.procs.append(subprocess.Popen(cmd, cwd=cwd, env=e, stdout=f, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(cmd, cwd=cwd, env=e, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                )
             self.logs.append(log)
 
     def output(self, i: int = 0) -> str:
@@ -125,7 +170,9 @@ class Launch:
             return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in self.procs]
         except subprocess.TimeoutExpired:
             self.kill()
-            raise TimeoutError(f"training did not finish within {timeout} s; rank 0 said:\n{self.output(0)[-4000:]}")
+            raise TimeoutError(
+                f"training did not finish within {timeout} s; rank 0 said:\n{self.output(0)[-4000:]}"
+            ) from None
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 300, poll: float = 0.05) -> None:
         deadline = time.monotonic() + timeout
@@ -138,15 +185,29 @@ class Launch:
             time.sleep(poll)
 
 
-def launch_train(overrides: list[str], world_size: int, log_dir: Path, cwd: Path = REPO, env: Optional[dict] = None,
-                 launcher: str = "procs") -> Launch:
+def launch_train(
+    overrides: list[str],
+    world_size: int,
+    log_dir: Path,
+    cwd: Path = REPO,
+    env: Optional[dict] = None,
+    launcher: str = "procs",
+) -> Launch:
     """Start `diffllm train` on `world_size` ranks. launcher: procs (one process per rank with RANK/WORLD_SIZE/...),
     torchrun (real torchrun), plain (one process, no launcher variables)."""
     return Launch(overrides, world_size, log_dir, cwd, env, launcher)
 
 
-def run_train(overrides: list[str], world_size: int, log_dir: Path, cwd: Path = REPO, env: Optional[dict] = None,
-              launcher: str = "procs", timeout: float = 300, expect: int = 0) -> Launch:
+def run_train(
+    overrides: list[str],
+    world_size: int,
+    log_dir: Path,
+    cwd: Path = REPO,
+    env: Optional[dict] = None,
+    launcher: str = "procs",
+    timeout: float = 300,
+    expect: int = 0,
+) -> Launch:
     """Launch, wait, and check every rank's exit code (showing rank 0's output when one differs)."""
     run = launch_train(overrides, world_size, log_dir, cwd, env, launcher)
     codes = run.wait(timeout)

@@ -5,11 +5,11 @@ help, info, plan and `sweep dry_run=true` run for real; `launch` runs with --dry
 compose and build their typed configs and plan the budget at their world size (launch's own pre-flight check); the
 other Hydra commands compose and build their typed configs; eval/generate parse their keys into their dataclass. A
 line shown with its error output must fail with exactly that line (`...` in it matches anything) and exit code 2."""
+
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import shlex
 import shutil
@@ -32,17 +32,22 @@ NEEDS_STATE = {
     "HF_HUB_OFFLINE=1 diffllm tokenizer train data=fineweb-edu": "loads the datasets library and asks the hub",
     "diffllm export run=runs/diff-tiny-ln out=hf/x format=diffllama": "a trained layernorm run",
     "diffllm import hf/random-llama out=runs/llama-imported": "a run imported once before",
-    "diffllm launch --launcher deepspeed --hostfile /tmp/hosts2 --nodes 2 --procs 1 model=diff-tiny":
-        "node-a answers over ssh: tests/launch/local_ssh.sh (tests/launch/test_deepspeed_ssh_real.py runs this one)",
-    "python -m diffllm.eval.generate run=runs/diff-tiny prompt=\"$(python -c 'print(\"word \" * 600)')\"":
-        "a trained runs/diff-tiny",
+    "diffllm launch --launcher deepspeed --hostfile /tmp/hosts2 --nodes 2 --procs 1 "
+    "model=diff-tiny": "node-a answers over ssh: tests/launch/local_ssh.sh "
+    "(tests/launch/test_deepspeed_ssh_real.py runs this one)",
+    'python -m diffllm.eval.generate run=runs/diff-tiny prompt="$(python -c '
+    '\'print("word " * 600)\')"': "a trained runs/diff-tiny",
 }
 # What the docs assume exists in the folder they run in (their own configs, described beside the commands).
-USER_CONFIGS = {"configs/data/plays.yaml": "data/shakespeare.yaml", "configs/data/mix.yaml": "data/shakespeare.yaml",
-                "configs/data/mine.yaml": "data/shakespeare.yaml", "my_configs/sweep/mine.yaml": "sweep/micro.yaml",
-                "myconfigs/sweep/mine.yaml": "sweep/micro.yaml",
-                # docs/model.md's gated-tiny is a user's attention variant; its preset stands in as diff-tiny's size
-                "myconfigs/model/gated-tiny.yaml": "model/diff-tiny.yaml"}
+USER_CONFIGS = {
+    "configs/data/plays.yaml": "data/shakespeare.yaml",
+    "configs/data/mix.yaml": "data/shakespeare.yaml",
+    "configs/data/mine.yaml": "data/shakespeare.yaml",
+    "my_configs/sweep/mine.yaml": "sweep/micro.yaml",
+    "myconfigs/sweep/mine.yaml": "sweep/micro.yaml",
+    # docs/model.md's gated-tiny is a user's attention variant; its preset stands in as diff-tiny's size
+    "myconfigs/model/gated-tiny.yaml": "model/diff-tiny.yaml",
+}
 # Lines run for real elsewhere that take too long for this file: checked like lines that need a run.
 SLOW = {"diffllm info all=true": "every preset's table, 20-50 s (the README table is its output)"}
 FOLDERS = ("runs/empty", "tmp/evalruns/empty")  # error examples of commands given an empty run directory
@@ -62,9 +67,11 @@ class Example:
 def _is_diffllm(words: list[str]) -> bool:
     if not words:
         return False
-    return words[0] == "diffllm" or (words[0] in ("python", "python3") and words[1:3][:1] == ["-m"]
-                                     and words[2].startswith("diffllm")) or \
-        (words[0] in ("torchrun", "deepspeed") and "diffllm.train" in words)
+    return (
+        words[0] == "diffllm"
+        or (words[0] in ("python", "python3") and words[1:3][:1] == ["-m"] and words[2].startswith("diffllm"))
+        or (words[0] in ("torchrun", "deepspeed") and "diffllm.train" in words)
+    )
 
 
 def _strip(line: str) -> str:
@@ -81,7 +88,7 @@ def examples() -> list[Example]:
         text = doc.read_text()
         for block in _BLOCK.finditer(text):
             lang, body = block.group(1), block.group(2)
-            first = text[:block.start(2)].count("\n") + 1
+            first = text[: block.start(2)].count("\n") + 1
             lines, setup, i = body.splitlines(), [], 0
             while i < len(lines):
                 raw, number = lines[i], first + i
@@ -132,8 +139,9 @@ def workspace(tmp_path_factory):
 def _argv(ex: Example, root: Path) -> list[str]:
     """The words as bash would pass them ($(...), quotes), /tmp/ paths moved into the workspace."""
     line = _strip(ex.line).replace("/tmp/", f"{root}/tmp/")
-    out = subprocess.run(["bash", "-c", f"printf '%s\\0' {line}"], capture_output=True, text=True, cwd=root,
-                         check=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {line}"], capture_output=True, text=True, cwd=root, check=True
+    ).stdout
     words = [w for w in out.split("\0")[:-1] if not _ENV_WORD.match(w)]
     return [w for w in words if "..." not in w and not re.search(r"<\w+>", w)]  # `...`, `<yours>`: placeholders
 
@@ -144,9 +152,9 @@ def _command(words: list[str]) -> tuple[str, list[str], int]:
 
     if words[0] in ("torchrun", "deepspeed"):
         at = words.index("diffllm.train")
-        opts = dict(zip(words[1:at], words[2:at + 1]))
+        opts = dict(zip(words[1:at], words[2 : at + 1]))
         size = int(opts.get("--nproc_per_node", opts.get("--num_gpus", opts.get("--num_accelerators", 1))))
-        return "train", words[at + 1:], size * int(opts.get("--nnodes", opts.get("--num_nodes", 1)))
+        return "train", words[at + 1 :], size * int(opts.get("--nnodes", opts.get("--num_nodes", 1)))
     if words[0].startswith("python"):
         module, rest = words[2], words[3:]
         if module == "diffllm.cli":
@@ -160,10 +168,17 @@ def _command(words: list[str]) -> tuple[str, list[str], int]:
         return "", words[1:], 1
 
 
-MODULES = {"diffllm.train": "train", "diffllm.eval.generate": "generate", "diffllm.eval.ppl": "eval ppl",
-           "diffllm.eval.needle": "eval needle", "diffllm.eval.attention": "eval attention",
-           "diffllm.eval.outliers": "eval outliers", "diffllm.eval.harness": "eval lm-eval",
-           "diffllm.eval.compare": "eval compare", "diffllm.eval.recall": "eval recall"}
+MODULES = {
+    "diffllm.train": "train",
+    "diffllm.eval.generate": "generate",
+    "diffllm.eval.ppl": "eval ppl",
+    "diffllm.eval.needle": "eval needle",
+    "diffllm.eval.attention": "eval attention",
+    "diffllm.eval.outliers": "eval outliers",
+    "diffllm.eval.harness": "eval lm-eval",
+    "diffllm.eval.compare": "eval compare",
+    "diffllm.eval.recall": "eval recall",
+}
 
 
 def _run_cli(words: list[str]) -> tuple[int, str, str]:
@@ -182,8 +197,16 @@ def _run_cli(words: list[str]) -> tuple[int, str, str]:
 def _check_keys(name: str, args: list[str], size: int) -> None:
     """A line that needs a run or data: its keys, group options and typed values (train: its budget too)."""
     from diffllm.cli.registry import COMMANDS
-    from diffllm.config import check_group_options, check_typed, compose, config_groups, from_key_values, \
-        register_schema, schema_for, take_config_dirs
+    from diffllm.config import (
+        check_group_options,
+        check_typed,
+        compose,
+        config_groups,
+        from_key_values,
+        register_schema,
+        schema_for,
+        take_config_dirs,
+    )
 
     args = take_config_dirs(args)
     if name == "train":
@@ -235,7 +258,13 @@ def test_documented_command_runs(ex: Example, workspace: Path, monkeypatch):
         last = (err.strip().splitlines() or [""])[-1]  # launch notes "# run this on each node" first
         assert code == 2 and re.fullmatch(pattern, last), f"{ex.line}\nexpected: {expected}\ngot ({code}): {err}"
         return
-    if name in ("", "info", "plan") and _strip(ex.line) not in SLOW or "--help" in args or "-h" in args or words[1:2] == ["help"]:
+    if (
+        name in ("", "info", "plan")
+        and _strip(ex.line) not in SLOW
+        or "--help" in args
+        or "-h" in args
+        or words[1:2] == ["help"]
+    ):
         code, out, err = _run_cli(words[1:] if words[0] == "diffllm" else [name, *args])
     elif launch:
         code, out, err = _run_cli(["launch", *args, *([] if "--dry-run" in args else ["--dry-run"])])

@@ -1,4 +1,5 @@
 """The one accelerator table: planner names and device-name matching agree."""
+
 from diffllm.hardware import GPUS, lookup, peak_tflops
 
 

@@ -1,4 +1,5 @@
 """`python -m diffllm.cli <command> ...`: the same as `diffllm <command> ...`."""
+
 from .main import main
 
 main()

@@ -1,6 +1,7 @@
 """`diffllm <command> --help`: a command's keys (diffllm/config/help.py: from its config file or its schema alone) with
 its registry entry's summary, subcommands and examples; a command that parses its own argv (launch) prints its usage,
 then the entry's examples."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """`diffllm <command> [key=value ...]`: the dispatcher over the command registry (registry.py): it finds the command,
 answers --help (help.py), checks `group=option` arguments before the command's heavy imports, and calls its entry."""
+
 from __future__ import annotations
 
 import difflib
@@ -14,12 +15,20 @@ def overview() -> str:
     from .. import __version__
 
     width = max(map(len, COMMANDS)) + 2
-    lines = [f"diffllm {__version__}: pretrain Transformers and Differential Transformers, and compare them.", "",
-             "usage: diffllm <command> [--config-dir DIR] [group=option ...] [key=value ...]", "", "commands:"]
+    lines = [
+        f"diffllm {__version__}: pretrain Transformers and Differential Transformers, and compare them.",
+        "",
+        "usage: diffllm <command> [--config-dir DIR] [group=option ...] [key=value ...]",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<{width}}{c.summary}" for name, c in COMMANDS.items()]
-    lines += ["", "`diffllm <command> --help` (or `diffllm help <command>`): its keys, defaults and examples.",
-              "Configs are looked up in $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` prepends),",
-              "./configs, then the packaged configs: `data=mine` finds ./configs/data/mine.yaml."]
+    lines += [
+        "",
+        "`diffllm <command> --help` (or `diffllm help <command>`): its keys, defaults and examples.",
+        "Configs are looked up in $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` prepends),",
+        "./configs, then the packaged configs: `data=mine` finds ./configs/data/mine.yaml.",
+    ]
     return "\n".join(lines)
 
 
@@ -40,8 +49,9 @@ def resolve(argv: list[str]) -> tuple[str, list[str]]:
     if family and len(argv) == 1:
         fail(f"diffllm {argv[0]}", f"missing subcommand: {', '.join('diffllm ' + n for n in family)}")
     word = " ".join(argv[:2]) if family else argv[0]
-    close = difflib.get_close_matches(word, list(COMMANDS) if family else sorted({n.split()[0] for n in COMMANDS}),
-                                      n=1, cutoff=0.5)
+    close = difflib.get_close_matches(
+        word, list(COMMANDS) if family else sorted({n.split()[0] for n in COMMANDS}), n=1, cutoff=0.5
+    )
     hint = f" (did you mean {close[0]}?)" if close else f" (commands: {', '.join(COMMANDS)})"
     fail("diffllm", f"unknown command {word!r}{hint}")
     raise AssertionError  # fail() exits

@@ -5,6 +5,7 @@ dataclass from its arguments. Both answer --help from help.py and turn bad input
 or value, the command's own UserError) into one line on stderr with exit code 2; any other exception is a bug and keeps
 its traceback. Below the commands: `diffllm <command>` (diffllm/cli/) calls them, and so do `python -m diffllm.train`,
 torchrun, a sweep's multirun jobs and `python -m diffllm.eval.<module>` directly."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,19 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import UserError
-from .loading import (CONFIG_DIR, check_typed, explain, fail, from_key_values, plus_to_force, register_schema,
-                      schema_for, set_env, take_config_dirs, use_search_path)
+from .loading import (
+    CONFIG_DIR,
+    check_typed,
+    explain,
+    fail,
+    from_key_values,
+    plus_to_force,
+    register_schema,
+    schema_for,
+    set_env,
+    take_config_dirs,
+    use_search_path,
+)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 CLI registry, diffllm/cli/, which passes them in.
 The meanings are the config files' own comments (`key: value  # meaning`), else the dataclass field's comment
 (`name: type = default  # meaning`): the configs are the one source, nothing here repeats them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,9 @@ from omegaconf import DictConfig, ListConfig
 from .loading import compose, config_groups, find_config, group_options, schema_for, search_path
 
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*)\s*:(.*)$")
-_FIELD = re.compile(r"^    ([A-Za-z_]\w*)\s*:[^#]*?#\s*(.+)$")
+_FIELD = re.compile(r"^    ([A-Za-z_]\w*)\s*:[^#]*?#\s*(.+)$")  # a field with its comment after it
+_FIELD_NAME = re.compile(r"^    ([A-Za-z_]\w*)\s*:")
+_COMMENT_LINE = re.compile(r"^    #\s?(.*)$")
 
 
 def _comment(rest: str) -> str:
@@ -27,7 +30,7 @@ def _comment(rest: str) -> str:
         if ch in "'\"" and quote in (None, ch):
             quote = None if quote else ch
         elif ch == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
-            return rest[i + 1:].strip()
+            return rest[i + 1 :].strip()
     return ""
 
 
@@ -50,12 +53,22 @@ def yaml_comments(path: Path | None, prefix: str = "") -> dict[str, str]:
 
 
 def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
-    """{dotted field: its trailing source comment} of a dataclass, nested dataclasses included."""
+    """{dotted field: its source comment} of a dataclass, nested dataclasses included: the comment after the field on
+    its line, or else the comment lines right above it (where the formatter left no room on the line)."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    out = {prefix + m.group(1): m.group(2).strip() for m in map(_FIELD.match, source.splitlines()) if m}
+    out: dict[str, str] = {}
+    above: list[str] = []  # the comment lines just above the current line
+    for line in source.splitlines():
+        m, name = _FIELD.match(line), _FIELD_NAME.match(line)
+        if m:
+            out[prefix + m.group(1)] = m.group(2).strip()
+        elif name and above:  # a field whose comment did not fit on its line sits right above it
+            out[prefix + name.group(1)] = " ".join(above)
+        comment = _COMMENT_LINE.match(line)
+        above = above + [comment.group(1).strip()] if comment else []
     for f in dataclasses.fields(cls):
         factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
         if factory is not None and dataclasses.is_dataclass(factory):
@@ -98,8 +111,9 @@ def _rows(node: DictConfig, prefix: str, nested: set[str]) -> list[tuple[str, st
     return rows
 
 
-def config_help(config_name: str, prog: str, summary: str = "", examples: tuple[str, ...] = (),
-                subcommands: tuple[str, ...] = ()) -> str:
+def config_help(
+    config_name: str, prog: str, summary: str = "", examples: tuple[str, ...] = (), subcommands: tuple[str, ...] = ()
+) -> str:
     """The whole --help text of the command `prog` running configs/<config_name>.yaml; `subcommands` are lines
     `diffllm <name> (<summary>)`."""
     top = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
@@ -122,13 +136,18 @@ def config_help(config_name: str, prog: str, summary: str = "", examples: tuple[
         lines.append("config groups (group=option; configs/<group>/<option>.yaml):")
         for group, option in groups.items():
             options = group_options(group)
-            listing = textwrap.fill(", ".join(options), 110, initial_indent=" " * 4, subsequent_indent=" " * 4,
-                                    break_on_hyphens=False)
+            listing = textwrap.fill(
+                ", ".join(options), 110, initial_indent=" " * 4, subsequent_indent=" " * 4, break_on_hyphens=False
+            )
             lines += [f"  {group}={option}   ({len(options)} option{'s' * (len(options) != 1)})", listing]
         lines.append("")
     schema = schema_for(config_name)
-    nested = set(groups) | {f"{g}.{f.name}".lstrip(".") for g, cls in schema.items() for f in dataclasses.fields(cls)
-                            if dataclasses.is_dataclass(f.default_factory)}
+    nested = set(groups) | {
+        f"{g}.{f.name}".lstrip(".")
+        for g, cls in schema.items()
+        for f in dataclasses.fields(cls)
+        if dataclasses.is_dataclass(f.default_factory)
+    }
     rows = [r for r in _rows(cfg, "", nested) if not r[0].startswith("hydra.")]
     rows.sort(key=lambda r: "." in r[0])  # the command's own keys first, then each group's
     width = min(max(len(f"{k}={v}") for k, v in rows) + 2, 48) if rows else 0
@@ -139,10 +158,14 @@ def config_help(config_name: str, prog: str, summary: str = "", examples: tuple[
         wrapped = len(text) >= width and meaning
         lines.append(f"  {text}\n  {'':<{width}}{meaning}" if wrapped else f"  {text:<{width}}{meaning}".rstrip())
     lines += _examples(examples)
-    lines += ["", "Config search path (first match wins): $DIFFLLM_CONFIG_PATH (colon-separated; --config-dir DIR "
-              "prepends), ./configs, the packaged configs:", "  " + ", ".join(map(str, search_path())),
-              "Hydra's grammar works too: +key=value adds a key, ~key deletes one, -m key=a,b sweeps, --cfg job prints "
-              "the composed config."]
+    lines += [
+        "",
+        "Config search path (first match wins): $DIFFLLM_CONFIG_PATH (colon-separated; --config-dir DIR "
+        "prepends), ./configs, the packaged configs:",
+        "  " + ", ".join(map(str, search_path())),
+        "Hydra's grammar works too: +key=value adds a key, ~key deletes one, -m key=a,b sweeps, --cfg job prints "
+        "the composed config.",
+    ]
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ name), and one-line messages for bad overrides (exit code 2). The Hydra app wrap
 Search path, first match wins: each directory of $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` on any
 command prepends to it, so the processes a command starts see it too), then ./configs of the current directory, then
 the packaged configs (CONFIG_DIR)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,11 +24,13 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
 from ..errors import UserError
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "configs"  # a wheel install; a checkout keeps them in <repo>/configs
-CONFIG_DIR = Path(os.environ.get("DIFFLLM_CONFIGS")
-                  or (_PACKAGED if _PACKAGED.is_dir() else _PACKAGED.parents[1] / "configs"))
+CONFIG_DIR = Path(
+    os.environ.get("DIFFLLM_CONFIGS") or (_PACKAGED if _PACKAGED.is_dir() else _PACKAGED.parents[1] / "configs")
+)
 CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
@@ -63,8 +66,9 @@ def config_groups(config_name: str) -> dict[str, str]:
     """{group: default option} from the defaults list of configs/<config>.yaml (Hydra's own groups left out)."""
     path = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
     entries = OmegaConf.load(path).get("defaults", []) if path else []
-    return {k: str(v) for e in entries if isinstance(e, DictConfig)
-            for k, v in e.items() if not k.startswith("override")}
+    return {
+        k: str(v) for e in entries if isinstance(e, DictConfig) for k, v in e.items() if not k.startswith("override")
+    }
 
 
 def group_defaults(group: str, name: str) -> dict[str, str]:
@@ -130,7 +134,8 @@ def load_group(group: str, name: str) -> DictConfig:
 def _compose_file(config_name: str) -> DictConfig:
     """One config file composed by Hydra along the search path (inside a running Hydra app, with that app's
     instance, which reads the same search path)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
@@ -149,8 +154,11 @@ def _suggest(key: str, candidates: list[str], dot: str = "") -> str:
 def _call_validate(obj: Any, prefix: str) -> None:
     validate = getattr(obj, "validate", None)
     if callable(validate):
-        required = [p for p in inspect.signature(validate).parameters.values() if p.default is p.empty
-                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [
+            p
+            for p in inspect.signature(validate).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         validate(prefix) if required else validate()  # SourceConfig.validate(where)
 
 
@@ -163,8 +171,10 @@ def build(cls: type[T], node: Any, prefix: str) -> T:
     dot = f"{prefix}." if prefix else ""
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise UserError(f"{dot}{unknown[0]}: unknown key{_suggest(unknown[0], fields, dot)}"
-                         f" (valid keys: {', '.join(sorted(fields))})")
+        raise UserError(
+            f"{dot}{unknown[0]}: unknown key{_suggest(unknown[0], fields, dot)}"
+            f" (valid keys: {', '.join(sorted(fields))})"
+        )
     try:
         typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values), resolve=True)
     except OmegaConfBaseException as e:
@@ -279,8 +289,9 @@ def unknown_key(key: str, keys: list[str]) -> str:
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if not close:
         last = key.rsplit(".", 1)[-1]
-        close = [k for k in keys if k.rsplit(".", 1)[-1] == last][:1] or \
-            [k for k in keys if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.8)][:1]
+        close = [k for k in keys if k.rsplit(".", 1)[-1] == last][:1] or [
+            k for k in keys if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.8)
+        ][:1]
     return f"unknown key {key}" + (f" (did you mean {close[0]}?)" if close else "")
 
 
@@ -309,8 +320,11 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     m = re.match(r"Could not override '([^']+)'", msg)
     if m:
         key = m.group(1)
-        others = [o for o in overrides if not re.match(rf"[+~]*{re.escape(key)}=", o) and "," not in o
-                  and not o.startswith("-")]
+        others = [
+            o
+            for o in overrides
+            if not re.match(rf"[+~]*{re.escape(key)}=", o) and "," not in o and not o.startswith("-")
+        ]
         try:
             keys = list(flat_keys(compose(config_name, others)))
         except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
@@ -341,12 +355,12 @@ def set_env(name: str, value: Optional[str]) -> None:
 
 def compose(config_name: str, overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:
     """The config a command would see, without running it (tests, scripts, help)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = plus_to_force(list(overrides or []), register_schema(config_name))
     use_search_path()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=overrides,
-                             return_hydra_config=return_hydra_config)
+        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)

@@ -11,6 +11,7 @@ A packed window of seq_len + 1 tokens is three rows (what `Packer.next_window` r
 `Batch` keeps only what the data config asks for, so a run with doc_mask=false and loss_on=all sees exactly the
 tokens tensor and runs exactly the code it ran before these fields existed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ class Marked(str):
 
     parts: tuple
 
-    def __new__(cls, parts: list[tuple[str, bool]]) -> "Marked":
+    def __new__(cls, parts: list[tuple[str, bool]]) -> Marked:
         doc = super().__new__(cls, "".join(text for text, _ in parts))
         doc.parts = tuple((text, bool(counts)) for text, counts in parts)
         return doc
@@ -50,15 +51,17 @@ class Batch:
     restart_positions: bool = False
 
     @classmethod
-    def from_windows(cls, windows: np.ndarray, cfg) -> "Batch":
+    def from_windows(cls, windows: np.ndarray, cfg) -> Batch:
         """windows (B, 3, T+1) int32 packed windows -> the Batch that data config `cfg` asks for."""
         w = torch.from_numpy(np.ascontiguousarray(windows)).long()
-        return cls(tokens=w[:, TOKENS].contiguous(),
-                   doc_ids=w[:, DOCS].contiguous() if cfg.doc_mask else None,
-                   loss_mask=w[:, MARKS].bool() if cfg.loss_on == "marked" else None,
-                   restart_positions=cfg.restart_positions)
+        return cls(
+            tokens=w[:, TOKENS].contiguous(),
+            doc_ids=w[:, DOCS].contiguous() if cfg.doc_mask else None,
+            loss_mask=w[:, MARKS].bool() if cfg.loss_on == "marked" else None,
+            restart_positions=cfg.restart_positions,
+        )
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Batch(move(self.tokens), move(self.doc_ids), move(self.loss_mask), self.restart_positions)
 

@@ -2,6 +2,7 @@
 configs/data_prepare.yaml; any data group and data.* override applies). Their own keys are typed by
 TokenizerTrainConfig and PrepareConfig (named in their registry entries, diffllm/cli/registry.py); this module imports
 the data pipeline only when a command runs, so composing their configs and --help stay light."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +57,11 @@ def train_main(cfg: DictConfig) -> None:
     print(f"tokenizer            {out}")
     print(f"vocab                {tok.vocab_size} (eos {tok.eos_token!r} = {tok.eos_id})")
     print(f"trained on           {chars:,} characters of data={data.name} in {secs:.1f} s")
-    print(f"encode throughput    {n / t:,.0f} tokens/s ({sample_chars / t / 1e6:.2f} M chars/s) on {sample_chars:,} characters, "
-          f"{sample_chars / max(n, 1):.2f} chars/token")
+    print(
+        f"encode throughput    {n / t:,.0f} tokens/s ({sample_chars / t / 1e6:.2f} M chars/s) on {sample_chars:,} "
+        "characters, "
+        f"{sample_chars / max(n, 1):.2f} chars/token"
+    )
     if c.out:
         print(f"use it with          data.tokenizer.path={out}")
 
@@ -80,9 +84,14 @@ def prepare_main(cfg: DictConfig) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for src in sources:
         if src.kind in SYNTHETIC:
-            print(f"| {src.name} | synthetic: generated on the fly, also with data.prepared_dir (nothing to prepare) |||||||")
+            print(
+                f"| {src.name} | synthetic: generated on the fly, also with data.prepared_dir (nothing to prepare) "
+                "|||||||"
+            )
             continue
         m = prepare_source(src, tok, out, c.workers)
-        print(f"| {src.name} | {src.n_files} | {m['docs']:,} | {m['empty']:,} | {m['undecodable']:,} | {m['tokens']:,} | "
-              f"{m['seconds']:.2f} | {m['tokens'] / max(m['seconds'], 1e-9):,.0f} |")
+        print(
+            f"| {src.name} | {src.n_files} | {m['docs']:,} | {m['empty']:,} | {m['undecodable']:,} | {m['tokens']:,} | "
+            f"{m['seconds']:.2f} | {m['tokens'] / max(m['seconds'], 1e-9):,.0f} |"
+        )
     print(f"train from it with   data.prepared_dir={out}")

@@ -1,4 +1,5 @@
 """Typed data configs (the `data` Hydra group): sources, validation, tokenizer, streaming layout; and DataError."""
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,8 @@ class SourceConfig:
     format: str = "auto"  # auto (from the file suffix) | jsonl | json | parquet | text | hub
     text_field: str = "text"  # column holding the document text (jsonl/json/parquet/hub)
     weight: float = 1.0  # mixture weight: the share of training windows drawn from this source
-    exclude: List[str] = field(default_factory=list)  # fnmatch patterns on file names to leave out (e.g. held-out files)
+    # fnmatch patterns on file names to leave out (e.g. held-out files)
+    exclude: List[str] = field(default_factory=list)
     sample_by: str = "document"  # text only: a document is a whole file | a paragraph | a line
     hub_config: Optional[str] = None  # hub only: dataset config name
     split: str = "train"  # hub only
@@ -76,10 +78,14 @@ class DataConfig:
     seed: int = 1234  # file order per epoch and mixture draws
     sources: List[Any] = field(default_factory=list)  # SourceConfig nodes
     val: List[Any] = field(default_factory=list)  # held-out SourceConfig nodes, read once in order
-    val_fraction: float = 0.0  # with val empty: hold out this share of the training documents (by a hash of each) for validation
+    val_fraction: float = (
+        0.0  # with val empty: hold out this share of the training documents (by a hash of each) for validation
+    )
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    num_workers: int = field(default=1, metadata={"resume": ("operational",)})  # DataLoader worker processes per rank (0 = tokenize in the training process)
-    worker_timeout_s: float = field(default=600.0, metadata={"resume": ("operational",)})  # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
+    # DataLoader worker processes per rank (0 = tokenize in the training process)
+    num_workers: int = field(default=1, metadata={"resume": ("operational",)})
+    # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
+    worker_timeout_s: float = field(default=600.0, metadata={"resume": ("operational",)})
     num_streams: Optional[int] = None  # independent packed streams; null -> world_size * max(1, num_workers)
     shuffle_files: bool = True  # reshuffle each stream's file order every epoch (seeded)
     epochs: Optional[int] = None  # null = loop forever (training); N = stop after N passes
@@ -87,7 +93,9 @@ class DataConfig:
     prepared_dir: Optional[str] = None  # read pre-tokenized shards written by `diffllm data prepare` from here
     ignore_fingerprint: bool = False  # resume even though the sources or tokenizer changed since the state was saved
     resume: bool = True  # false: ignore a saved data state and start the stream afresh (repeats data)
-    doc_mask: bool = False  # attention stays within each packed document (false: across documents, as the paper trained)
+    doc_mask: bool = (
+        False  # attention stays within each packed document (false: across documents, as the paper trained)
+    )
     restart_positions: bool = False  # with doc_mask: rotary positions restart at 0 at each document start
     loss_on: str = "all"  # all: every target token counts | marked: only the tokens a source marks (e.g. answers)
 
@@ -129,15 +137,19 @@ class DataConfig:
         if not 0 <= self.val_fraction < 1:
             raise DataError(f"data.val_fraction: must be in [0, 1), got {self.val_fraction}")
         if self.val_fraction and self.val:
-            raise DataError(f"data.val_fraction={self.val_fraction} holds out training documents only when data.val is "
-                            "empty; set data.val=[] to use it, or data.val_fraction=0 to keep the configured data.val")
+            raise DataError(
+                f"data.val_fraction={self.val_fraction} holds out training documents only when data.val is "
+                "empty; set data.val=[] to use it, or data.val_fraction=0 to keep the configured data.val"
+            )
         if self.worker_timeout_s < 0:
             raise DataError(f"data.worker_timeout_s: must be >= 0 (0 = wait forever), got {self.worker_timeout_s}")
         if self.loss_on not in LOSS_ON:
             raise DataError(f"data.loss_on: got {self.loss_on!r}, expected one of {LOSS_ON}")
         if self.restart_positions and not self.doc_mask:
-            raise DataError("data.restart_positions=true needs data.doc_mask=true (positions restart per document only "
-                            "when attention stays within documents)")
+            raise DataError(
+                "data.restart_positions=true needs data.doc_mask=true (positions restart per document only "
+                "when attention stays within documents)"
+            )
         if self.num_streams is not None and self.num_streams < 1:
             raise DataError(f"data.num_streams: must be >= 1 or null, got {self.num_streams}")
         names = [s.name for s in self.sources + self.val]

@@ -4,6 +4,7 @@ Layout: N streams (data.num_streams, default world_size x workers) each read a d
 Slot g = rank * workers + worker serves streams g, g+S, g+2S, ... (S = world_size x workers), one micro-batch at a
 time, round-robin. A stream's state is global (it does not depend on who reads it), so a run resumes exactly on any
 layout whose slot count divides N; other layouts are refused with what to do."""
+
 from __future__ import annotations
 
 import atexit
@@ -15,9 +16,9 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from . import workers
 from .batch import Batch
 from .config import DataConfig, DataError
-from . import workers
 from .sources import Source, resolve
 from .stream import Stream, data_fingerprint
 from .tokenizer import Tokenizer, say
@@ -35,7 +36,7 @@ def resolve_sources(cfg: DataConfig, val: bool = False) -> list[Source]:
     return [resolve(s, f"{key}[{i}]", cfg.prepared_dir) for i, s in enumerate(nodes)]
 
 
-_LIVE: "weakref.WeakSet[TrainLoader]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[TrainLoader] = weakref.WeakSet()
 
 
 @atexit.register  # runs before multiprocessing's exit hook, which would SIGTERM (ignored) and then wait on workers
@@ -50,7 +51,7 @@ class _Slots(torch.utils.data.IterableDataset):
     (see workers.as_is).
     Errors travel as ("error", message) so the training process re-raises them as one-line DataErrors."""
 
-    def __init__(self, loader: "TrainLoader", slots: list[int]):
+    def __init__(self, loader: TrainLoader, slots: list[int]):
         self.sources, self.tok, self.cfg = loader.sources, loader.tok, loader.cfg
         self.n, self.micro = loader.n_streams, loader.micro_batch_size
         self.slots = slots
@@ -61,8 +62,10 @@ class _Slots(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         g = self.slots[info.id if info else 0]
         try:
-            streams = [Stream(self.sources, self.tok, self.cfg, s, self.n, st, epochs=self.cfg.epochs)
-                       for s, st in self.streams[g]]
+            streams = [
+                Stream(self.sources, self.tok, self.cfg, s, self.n, st, epochs=self.cfg.epochs)
+                for s, st in self.streams[g]
+            ]
             turn = self.turns[g]
             while True:
                 stream = streams[turn]
@@ -85,15 +88,25 @@ class TrainLoader:
             raise DataError(f"rank {rank} is outside world_size {world_size}")
         if micro_batch_size < 1:
             raise DataError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        self.cfg, self.tok, self.rank, self.world_size, self.micro_batch_size = cfg, tok, rank, world_size, micro_batch_size
+        self.cfg, self.tok, self.rank, self.world_size, self.micro_batch_size = (
+            cfg,
+            tok,
+            rank,
+            world_size,
+            micro_batch_size,
+        )
         self.sources = resolve_sources(cfg)
-        self.fingerprint = data_fingerprint(self.sources, tok, f"val_fraction={cfg.val_fraction}" if cfg.holds_out else "")
+        self.fingerprint = data_fingerprint(
+            self.sources, tok, f"val_fraction={cfg.val_fraction}" if cfg.holds_out else ""
+        )
         self.workers = max(1, cfg.num_workers)
         self.n_slots = world_size * self.workers
         self.n_streams = cfg.num_streams or self.n_slots
         if self.n_streams % self.n_slots:
-            raise DataError(f"data.num_streams={self.n_streams} must be a multiple of world_size x workers = "
-                            f"{world_size} x {self.workers} = {self.n_slots}")
+            raise DataError(
+                f"data.num_streams={self.n_streams} must be a multiple of world_size x workers = "
+                f"{world_size} x {self.workers} = {self.n_slots}"
+            )
         self.stream_states: dict[int, Optional[dict]] = {}
         self.turns: dict[int, int] = {}
         self.next_worker = 0  # which of this rank's slots delivers the next micro-batch
@@ -109,7 +122,7 @@ class TrainLoader:
         return list(range(slot, self.n_streams, self.n_slots))
 
     # iteration
-    def __iter__(self) -> "TrainLoader":
+    def __iter__(self) -> TrainLoader:
         return self
 
     def __next__(self) -> Batch:
@@ -121,9 +134,11 @@ class TrainLoader:
             if "timed out" not in str(e):
                 raise
             self.close()
-            raise DataError(f"data: no batch from this rank's DataLoader workers (rank {self.rank}) within "
-                            f"{self.cfg.worker_timeout_s:g} s (data.worker_timeout_s): a worker is stuck (a hung file "
-                            "system read?) or far too slow") from None
+            raise DataError(
+                f"data: no batch from this rank's DataLoader workers (rank {self.rank}) within "
+                f"{self.cfg.worker_timeout_s:g} s (data.worker_timeout_s): a worker is stuck (a hung file "
+                "system read?) or far too slow"
+            ) from None
         if g == "error":
             self.close()
             raise DataError(batch)
@@ -140,10 +155,18 @@ class TrainLoader:
         if self.cfg.num_workers == 0:
             return iter(ds)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers tokenize single-threaded, without a warning
-        return iter(torch.utils.data.DataLoader(
-            ds, batch_size=None, num_workers=self.workers, prefetch_factor=4, worker_init_fn=workers.worker_init,
-            collate_fn=workers.as_is, multiprocessing_context=workers.context(preload=(__name__,)),
-            timeout=self.cfg.worker_timeout_s))
+        return iter(
+            torch.utils.data.DataLoader(
+                ds,
+                batch_size=None,
+                num_workers=self.workers,
+                prefetch_factor=4,
+                worker_init_fn=workers.worker_init,
+                collate_fn=workers.as_is,
+                multiprocessing_context=workers.context(preload=(__name__,)),
+                timeout=self.cfg.worker_timeout_s,
+            )
+        )
 
     def close(self) -> None:
         """Stop the worker processes (also done at garbage collection and at interpreter exit)."""
@@ -156,9 +179,15 @@ class TrainLoader:
     def state_dict(self) -> dict:
         """This rank's view: its streams' global positions (JSON-serialisable, a few hundred bytes per stream)."""
         return {
-            "version": STATE_VERSION, "fingerprint": self.fingerprint, "seed": self.cfg.seed,
-            "num_streams": self.n_streams, "world_size": self.world_size, "num_workers": self.workers,
-            "rank": self.rank, "batches": self.batches, "next_worker": self.next_worker,
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "seed": self.cfg.seed,
+            "num_streams": self.n_streams,
+            "world_size": self.world_size,
+            "num_workers": self.workers,
+            "rank": self.rank,
+            "batches": self.batches,
+            "next_worker": self.next_worker,
             "turns": {str(g): self.turns.get(g, 0) for g in self.slots()},
             "streams": {str(s): self.stream_states.get(s) for g in self.slots() for s in self.streams_of(g)},
             "consumed": self.consumed(),
@@ -193,8 +222,11 @@ class TrainLoader:
             self.next_worker, self.batches = mine["next_worker"], mine["batches"]
         else:
             self.turns, self.next_worker, self.batches = {}, 0, 0
-            say(f"{self.n_streams} streams saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s) "
-                f"resume on {self.world_size} x {self.workers}: every stream continues exactly; batches interleave differently")
+            say(
+                f"{self.n_streams} streams saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s) "
+                f"resume on {self.world_size} x {self.workers}: every stream continues exactly; batches interleave "
+                "differently"
+            )
         self.close()
 
 
@@ -205,35 +237,56 @@ def check_states(states: list[dict], loader: TrainLoader) -> None:
         raise DataError(f"data state: expected a list of version-{STATE_VERSION} loader states (one per saving rank)")
     first = states[0]
     if [s.get("rank") for s in states] != list(range(first["world_size"])):
-        raise DataError(f"data state: got states of ranks {[s.get('rank') for s in states]}; pass the states of all "
-                        f"{first['world_size']} ranks of the saving run, in rank order")
+        raise DataError(
+            f"data state: got states of ranks {[s.get('rank') for s in states]}; pass the states of all "
+            f"{first['world_size']} ranks of the saving run, in rank order"
+        )
     if first["fingerprint"] != loader.fingerprint:
         if not cfg.ignore_fingerprint:
-            raise DataError(f"data state: fingerprint {first['fingerprint']} != {loader.fingerprint}: the sources or the "
-                            "tokenizer changed since it was saved; set data.ignore_fingerprint=true to resume anyway")
-        say(f"fingerprint changed ({first['fingerprint']} -> {loader.fingerprint}); resuming anyway (data.ignore_fingerprint)")
+            raise DataError(
+                f"data state: fingerprint {first['fingerprint']} != {loader.fingerprint}: the sources or the "
+                "tokenizer changed since it was saved; set data.ignore_fingerprint=true to resume anyway"
+            )
+        say(
+            f"fingerprint changed ({first['fingerprint']} -> {loader.fingerprint}); resuming anyway "
+            "(data.ignore_fingerprint)"
+        )
     if first["seed"] != cfg.seed:
-        raise DataError(f"data.seed={cfg.seed} but the data state was saved with seed {first['seed']}; set data.seed={first['seed']}")
+        raise DataError(
+            f"data.seed={cfg.seed} but the data state was saved with seed {first['seed']}; set "
+            f"data.seed={first['seed']}"
+        )
     n = first["num_streams"]
     if cfg.num_streams is not None and cfg.num_streams != n:
-        raise DataError(f"data.num_streams={cfg.num_streams} but the data state has {n} streams; set data.num_streams={n} (or null)")
+        raise DataError(
+            f"data.num_streams={cfg.num_streams} but the data state has {n} streams; set data.num_streams={n} (or null)"
+        )
     ids = sorted(int(s) for state in states for s in state["streams"])
     if ids != list(range(n)):
-        raise DataError(f"data state: streams {sorted(set(range(n)) - set(ids)) or 'duplicated'} missing; pass the states of all ranks")
+        raise DataError(
+            f"data state: streams {sorted(set(range(n)) - set(ids)) or 'duplicated'} missing; pass the states of all "
+            "ranks"
+        )
     if n % loader.n_slots:
         fits = [d for d in range(1, n + 1) if n % d == 0]
         raise DataError(
-            f"data state has {n} streams (saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s)); this run's "
-            f"world_size x data.num_workers = {loader.world_size} x {loader.workers} = {loader.n_slots} must divide {n} "
-            f"(one of {fits}); or set data.resume=false to restart the data stream (repeats data)")
+            f"data state has {n} streams (saved by {first['world_size']} rank(s) x {first['num_workers']} worker(s)); "
+            "this run's "
+            f"world_size x data.num_workers = {loader.world_size} x {loader.workers} = {loader.n_slots} must divide "
+            f"{n} "
+            f"(one of {fits}); or set data.resume=false to restart the data stream (repeats data)"
+        )
 
 
-def build_train_loader(cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int) -> TrainLoader:
+def build_train_loader(
+    cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int
+) -> TrainLoader:
     return TrainLoader(cfg, tok, rank, world_size, micro_batch_size)
 
 
 def build_val_batches(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> list[Batch]:
-    """The first max_batches batches (of batch_size windows of seq_len + 1 tokens) of the held-out sources, read once in file order
+    """The first max_batches batches (of batch_size windows of seq_len + 1 tokens) of the held-out sources, read once
+    in file order
     (several sources: one stream, each window drawn from a source by weight)."""
     return _val_batches(resolve_sources(cfg, val=True), cfg, tok, batch_size, max_batches, "data.val")
 
@@ -242,13 +295,17 @@ def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches
     """Per held-out source (by name, config order): its own first max_batches batches of batch_size windows,
     read once in file order, so that a loss can be reported per source. With data.val_fraction the sources are the
     training sources' held-out documents."""
-    return {src.name: _val_batches([src], cfg, tok, batch_size, max_batches, f"held-out source {src.name!r}")
-            for src in resolve_sources(cfg, val=True)}
+    return {
+        src.name: _val_batches([src], cfg, tok, batch_size, max_batches, f"held-out source {src.name!r}")
+        for src in resolve_sources(cfg, val=True)
+    }
 
 
-def val_windows(sources: list[Source], cfg: DataConfig, tok: Tokenizer, limit: Optional[int] = None,
-                what: str = "data.val") -> list[np.ndarray]:
-    """The held-out stream's packed windows ((3, seq_len + 1): tokens, document ids, loss marks), read once in file order with seed 0
+def val_windows(
+    sources: list[Source], cfg: DataConfig, tok: Tokenizer, limit: Optional[int] = None, what: str = "data.val"
+) -> list[np.ndarray]:
+    """The held-out stream's packed windows ((3, seq_len + 1): tokens, document ids, loss marks), read once in file
+    order with seed 0
     (the held-out stream must not change with the training seed): at most `limit`, or all of them. Validation's
     batches are its first ones; `diffllm eval ppl` scores all of them (with data.val_fraction: the held-out documents
     only, as the trainer validates)."""
@@ -261,17 +318,22 @@ def val_windows(sources: list[Source], cfg: DataConfig, tok: Tokenizer, limit: O
             break
         except DataError:
             if cfg.holds_out and not windows:  # the epoch check: no held-out document at all
-                raise DataError(f"data.val_fraction={cfg.val_fraction}: {what} has no held-out document; raise "
-                                "data.val_fraction or configure data.val") from None
+                raise DataError(
+                    f"data.val_fraction={cfg.val_fraction}: {what} has no held-out document; raise "
+                    "data.val_fraction or configure data.val"
+                ) from None
             raise
     return windows
 
 
-def _val_batches(sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int,
-                 what: str) -> list[Batch]:
+def _val_batches(
+    sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int, what: str
+) -> list[Batch]:
     windows = val_windows(sources, cfg, tok, batch_size * max_batches, what)
     if len(windows) < batch_size:
-        raise DataError(f"{what}: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
-                        + ("; raise data.val_fraction" if cfg.holds_out else ""))
+        raise DataError(
+            f"{what}: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
+            + ("; raise data.val_fraction" if cfg.holds_out else "")
+        )
     n = len(windows) // batch_size
     return [Batch.from_windows(np.stack(windows[i * batch_size : (i + 1) * batch_size]), cfg) for i in range(n)]

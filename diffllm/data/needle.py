@@ -12,6 +12,7 @@ As a `data` source (mixable with text by weight):
       path: "needle:n_needles=2-8,queries=16,filler=48,docs=100000"   # every key optional ("needle": defaults)
       weight: 0.1
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -19,20 +20,143 @@ from typing import Iterator
 
 import numpy as np
 
-from .batch import Marked
 from ..errors import UserError
+from .batch import Marked
 
-KEYS = ("lark", "bear", "cat", "deer", "eagle", "fox", "raven", "ox", "lion", "ape", "boar", "ass", "fly", "seal",
-        "bird", "wolf", "ant", "beast", "serpent", "dog", "sheep", "fish", "calf", "bull", "horse", "lamb", "bat",
-        "cock", "worm", "crow", "dove", "goose")
-VALUES = ("red", "blue", "green", "black", "white", "gold", "silver", "brown", "grey", "yellow", "one", "two", "three",
-          "four", "five", "six", "seven", "eight", "nine", "ten", "north", "south", "east", "west", "iron", "stone",
-          "glass", "wood", "salt", "milk", "wine", "bread")
-FILLER = ("the", "and", "of", "to", "in", "that", "with", "for", "not", "but", "this", "his", "all", "be", "have",
-          "from", "by", "so", "what", "shall", "will", "no", "if", "my", "are", "our", "on", "at", "as", "more", "then",
-          "when", "good", "now", "come", "let", "here", "there", "well", "may", "must", "make", "see", "know", "love",
-          "time", "day", "night", "man", "world", "heart", "hand", "life", "death", "king", "lord", "old", "young",
-          "sweet", "fair", "true", "great", "little", "long")
+KEYS = (
+    "lark",
+    "bear",
+    "cat",
+    "deer",
+    "eagle",
+    "fox",
+    "raven",
+    "ox",
+    "lion",
+    "ape",
+    "boar",
+    "ass",
+    "fly",
+    "seal",
+    "bird",
+    "wolf",
+    "ant",
+    "beast",
+    "serpent",
+    "dog",
+    "sheep",
+    "fish",
+    "calf",
+    "bull",
+    "horse",
+    "lamb",
+    "bat",
+    "cock",
+    "worm",
+    "crow",
+    "dove",
+    "goose",
+)
+VALUES = (
+    "red",
+    "blue",
+    "green",
+    "black",
+    "white",
+    "gold",
+    "silver",
+    "brown",
+    "grey",
+    "yellow",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "north",
+    "south",
+    "east",
+    "west",
+    "iron",
+    "stone",
+    "glass",
+    "wood",
+    "salt",
+    "milk",
+    "wine",
+    "bread",
+)
+FILLER = (
+    "the",
+    "and",
+    "of",
+    "to",
+    "in",
+    "that",
+    "with",
+    "for",
+    "not",
+    "but",
+    "this",
+    "his",
+    "all",
+    "be",
+    "have",
+    "from",
+    "by",
+    "so",
+    "what",
+    "shall",
+    "will",
+    "no",
+    "if",
+    "my",
+    "are",
+    "our",
+    "on",
+    "at",
+    "as",
+    "more",
+    "then",
+    "when",
+    "good",
+    "now",
+    "come",
+    "let",
+    "here",
+    "there",
+    "well",
+    "may",
+    "must",
+    "make",
+    "see",
+    "know",
+    "love",
+    "time",
+    "day",
+    "night",
+    "man",
+    "world",
+    "heart",
+    "hand",
+    "life",
+    "death",
+    "king",
+    "lord",
+    "old",
+    "young",
+    "sweet",
+    "fair",
+    "true",
+    "great",
+    "little",
+    "long",
+)
 MARK, LINK, END = "magic", "is", "."
 
 
@@ -50,7 +174,7 @@ class NeedleSpec:
     seed: int = 0
 
     @classmethod
-    def parse(cls, path: str) -> "NeedleSpec":
+    def parse(cls, path: str) -> NeedleSpec:
         """'needle' or 'needle:n_needles=2-8,queries=16,filler=48,docs=100000,seed=0'."""
         spec = set_fields(cls(), path, "needle", ("n_needles",))
         lo, hi = spec.n_needles
@@ -84,7 +208,9 @@ def set_fields(spec, path: str, head: str, ranges: tuple):
             lo, _, hi = value.partition("-")
             setattr(spec, key, (int(lo), int(hi or lo)) if key in ranges else int(value))
         except ValueError:
-            raise UserError(f"path {path!r}: {key}={value!r} is not a number ({', '.join(ranges)}: N or LO-HI)") from None
+            raise UserError(
+                f"path {path!r}: {key}={value!r} is not a number ({', '.join(ranges)}: N or LO-HI)"
+            ) from None
     return spec
 
 

@@ -1,5 +1,6 @@
 """Packer: one source's documents on one stream -> EOS-separated, unpadded windows; its state is where the next
 window starts (epoch, file item, example index, token offset), so a restore re-reads one document and is exact."""
+
 from __future__ import annotations
 
 import hashlib
@@ -40,16 +41,35 @@ def held_out(source: str, label: str, example: int, fraction: float) -> bool:
 
 
 def fresh_state(order: list[Item]) -> dict:
-    return {"epoch": 0, "item": 0, "example": order[0][2], "offset": 0, "docs": 0, "empty": 0, "undecodable": 0, "tokens": 0}
+    return {
+        "epoch": 0,
+        "item": 0,
+        "example": order[0][2],
+        "offset": 0,
+        "docs": 0,
+        "empty": 0,
+        "undecodable": 0,
+        "tokens": 0,
+    }
 
 
 class Packer:
     """Windows of `window` tokens from one source on one stream. Documents are tokenized in batches, each followed
     by EOS, and cut into consecutive windows with no padding; a document longer than a window spans several."""
 
-    def __init__(self, src: Source, reader: Reader, tok: Tokenizer, window: int, items: list[Item],
-                 order_seed: Optional[list[int]], epochs: Optional[int], tokenize_chars: int, state: Optional[dict],
-                 split: Optional[tuple[float, bool]] = None):
+    def __init__(
+        self,
+        src: Source,
+        reader: Reader,
+        tok: Tokenizer,
+        window: int,
+        items: list[Item],
+        order_seed: Optional[list[int]],
+        epochs: Optional[int],
+        tokenize_chars: int,
+        state: Optional[dict],
+        split: Optional[tuple[float, bool]] = None,
+    ):
         self.src, self.reader, self.tok, self.window, self.items = src, reader, tok, window, items
         self.split = split  # (val_fraction, True: only held-out documents | False: all but them); None: every document
         self.order_seed, self.epochs, self.tokenize_chars = order_seed, epochs, tokenize_chars
@@ -94,8 +114,11 @@ class Packer:
                 i += 1
                 j = order[i][2] if i < len(order) else 0
             if whole_epoch and not found:
-                raise DataError(f"source {self.src.name!r}: a stream read a whole epoch without a document ({empty} empty) "
-                                f"from its {len(order)} file part(s); use fewer streams (world_size x data.num_workers) or more, fuller files")
+                raise DataError(
+                    f"source {self.src.name!r}: a stream read a whole epoch without a document ({empty} empty) "
+                    f"from its {len(order)} file part(s); use fewer streams (world_size x data.num_workers) or more, "
+                    "fuller files"
+                )
             e, i = e + 1, 0
             j = self.order(e)[0][2]
             yield None  # epoch boundary: a small corpus is not read ahead for many epochs
@@ -128,8 +151,11 @@ class Packer:
     def _tokenize(self, docs: list) -> list[tuple[np.ndarray, np.ndarray]]:
         """(tokens + EOS, loss marks) per document, tokenized in one batch: a Marked document segment by segment, its
         EOS unmarked (a task marks its answers; predicting the document's end is none of them, e.g. after a recall
-        document's last answer); every other document's tokens and EOS marked 1. An empty document: no tokens, not even EOS."""
-        texts = [t for d in docs if isinstance(d, str) and d for t in (d.parts if isinstance(d, Marked) else [(d, True)])]
+        document's last answer); every other document's tokens and EOS marked 1. An empty document: no tokens, not even
+        EOS."""
+        texts = [
+            t for d in docs if isinstance(d, str) and d for t in (d.parts if isinstance(d, Marked) else [(d, True)])
+        ]
         ids = iter(self.tok.encode_batch([t for t, _ in texts])) if texts else iter(())
         out = []
         for doc in docs:

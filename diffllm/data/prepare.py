@@ -1,5 +1,6 @@
 """Pre-tokenized sources: one numpy token file + index per source file, read back with the same document order,
 sharding and state as the raw source (and the same fingerprint, so a run may switch between them and resume)."""
+
 from __future__ import annotations
 
 import json
@@ -71,9 +72,14 @@ def prepare_source(src: Source, tok: Tokenizer, out: Path, workers: int = 1) -> 
     totals = {k: sum(p[k] for p in parts) for k in parts[0]}
     root = os.path.commonpath([os.path.dirname(p) for p in src.files]) if src.kind != "hub" else ""
     meta = {
-        "format": FORMAT, "source": json.loads(json.dumps(_semantic(src.cfg))), "fingerprint": src.fingerprint,
-        "files": [os.path.relpath(p, root) if root else p for p in src.files], "tokenizer": tok.fingerprint,
-        "dtype": _dtype(tok), **totals, "seconds": round(time.perf_counter() - t0, 3),
+        "format": FORMAT,
+        "source": json.loads(json.dumps(_semantic(src.cfg))),
+        "fingerprint": src.fingerprint,
+        "files": [os.path.relpath(p, root) if root else p for p in src.files],
+        "tokenizer": tok.fingerprint,
+        "dtype": _dtype(tok),
+        **totals,
+        "seconds": round(time.perf_counter() - t0, 3),
     }
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta

@@ -26,6 +26,7 @@ As a `data` source:
       format: recall
       path: "recall:pairs=2-8,length=64,gap=0-16,docs=100000,seed=0,split=train"   # every key optional
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,9 +35,9 @@ from typing import Iterator
 
 import numpy as np
 
+from ..errors import UserError
 from .batch import Marked
 from .needle import FILLER, KEYS, VALUES, set_fields
-from ..errors import UserError
 
 SPLITS = ("train", "test")
 HELDOUT_EVERY = 8  # 1 in 8 binding sets is held out
@@ -58,7 +59,7 @@ class RecallSpec:
     split: str = "train"  # train | test (held-out binding sets)
 
     @classmethod
-    def parse(cls, path: str) -> "RecallSpec":
+    def parse(cls, path: str) -> RecallSpec:
         """'recall' or 'recall:pairs=2-8,length=64,gap=0-16,docs=100000,seed=0,split=train'."""
         spec = set_fields(cls(), path, "recall", ("pairs", "gap"))
         try:

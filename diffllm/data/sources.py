@@ -1,4 +1,5 @@
 """Sources resolved to files (globs, `pkg:` paths, hub names, prepared shards), checked, fingerprinted, and read."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -13,9 +14,9 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
+from . import needle, recall
 from .batch import Marked
 from .config import DataError, SourceConfig
-from . import needle, recall
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
 HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
@@ -104,8 +105,10 @@ def _check_text(path: str, sample: bytes) -> None:
     nul = sample.count(0)
     if nul > len(sample) // 100 or bad > MAX_UNDECODABLE * max(1, len(text)):
         what = f"{nul} NUL bytes" if nul > len(sample) // 100 else f"{bad} of {len(text)} characters are not UTF-8"
-        raise DataError(f"{path}: not UTF-8 text ({what} in its first {len(sample):,} bytes): a binary file, an archive "
-                        "or another encoding? Convert it to UTF-8, or leave it out (the source's exclude: [...])")
+        raise DataError(
+            f"{path}: not UTF-8 text ({what} in its first {len(sample):,} bytes): a binary file, an archive "
+            "or another encoding? Convert it to UTF-8, or leave it out (the source's exclude: [...])"
+        )
 
 
 def _digest(*parts: object) -> str:
@@ -133,7 +136,11 @@ def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -
         except ValueError as e:
             raise DataError(f"{where}.{e}") from None
     files = [f for p in cfg.paths for f in _expand(p, where)]
-    kept = [f for f in files if not any(fnmatch.fnmatch(os.path.basename(f), x) or fnmatch.fnmatch(f, x) for x in cfg.exclude)]
+    kept = [
+        f
+        for f in files
+        if not any(fnmatch.fnmatch(os.path.basename(f), x) or fnmatch.fnmatch(f, x) for x in cfg.exclude)
+    ]
     if not kept:
         raise DataError(f"{where}: every file matching {cfg.paths} is excluded by {where}.exclude")
     if len(set(kept)) != len(kept):
@@ -142,7 +149,9 @@ def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -
     kinds = {"json" if k == "jsonl" else k for k in kinds}
     if None in kinds:
         bad = next(f for f in kept if Path(f).suffix.lower() not in SUFFIX_FORMAT)
-        raise DataError(f"{where}.format: cannot infer the format of {bad} from its suffix; set format: jsonl|parquet|text")
+        raise DataError(
+            f"{where}.format: cannot infer the format of {bad} from its suffix; set format: jsonl|parquet|text"
+        )
     if len(kinds) > 1:
         raise DataError(f"{where}: files of several formats {sorted(kinds)}; split them into one source per format")
     kind = kinds.pop()
@@ -167,7 +176,9 @@ def _resolve_prepared(cfg: SourceConfig, where: str, folder: Path) -> Source:
         raise DataError(f"{meta_path}: missing; run `diffllm data prepare` for source {cfg.name!r} ({where})")
     meta = json.loads(meta_path.read_text())
     if meta.get("source") != json.loads(json.dumps(_semantic(cfg))):
-        raise DataError(f"{meta_path}: prepared from a different config of source {cfg.name!r}; re-run `diffllm data prepare`")
+        raise DataError(
+            f"{meta_path}: prepared from a different config of source {cfg.name!r}; re-run `diffllm data prepare`"
+        )
     for i in range(len(meta["files"])):
         for part in (_shard_path(folder, i, "bin"), _shard_path(folder, i, "idx.npy")):
             if not part.exists():
@@ -214,11 +225,17 @@ class Reader:
             else:
                 kw = {"sample_by": cfg.sample_by, "encoding_errors": "replace"} if self.src.kind == "text" else {}
                 try:
-                    self._ds = load_dataset(self.src.kind, data_files=self.src.files, split="train", streaming=True, **kw)
+                    self._ds = load_dataset(
+                        self.src.kind, data_files=self.src.files, split="train", streaming=True, **kw
+                    )
                 except Exception as e:
-                    raise DataError(f"source {self.src.name!r}: cannot open its {self.src.kind} files ({_one_line(e)})") from None
+                    raise DataError(
+                        f"source {self.src.name!r}: cannot open its {self.src.kind} files ({_one_line(e)})"
+                    ) from None
             if self._ds.n_shards != self.src.n_files:
-                raise DataError(f"source {self.src.name!r}: the dataset has {self._ds.n_shards} shards, expected {self.src.n_files}")
+                raise DataError(
+                    f"source {self.src.name!r}: the dataset has {self._ds.n_shards} shards, expected {self.src.n_files}"
+                )
         return self._ds
 
     def docs(self, f: int, start: int, stride: int) -> Iterator[tuple[int, Doc, int]]:
@@ -238,7 +255,9 @@ class Reader:
         try:
             for table in ds.with_format("arrow").iter(batch_size=READ_BATCH):
                 if field not in table.column_names:
-                    raise DataError(f"{label}: example {j} has no field {field!r} (fields: {', '.join(table.column_names)})")
+                    raise DataError(
+                        f"{label}: example {j} has no field {field!r} (fields: {', '.join(table.column_names)})"
+                    )
                 for text in _texts(table.column(field), label, field):
                     if (j - start) % stride == 0:
                         yield j, text, (text.count("\ufffd") if text else 0)
@@ -253,8 +272,15 @@ class Reader:
         idx = np.load(_shard_path(folder, f, "idx.npy"))  # (n_docs, 2): end offset, undecodable count
         meta = json.loads((folder / "meta.json").read_text())
         if self._tok_fp and meta["tokenizer"] != self._tok_fp:
-            raise DataError(f"{folder}: prepared with another tokenizer ({meta['tokenizer']} != {self._tok_fp}); re-run `diffllm data prepare`")
-        tokens = np.memmap(_shard_path(folder, f, "bin"), dtype=meta["dtype"], mode="r") if len(idx) and idx[-1, 0] else np.zeros(0)
+            raise DataError(
+                f"{folder}: prepared with another tokenizer ({meta['tokenizer']} != {self._tok_fp}); re-run `diffllm "
+                "data prepare`"
+            )
+        tokens = (
+            np.memmap(_shard_path(folder, f, "bin"), dtype=meta["dtype"], mode="r")
+            if len(idx) and idx[-1, 0]
+            else np.zeros(0)
+        )
         for j in range(start, len(idx), stride):
             lo = idx[j - 1, 0] if j else 0
             yield j, np.asarray(tokens[lo : idx[j, 0]], dtype=np.int32), int(idx[j, 1])

@@ -1,5 +1,6 @@
 """Stream: one independent packed token stream over all sources; each window comes from one source, drawn by weight
 from a seeded counter-based generator (window n of stream s always draws the same source)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,19 +32,39 @@ class Stream:
     part: "train" or "val"; it matters only when cfg.holds_out (validation is a hashed share of the training
     documents): "train" skips those documents, "val" reads only them."""
 
-    def __init__(self, sources: list[Source], tok: Tokenizer, cfg: DataConfig, index: int, n_streams: int,
-                 state: Optional[dict] = None, shuffle: Optional[bool] = None, epochs: Optional[int] = None,
-                 part: str = "train"):
+    def __init__(
+        self,
+        sources: list[Source],
+        tok: Tokenizer,
+        cfg: DataConfig,
+        index: int,
+        n_streams: int,
+        state: Optional[dict] = None,
+        shuffle: Optional[bool] = None,
+        epochs: Optional[int] = None,
+        part: str = "train",
+    ):
         self.index, self.seed = index, cfg.seed
         shuffle = cfg.shuffle_files if shuffle is None else shuffle
         saved = (state or {}).get("sources", {})
         unknown = sorted(set(saved) - {s.name for s in sources})
         if unknown:
-            raise DataError(f"data state: source {unknown[0]!r} is not in data.sources; the state belongs to another data config")
+            raise DataError(
+                f"data state: source {unknown[0]!r} is not in data.sources; the state belongs to another data config"
+            )
         self.packers = [
-            Packer(src, Reader(src, tok.fingerprint), tok, cfg.seq_len + 1, assign_items(src.n_files, n_streams, index),
-                   [cfg.seed, _stable_int(src.name), index] if shuffle else None, epochs, cfg.tokenize_chars,
-                   saved.get(src.name), (cfg.val_fraction, part == "val") if cfg.holds_out else None)
+            Packer(
+                src,
+                Reader(src, tok.fingerprint),
+                tok,
+                cfg.seq_len + 1,
+                assign_items(src.n_files, n_streams, index),
+                [cfg.seed, _stable_int(src.name), index] if shuffle else None,
+                epochs,
+                cfg.tokenize_chars,
+                saved.get(src.name),
+                (cfg.val_fraction, part == "val") if cfg.holds_out else None,
+            )
             for src in sources
         ]
         self.windows = (state or {}).get("windows", 0)

@@ -1,4 +1,5 @@
 """Tokenizers: load a tokenizer.json or HF tokenizer folder, train a byte-level BPE on the sources, cache it."""
+
 from __future__ import annotations
 
 import difflib
@@ -68,7 +69,9 @@ def load_tokenizer(path: str, eos_token: str) -> Tokenizer:
 
         hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any failure means "not a loadable tokenizer folder"
-        raise DataError(f"data.tokenizer.path: {p}: no tokenizer.json and transformers cannot load it ({type(e).__name__})") from None
+        raise DataError(
+            f"data.tokenizer.path: {p}: no tokenizer.json and transformers cannot load it ({type(e).__name__})"
+        ) from None
     if not getattr(hf, "is_fast", False):
         raise DataError(f"data.tokenizer.path: {p}: only fast (tokenizers-backed) tokenizers are supported")
     return Tokenizer(hf.backend_tokenizer, eos_token, str(p))
@@ -88,15 +91,19 @@ def _folder_eos(folder: Path) -> Optional[str]:
 
 def train_bpe(texts: Iterator[str], tcfg: TokenizerConfig):
     """A byte-level BPE (GPT-2 style: no unknown tokens, lossless decode) with EOS and any extra special tokens."""
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tk = HFTokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     specials = [tcfg.eos_token] + [t for t in tcfg.special_tokens if t != tcfg.eos_token]
     trainer = trainers.BpeTrainer(
-        vocab_size=tcfg.vocab_size, min_frequency=tcfg.min_frequency, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=tcfg.vocab_size,
+        min_frequency=tcfg.min_frequency,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tk.train_from_iterator(texts, trainer=trainer)
     return tk
@@ -127,8 +134,17 @@ def _source_texts(src: Source) -> Iterator[str]:
 
 def default_path(cfg: DataConfig, sources: list[Source]) -> Path:
     t = cfg.tokenizer
-    key = json.dumps([BPE_VERSION, [s.fingerprint for s in sources], t.vocab_size, t.eos_token, t.special_tokens,
-                      t.min_frequency, t.train_chars])
+    key = json.dumps(
+        [
+            BPE_VERSION,
+            [s.fingerprint for s in sources],
+            t.vocab_size,
+            t.eos_token,
+            t.special_tokens,
+            t.min_frequency,
+            t.train_chars,
+        ]
+    )
     return cache_dir() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:16] / "tokenizer.json"
 
 
@@ -170,10 +186,12 @@ def warn_small_vocab(tok: Tokenizer, tcfg: TokenizerConfig, chars: int) -> None:
     vocabulary short of what was asked (the model's embedding follows tok.vocab_size, so a run still works)."""
     if tok.vocab_size >= tcfg.vocab_size:
         return
-    say(f"warning: the trained tokenizer has {tok.vocab_size} tokens, fewer than data.tokenizer.vocab_size="
+    say(
+        f"warning: the trained tokenizer has {tok.vocab_size} tokens, fewer than data.tokenizer.vocab_size="
         f"{tcfg.vocab_size}: its {chars:,} training characters hold no more pairs that occur at least "
         f"data.tokenizer.min_frequency={tcfg.min_frequency} times (the corpus is too small for that vocabulary). "
-        f"Add text, lower min_frequency, or set data.tokenizer.vocab_size={tok.vocab_size} to make it explicit")
+        f"Add text, lower min_frequency, or set data.tokenizer.vocab_size={tok.vocab_size} to make it explicit"
+    )
 
 
 def ensure_tokenizer(cfg: DataConfig) -> Tokenizer:
@@ -187,7 +205,10 @@ def ensure_tokenizer(cfg: DataConfig) -> Tokenizer:
         with open(path.parent / ".lock", "w") as lock:  # concurrent ranks: one trains, the others wait and load
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not path.exists():
-                say(f"no cached tokenizer for data={cfg.name}: training a byte-level BPE (vocab {cfg.tokenizer.vocab_size}) -> {path}")
+                say(
+                    f"no cached tokenizer for data={cfg.name}: training a byte-level BPE (vocab "
+                    f"{cfg.tokenizer.vocab_size}) -> {path}"
+                )
                 tok, chars, secs = train_and_save(cfg, sources, path)
                 say(f"trained on {chars:,} characters in {secs:.1f} s: vocab {tok.vocab_size}")
     return load_tokenizer(str(path), cfg.tokenizer.eos_token)

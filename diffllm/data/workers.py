@@ -11,6 +11,7 @@ milliseconds after the first and never inherits a thread. Nothing outlives the t
 (a watchdog's os._exit, SIGKILL): the kernel kills the forkserver when the training process ends and each worker
 when its forkserver does (die_with_parent). DataLoader's own parent watchdog cannot do this: a worker's parent is the
 forkserver, not the trainer (seen: forkservers and workers of a stalled rank still alive an hour later)."""
+
 from __future__ import annotations
 
 import ctypes

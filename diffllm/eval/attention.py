@@ -15,6 +15,7 @@ its value), averaged over all queries of the cell's prompts:
   noise   the mass on the rest of the context (filler and the other pairs; the query section, earlier queries and
           answers and the key itself, is neither)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -100,8 +101,9 @@ class AttentionConfig:
     out: Optional[str] = None
 
 
-def attention_by_depth(model, tok, mode: str, haystack, n: int, depths: list, length: int, trials: int,
-                       seed: int) -> dict:
+def attention_by_depth(
+    model, tok, mode: str, haystack, n: int, depths: list, length: int, trials: int, seed: int
+) -> dict:
     """{depth: {"answer": [...], "noise": [...]}} for a model in memory."""
     fmt = Format(mode, tok)
     out = {}
@@ -116,8 +118,16 @@ def attention_by_cell(model, tok, task: RecallTask) -> list:
     """[{"n", "gap", "length", "queries", "answer": [...], "noise": [...]}] for a model in memory, one per N x gap x
     length of `task` (eval recall's prompts: the same seed gives the same prompts)."""
     cells = task_prompts(task, tok, model.cfg.max_seq_len)  # validates: one-line EvalErrors
-    return [{"n": n, "gap": gap, "length": length, "queries": sum(len(p.answers) for p in prompts),
-             **recall_allocation(model, prompts)} for (n, gap, length), prompts in cells.items()]
+    return [
+        {
+            "n": n,
+            "gap": gap,
+            "length": length,
+            "queries": sum(len(p.answers) for p in prompts),
+            **recall_allocation(model, prompts),
+        }
+        for (n, gap, length), prompts in cells.items()
+    ]
 
 
 def allocation_table(keys: List[str], cells: List[tuple]) -> str:
@@ -125,8 +135,9 @@ def allocation_table(keys: List[str], cells: List[tuple]) -> str:
     from .report import markdown
 
     rows = [labels + ["mean", np.mean(v["answer"]), np.mean(v["noise"])] for labels, v in cells]
-    rows += [labels + [f"layer {i}", a, nz] for labels, v in cells
-             for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))]
+    rows += [
+        labels + [f"layer {i}", a, nz] for labels, v in cells for i, (a, nz) in enumerate(zip(v["answer"], v["noise"]))
+    ]
     return markdown(keys + ["layer", "attention to answer", "attention noise"], rows)
 
 
@@ -157,8 +168,15 @@ def run_attention(c: AttentionConfig) -> dict:
         raise EvalError(f"task={c.task!r}: expected one of {TASKS}")
     run, mcfg, model, tok = load_run(c.run, c.step)
     settings, results, table = (recall_attention if c.task == "recall" else needle_attention)(c, run, mcfg, model, tok)
-    res = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
-           **settings, "normalisation": mcfg.variant.map_normalisation, **results}
+    res = {
+        "run": str(run.dir),
+        "step": run.checkpoint(c.step).step,
+        "arch": mcfg.arch,
+        "model": mcfg.name,
+        **settings,
+        "normalisation": mcfg.variant.map_normalisation,
+        **results,
+    }
     reports = [layer.attn.report() for layer in model.layers]  # per-layer values the variant reports (Diff: lambda)
     res.update({key: [r[key] for r in reports] for key in reports[0]})
     name = "attention" if c.task == "needle" else f"attention-{c.task}"  # compare reads attention.json as the needle's

@@ -1,6 +1,7 @@
 """What every evaluation shares: its one-line error (EvalError), loading a run, writing results, and the batched,
 gradient-free scorer (log-probabilities of target tokens) that perplexity, needles and lm-eval all use. Each command's
 `key=value` line is diffllm.config.run_key_values on the dataclass its registry entry names."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,11 @@ def load_run(run: str, step: Any = "latest"):
 def library_output_to_stderr():
     """Inside: what libraries print (DeepSpeed's zero_to_fp32 `print`s, its logger's stdout handler) goes to stderr,
     so a command's stdout holds only its own output (`diffllm generate ... > out.txt`)."""
-    handlers = [h for h in logging.getLogger("DeepSpeed").handlers
-                if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__)]
+    handlers = [
+        h
+        for h in logging.getLogger("DeepSpeed").handlers
+        if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__)
+    ]
     saved = [h.stream for h in handlers]
     for h in handlers:
         h.stream = sys.stderr
@@ -96,8 +100,9 @@ def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor, **model_kwargs
     # over contiguous rows, as the trainer's loss (4x faster on CPU than over the transposed (B, V, T) view), a few
     # MB of rows at a time: log_softmax's temporary stays in cache (row by row, so the numbers do not change)
     step = max(1, (1 << 21) // V)
-    return -torch.cat([F.cross_entropy(rows[i : i + step], targets[i : i + step], reduction="none")
-                       for i in range(0, B * T, step)]).view(B, T)  # (B, T)
+    return -torch.cat(
+        [F.cross_entropy(rows[i : i + step], targets[i : i + step], reduction="none") for i in range(0, B * T, step)]
+    ).view(B, T)  # (B, T)
 
 
 def padded(seqs: list[list[int]]) -> torch.Tensor:
@@ -109,15 +114,16 @@ def padded(seqs: list[list[int]]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def score_continuations(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], max_len: int,
-                        batch_size: int = 16) -> list[tuple[float, bool]]:
+def score_continuations(
+    model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], max_len: int, batch_size: int = 16
+) -> list[tuple[float, bool]]:
     """(sum log p(continuation | context), continuation is the greedy choice) for each (context, continuation) pair.
     The last `max_len` + 1 tokens are kept (the context is cut on the left). This is the scorer of lm-eval's
     loglikelihood and the reference of our own multiple-choice scoring."""
     out: list[tuple[float, bool]] = []
     for i in range(0, len(pairs), batch_size):
         chunk = pairs[i : i + batch_size]
-        seqs = [(ctx + cont)[-(max_len + 1):] for ctx, cont in chunk]
+        seqs = [(ctx + cont)[-(max_len + 1) :] for ctx, cont in chunk]
         logits = model(padded(seqs)[:, :-1]).float().log_softmax(-1)  # (B, W-1, V)
         for j, ((_, cont), s) in enumerate(zip(chunk, seqs)):
             n = len(cont)

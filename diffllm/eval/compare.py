@@ -3,6 +3,7 @@ Transformer report after a sweep), with each run's stability record from trainin
 norm: its summary.json). Each run's results are read from <run>/eval/*.json; a missing one is computed
 first with the command's defaults (compute=false: leave it blank); what will be computed is said before it starts.
 The table and plots go to `out`, by default <the runs' common parent>/compare."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,8 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..runs import Run
 from ..config import run_key_values
+from ..runs import Run
 from .common import EvalError, read_json_or_none, say, write_json
 from .report import markdown
 
@@ -43,8 +44,10 @@ def _attention(run: str) -> dict:
 
 
 EVALS: dict[str, tuple[str, Callable[[str], dict]]] = {  # name -> (file in <run>/eval, how to compute it)
-    "ppl": ("ppl.json", _ppl), "needle": ("needle-synthetic.json", _needle),
-    "outliers": ("outliers.json", _outliers), "attention": ("attention.json", _attention),
+    "ppl": ("ppl.json", _ppl),
+    "needle": ("needle-synthetic.json", _needle),
+    "outliers": ("outliers.json", _outliers),
+    "attention": ("attention.json", _attention),
 }
 
 
@@ -108,16 +111,35 @@ def row(run: str, r: dict) -> list:
     src = get("ppl", "sources", default={})
     ppl = next(iter(src.values())) if src else {}
     att = get("attention", "by_depth", default={})
-    return [Path(run).name, first.get("arch", "?"), first.get("step", "?"), ppl.get("loss", float("nan")),
-            ppl.get("bits_per_byte", float("nan")), get("needle", "mean"),
-            get("outliers", "attention_logits", "top1"), get("outliers", "hidden_states", "top1"),
-            get("outliers", "quantised_loss", "4") - get("outliers", "quantised_loss", "fp32"),
-            float(np.mean([np.mean(v["answer"]) for v in att.values()])) if att else float("nan")] + [
-        "-" if r.get("training", {}).get(key) is None else r["training"][key] for key in TRAINING]
+    return [
+        Path(run).name,
+        first.get("arch", "?"),
+        first.get("step", "?"),
+        ppl.get("loss", float("nan")),
+        ppl.get("bits_per_byte", float("nan")),
+        get("needle", "mean"),
+        get("outliers", "attention_logits", "top1"),
+        get("outliers", "hidden_states", "top1"),
+        get("outliers", "quantised_loss", "4") - get("outliers", "quantised_loss", "fp32"),
+        float(np.mean([np.mean(v["answer"]) for v in att.values()])) if att else float("nan"),
+    ] + ["-" if r.get("training", {}).get(key) is None else r["training"][key] for key in TRAINING]
 
 
-HEADER = ["run", "arch", "step", "loss", "bits/byte", "needle acc", "max abs logit", "max abs hidden",
-          "4-bit loss increase", "attention to answer", "spikes", "skipped steps", "max grad norm"]
+HEADER = [
+    "run",
+    "arch",
+    "step",
+    "loss",
+    "bits/byte",
+    "needle acc",
+    "max abs logit",
+    "max abs hidden",
+    "4-bit loss increase",
+    "attention to answer",
+    "spikes",
+    "skipped steps",
+    "max grad norm",
+]
 
 
 def plots(results: dict, folder: Path) -> list[Path]:
@@ -160,12 +182,16 @@ def run_compare(c: CompareConfig) -> dict:
     todo = missing(c.runs, c.evals)
     if todo and c.compute:
         n = sum(len(r) for r in todo.values())
-        say(f"computing {n} missing evaluation(s) with each command's defaults (a few minutes each on CPU; "
-            f"compute=false leaves them blank): " + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}"
-                                                                 for name, runs in todo.items()))
+        say(
+            f"computing {n} missing evaluation(s) with each command's defaults (a few minutes each on CPU; "
+            f"compute=false leaves them blank): "
+            + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}" for name, runs in todo.items())
+        )
     elif todo:
-        say("left blank (compute=false): " + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}"
-                                                         for name, runs in todo.items()))
+        say(
+            "left blank (compute=false): "
+            + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}" for name, runs in todo.items())
+        )
     results = {run: {**collect(run, c.evals, c.compute), "training": training(run)} for run in c.runs}
     folder = Path(c.out) if c.out else default_out(c.runs)
     folder.mkdir(parents=True, exist_ok=True)

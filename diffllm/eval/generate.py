@@ -4,6 +4,7 @@ The decode loop (`decode`) takes a `next_logits(tokens) -> (V,)` function: `cach
 and then one new token per call against the model's KV cache (diffllm.model.KVCache); `full_forward` re-runs the
 whole sequence every time (the reference the cache is tested against).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -68,26 +69,36 @@ def cached_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor
 
     @torch.inference_mode()
     def next_logits(tokens: List[int]) -> torch.Tensor:
-        return model(torch.tensor([tokens[cache.pos:]]), cache)[0, -1].float()  # (V,)
+        return model(torch.tensor([tokens[cache.pos :]]), cache)[0, -1].float()  # (V,)
 
     return next_logits
 
 
 def check_lengths(n_prompt: int, max_new_tokens: int, max_seq_len: int) -> None:
     if n_prompt == 0:
-        raise EvalError("prompt: empty; pass prompt=\"...\"")
+        raise EvalError('prompt: empty; pass prompt="..."')
     if n_prompt >= max_seq_len:
-        raise EvalError(f"prompt: {n_prompt} tokens, but the model's context is {max_seq_len} tokens (it must leave "
-                        f"room for at least one new token)")
+        raise EvalError(
+            f"prompt: {n_prompt} tokens, but the model's context is {max_seq_len} tokens (it must leave "
+            f"room for at least one new token)"
+        )
     if n_prompt + max_new_tokens > max_seq_len:
-        raise EvalError(f"max_new_tokens={max_new_tokens}: the prompt's {n_prompt} tokens plus {max_new_tokens} new "
-                        f"ones exceed the model's context of {max_seq_len}; use max_new_tokens <= "
-                        f"{max_seq_len - n_prompt}")
+        raise EvalError(
+            f"max_new_tokens={max_new_tokens}: the prompt's {n_prompt} tokens plus {max_new_tokens} new "
+            f"ones exceed the model's context of {max_seq_len}; use max_new_tokens <= "
+            f"{max_seq_len - n_prompt}"
+        )
 
 
-def decode(next_logits: Callable[[List[int]], torch.Tensor], prompt: List[int], max_new_tokens: int,
-           sampling: Sampling, eos_id: Optional[int] = None, stop: tuple = (),
-           detok: Optional[Callable[[List[int]], str]] = None) -> tuple[List[int], str]:
+def decode(
+    next_logits: Callable[[List[int]], torch.Tensor],
+    prompt: List[int],
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_id: Optional[int] = None,
+    stop: tuple = (),
+    detok: Optional[Callable[[List[int]], str]] = None,
+) -> tuple[List[int], str]:
     """(new tokens, why it stopped: eos | stop | length). Stops after EOS (not returned), or once the decoded new
     text contains a stop string (`detok` decodes new tokens; the caller cuts the text at the stop string)."""
     sampling.validate()
@@ -109,8 +120,15 @@ def cut_at_stop(text: str, stop: tuple) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-def generate(model: torch.nn.Module, tok, prompt: str, max_new_tokens: Optional[int] = None,
-             sampling: Optional[Sampling] = None, stop: tuple = (), use_cache: bool = True) -> dict:
+def generate(
+    model: torch.nn.Module,
+    tok,
+    prompt: str,
+    max_new_tokens: Optional[int] = None,
+    sampling: Optional[Sampling] = None,
+    stop: tuple = (),
+    use_cache: bool = True,
+) -> dict:
     """{text, tokens, stopped} for one prompt; max_new_tokens None = up to the model's context."""
     ids = tok.encode(prompt)
     limit = model.cfg.max_seq_len
@@ -139,10 +157,11 @@ class GenerateConfig:
 
 def run_generate(c: GenerateConfig) -> dict:
     if not c.prompt:
-        raise EvalError("prompt: empty; pass prompt=\"...\"")
+        raise EvalError('prompt: empty; pass prompt="..."')
     _, _, model, tok = load_run(c.run, c.step)
-    out = generate(model, tok, c.prompt, c.max_new_tokens, Sampling(c.temperature, c.top_k, c.top_p, c.seed),
-                   tuple(c.stop))
+    out = generate(
+        model, tok, c.prompt, c.max_new_tokens, Sampling(c.temperature, c.top_k, c.top_p, c.seed), tuple(c.stop)
+    )
     print(c.prompt + out["text"])
     say(f"{len(out['tokens'])} new tokens, stopped at {out['stopped']}")
     return out

@@ -7,6 +7,7 @@ trained run, through a `TemplateLM` adapter over our own scorer, offline.
 Tasks: ours under diffllm/eval/tasks/ (plays_cloze: 300 multiple-choice items from the held-out plays), plus any
 lm-eval task whose dataset is already in the local HF cache (nothing is downloaded: HF_*_OFFLINE are set).
 """
+
 from __future__ import annotations
 
 import os
@@ -61,11 +62,18 @@ def adapter(model, tok, batch_size: int = 16):
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
             out = []
             for (text,) in [r.args for r in requests]:
-                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                    token_list=self.tok_encode(text), prefix_token=self.eot_token_id,
-                    max_seq_len=self.max_length, context_len=1)]
-                out.append(sum(ll for ll, _ in score_continuations(self.model, windows, self.max_length,
-                                                                    self.batch_size)))
+                windows = [
+                    make_disjoint_window(w)
+                    for w in get_rolling_token_windows(
+                        token_list=self.tok_encode(text),
+                        prefix_token=self.eot_token_id,
+                        max_seq_len=self.max_length,
+                        context_len=1,
+                    )
+                ]
+                out.append(
+                    sum(ll for ll, _ in score_continuations(self.model, windows, self.max_length, self.batch_size))
+                )
             return out
 
         def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
@@ -75,9 +83,10 @@ def adapter(model, tok, batch_size: int = 16):
                 until = tuple([until] if isinstance(until, str) else until)
                 ids = self.tok_encode(context)
                 max_new = int(gen_kwargs.get("max_gen_toks", 64))
-                ids = ids[-(self.max_length - max_new):]  # keep room for the answer, as HFLM does
-                new, _ = decode(full_forward(self.model), ids, max_new, Sampling(), self.eot_token_id, until,
-                                self.tok.decode)
+                ids = ids[-(self.max_length - max_new) :]  # keep room for the answer, as HFLM does
+                new, _ = decode(
+                    full_forward(self.model), ids, max_new, Sampling(), self.eot_token_id, until, self.tok.decode
+                )
                 out.append(cut_at_stop(self.tok.decode(new), until))
             return out
 
@@ -98,8 +107,9 @@ def task_manager(tmp: Path):
     return TaskManager(include_path=str(tmp))
 
 
-def evaluate(model, tok, tasks: List[str], limit: Optional[int] = None, batch_size: int = 16,
-             num_fewshot: Optional[int] = None) -> dict:
+def evaluate(
+    model, tok, tasks: List[str], limit: Optional[int] = None, batch_size: int = 16, num_fewshot: Optional[int] = None
+) -> dict:
     """lm-eval's results dict ({"results": {task: {metric: value}}, ...}) for a model in memory."""
     require_lm_eval()
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
@@ -116,11 +126,19 @@ def evaluate(model, tok, tasks: List[str], limit: Optional[int] = None, batch_si
                 near = difflib.get_close_matches(t, sorted(known), n=1)
                 raise EvalError(f"tasks: unknown task {t!r}" + (f"; did you mean {near[0]}?" if near else ""))
         try:
-            return simple_evaluate(model=adapter(model, tok, batch_size), tasks=tasks, task_manager=tm, limit=limit,
-                                   num_fewshot=num_fewshot, log_samples=False)
+            return simple_evaluate(
+                model=adapter(model, tok, batch_size),
+                tasks=tasks,
+                task_manager=tm,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                log_samples=False,
+            )
         except ConnectionError as e:
-            raise EvalError(f"tasks: a task's data is not in the local cache and nothing may be downloaded "
-                            f"({str(e).splitlines()[0][:100]})") from None
+            raise EvalError(
+                f"tasks: a task's data is not in the local cache and nothing may be downloaded "
+                f"({str(e).splitlines()[0][:100]})"
+            ) from None
 
 
 @dataclass
@@ -143,11 +161,17 @@ def run_lm_eval(c: LmEvalConfig) -> dict:
     run, mcfg, model, tok = load_run(c.run, c.step)
     res = evaluate(model, tok, list(c.tasks), c.limit, c.batch_size, c.num_fewshot)
     results = {t: {k: v for k, v in m.items() if isinstance(v, (int, float))} for t, m in res["results"].items()}
-    rows = [[t, k.split(",")[0], v] for t, m in results.items() for k, v in m.items()
-            if "stderr" not in k and k != "sample_len"]
+    rows = [
+        [t, k.split(",")[0], v]
+        for t, m in results.items()
+        for k, v in m.items()
+        if "stderr" not in k and k != "sample_len"
+    ]
     table = markdown(["task", "metric", "value"], rows)
-    write_json(out_dir(c.out, run.dir) / "lm-eval.json", {"run": str(run.dir), "arch": mcfg.arch,
-                                                          "step": run.checkpoint(c.step).step, "results": results})
+    write_json(
+        out_dir(c.out, run.dir) / "lm-eval.json",
+        {"run": str(run.dir), "arch": mcfg.arch, "step": run.checkpoint(c.step).step, "results": results},
+    )
     print(table)
     say(f"wrote {out_dir(c.out, run.dir)}/lm-eval.json")
     return results

@@ -5,9 +5,11 @@ nothing of the model is patched.
 The variant's equations (diffllm/model/layers.py `AttentionEquations`) say how, the same methods its forward runs:
 `project` gives q and k (`AttentionVariant.scores`: their logits), whose softmax maps (B, Hq, T, T) are those of its
 query heads; `mix`, linear, turns them into the H maps that weigh the values (Diff and Diff V2: A1 - lambda A2);
-`finish` the output from the weighed values. The map reported is the mixed map divided by its row sums, so every row sums to 1 as a softmax row does (Diff:
+`finish` the output from the weighed values. The map reported is the mixed map divided by its row sums, so every row
+sums to 1 as a softmax row does (Diff:
 (A1 - lambda A2) / (1 - lambda), our choice: the paper does not say how it normalises).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -53,8 +55,9 @@ def attention_modules(model) -> list:
 def capture(model) -> Iterator[dict]:
     """{"inputs": [(x, cos, sin) per layer], "hidden": [block output per layer]} of the next forward."""
     got: dict = {"inputs": [], "hidden": []}
-    hooks = [a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3]))
-             for a in attention_modules(model)]
+    hooks = [
+        a.register_forward_pre_hook(lambda m, args: got["inputs"].append(args[:3])) for a in attention_modules(model)
+    ]
     hooks += [layer.register_forward_hook(lambda m, args, out: got["hidden"].append(out)) for layer in model.layers]
     try:
         yield got
@@ -67,8 +70,10 @@ def capture(model) -> Iterator[dict]:
 def scores_transformed(model, transform: Optional[Scores]) -> Iterator[None]:
     """Within the block, every attention module's output is recomputed in eager fp32 from its own input with
     `transform` applied to its logits (e.g. quantisation); transform=None reproduces the module's output."""
-    hooks = [a.register_forward_hook(lambda m, args, out: recomputed_output(m, *args[:3], transform))
-             for a in attention_modules(model)]
+    hooks = [
+        a.register_forward_hook(lambda m, args, out: recomputed_output(m, *args[:3], transform))
+        for a in attention_modules(model)
+    ]
     try:
         yield
     finally:

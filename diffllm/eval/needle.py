@@ -11,6 +11,7 @@ A query is correct when greedy decoding reproduces the answer's tokens, checked 
 the argmax at its position (one batched forward per prompt set instead of a decode loop; the same verdict, since a
 greedy decoder emits exactly those tokens). LWM counts the number appearing anywhere in the output: stricter here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,13 +20,44 @@ from typing import Any, List, Optional
 import numpy as np
 import torch
 
-from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
 from ..config import run_key_values
+from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
 from .common import EvalError, load_run, out_dir, padded, say, write_report
 
-CITIES = ("Paris", "London", "Rome", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Dublin", "Oslo", "Athens",
-          "Cairo", "Tokyo", "Lima", "Sydney", "Toronto", "Boston", "Chicago", "Denver", "Seattle", "Mumbai", "Delhi",
-          "Moscow", "Warsaw", "Geneva", "Milan", "Naples", "Venice", "Florence", "Bristol", "Leeds", "York")
+CITIES = (
+    "Paris",
+    "London",
+    "Rome",
+    "Madrid",
+    "Berlin",
+    "Vienna",
+    "Prague",
+    "Lisbon",
+    "Dublin",
+    "Oslo",
+    "Athens",
+    "Cairo",
+    "Tokyo",
+    "Lima",
+    "Sydney",
+    "Toronto",
+    "Boston",
+    "Chicago",
+    "Denver",
+    "Seattle",
+    "Mumbai",
+    "Delhi",
+    "Moscow",
+    "Warsaw",
+    "Geneva",
+    "Milan",
+    "Naples",
+    "Venice",
+    "Florence",
+    "Bristol",
+    "Leeds",
+    "York",
+)
 MODES = ("synthetic", "text")
 
 
@@ -55,10 +87,12 @@ class Format:
 
     def pair(self, rng: np.random.Generator, n: int) -> tuple[list, list]:
         if self.mode == "synthetic":
-            return [KEYS[i] for i in rng.choice(len(KEYS), n, replace=False)], \
-                   [VALUES[i] for i in rng.integers(0, len(VALUES), n)]
-        return [CITIES[i] for i in rng.choice(len(CITIES), n, replace=False)], \
-               [str(x) for x in rng.integers(1_000_000, 10_000_000, n)]
+            return [KEYS[i] for i in rng.choice(len(KEYS), n, replace=False)], [
+                VALUES[i] for i in rng.integers(0, len(VALUES), n)
+            ]
+        return [CITIES[i] for i in rng.choice(len(CITIES), n, replace=False)], [
+            str(x) for x in rng.integers(1_000_000, 10_000_000, n)
+        ]
 
     def needle(self, key: str, value: str) -> List[int]:
         if self.mode == "synthetic":
@@ -69,8 +103,11 @@ class Format:
         """(question, answer, closing) tokens."""
         if self.mode == "synthetic":
             return self.enc(f" {MARK} {key} {LINK}"), self.enc(f" {value}"), self.enc(f" {'.'}")
-        return (self.enc(f"\nWhat is the special magic {key} number? The special magic {key} number is:"),
-                self.enc(f" {value}"), self.enc("."))
+        return (
+            self.enc(f"\nWhat is the special magic {key} number? The special magic {key} number is:"),
+            self.enc(f" {value}"),
+            self.enc("."),
+        )
 
     def filler(self, rng: np.random.Generator, n_tokens: int) -> List[int]:
         ids: List[int] = []
@@ -88,8 +125,9 @@ class Format:
         return sorted({0, len(hay), *cuts})
 
 
-def build_prompt(fmt: Format, haystack: Optional[List[int]], n: int, r: int, depth: float, length: int,
-                 rng: np.random.Generator) -> Prompt:
+def build_prompt(
+    fmt: Format, haystack: Optional[List[int]], n: int, r: int, depth: float, length: int, rng: np.random.Generator
+) -> Prompt:
     """A prompt of exactly `length` tokens: N needles, the answer needle at `depth` % of the haystack, R queries."""
     keys, values = fmt.pair(rng, n)
     needles = [fmt.needle(k, v) for k, v in zip(keys, values)]
@@ -186,8 +224,9 @@ def task_prompts(task: NeedleTask, tok, max_seq_len: int, haystack: Optional[Lis
         for length in task.resolved_lengths(max_seq_len):
             for depth in task.depths:
                 rng = np.random.default_rng([task.seed, n, length, int(depth * 100)])
-                cells[(n, depth, length)] = [build_prompt(fmt, haystack, n, min(task.queries, n), depth, length, rng)
-                                             for _ in range(task.trials)]
+                cells[(n, depth, length)] = [
+                    build_prompt(fmt, haystack, n, min(task.queries, n), depth, length, rng) for _ in range(task.trials)
+                ]
     return cells
 
 
@@ -227,13 +266,22 @@ def run_needle(c: NeedleConfig) -> dict:
     hay = haystack_tokens(run.config(), c.data, tok, 4 * mcfg.max_seq_len) if c.mode == "text" else None
     task = NeedleTask(**{k: getattr(c, k) for k in NeedleTask.__dataclass_fields__})
     res = needle_accuracy(model, tok, task, hay)
-    res.update(run=str(run.dir), step=run.checkpoint(c.step).step, arch=mcfg.arch, model=mcfg.name, mode=c.mode,
-               queries=c.queries, trials=c.trials)
+    res.update(
+        run=str(run.dir),
+        step=run.checkpoint(c.step).step,
+        arch=mcfg.arch,
+        model=mcfg.name,
+        mode=c.mode,
+        queries=c.queries,
+        trials=c.trials,
+    )
     folder = out_dir(c.out, run.dir)
     write_report(folder, f"needle-{c.mode}", res, needle_table(res))
     needle_heatmap(res, folder / f"needle-{c.mode}.png")
-    say(f"mean accuracy {res['mean']:.3f} ({', '.join(f'N={n}: {a:.2f}' for n, a in res['by_n'].items())}); "
-        f"wrote {folder}/needle-{c.mode}.{{json,md,png}}")
+    say(
+        f"mean accuracy {res['mean']:.3f} ({', '.join(f'N={n}: {a:.2f}' for n, a in res['by_n'].items())}); "
+        f"wrote {folder}/needle-{c.mode}.{{json,md,png}}"
+    )
     return res
 
 

@@ -3,10 +3,12 @@ logits.
 
 Over a token sample (held-out windows): the top-1/2/3/10/100 and the median of |q k^T / sqrt d| (every layer, head
 and causal entry; Diff: both maps pooled, as the paper's authors measured) and of |h| for each layer's output hidden
-states (all layers pooled, and top-1 per layer). Medians come from a uniform random sample of up to 2^16 values per layer and batch.
+states (all layers pooled, and top-1 per layer). Medians come from a uniform random sample of up to 2^16 values per
+layer and batch.
 Then the loss with each attention map's logits absmax-quantised to 16/8/6/4 bits: per map (one head of one
 sequence), scale = max |logit| over its causal entries / (2^(bits-1) - 1), logits rounded to that grid.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,8 +80,11 @@ def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
         for i, h in enumerate(got["hidden"]):
             hidden_x.add(h.abs())
             per_layer[i] = max(per_layer[i], float(h.abs().max()))
-    return {"attention_logits": logit_x.summary(), "hidden_states": hidden_x.summary(),
-            "hidden_top1_per_layer": per_layer}
+    return {
+        "attention_logits": logit_x.summary(),
+        "hidden_states": hidden_x.summary(),
+        "hidden_top1_per_layer": per_layer,
+    }
 
 
 def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: List[int]) -> dict:
@@ -137,16 +142,25 @@ def run_outliers(c: OutliersConfig) -> dict:
     batches = sample_batches(run_cfg, c.data, tok, c.tokens, seq_len, c.batch_size)
     res = outlier_stats(model, batches)
     res["quantised_loss"] = quantised_losses(model, batches, c.bits)
-    res.update(run=str(run.dir), step=run.checkpoint(c.step).step, arch=mcfg.arch, model=mcfg.name,
-               tokens=sum(b[:, 1:].numel() for b in batches), seq_len=seq_len)
+    res.update(
+        run=str(run.dir),
+        step=run.checkpoint(c.step).step,
+        arch=mcfg.arch,
+        model=mcfg.name,
+        tokens=sum(b[:, 1:].numel() for b in batches),
+        seq_len=seq_len,
+    )
     from .report import markdown
 
-    rows = [[name] + [res[key].get(f"top{k}", float("nan")) for k in TOPS] + [res[key]["median"]]
-            for name, key in (("attention logits", "attention_logits"), ("hidden states", "hidden_states"))]
+    rows = [
+        [name] + [res[key].get(f"top{k}", float("nan")) for k in TOPS] + [res[key]["median"]]
+        for name, key in (("attention logits", "attention_logits"), ("hidden states", "hidden_states"))
+    ]
     table = markdown(["activation"] + [f"top-{k}" for k in TOPS] + ["median"], rows)
     q = res["quantised_loss"]
-    table += "\n\n" + markdown(["logits"] + [k if k == "fp32" else f"{k}-bit" for k in q],
-                                 [["loss"] + [f"{v:.4f}" for v in q.values()]])
+    table += "\n\n" + markdown(
+        ["logits"] + [k if k == "fp32" else f"{k}-bit" for k in q], [["loss"] + [f"{v:.4f}" for v in q.values()]]
+    )
     folder = out_dir(c.out, run.dir)
     write_json(folder / "outliers.json", res)
     (folder / "outliers.md").write_text(table + "\n")

@@ -5,6 +5,7 @@ by one token, so every document token is predicted exactly once (the EOS separat
 Bits per byte = (summed nats over document tokens) / ln 2 / (UTF-8 bytes of those documents): it does not depend on
 the tokenizer, so runs with different tokenizers compare.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ class PplConfig:
     out: Optional[str] = None  # folder for ppl.json; null: <run>/eval
 
 
-def perplexity(model: torch.nn.Module, batches: Iterable["Batch"], n_bytes: Optional[int] = None,
-               progress: Any = None) -> dict:
+def perplexity(
+    model: torch.nn.Module, batches: Iterable[Batch], n_bytes: Optional[int] = None, progress: Any = None
+) -> dict:
     """{loss, ppl, tokens[, bits_per_byte]} over Batches of windows (B, T+1): their counted targets (a Batch's
     loss_mask; all targets without one), with their document ids when they carry them. Gradient-free; the model runs
     with its own (sdpa/flash) kernel. A plain function for in-loop evaluation."""
@@ -61,8 +63,14 @@ def perplexity(model: torch.nn.Module, batches: Iterable["Batch"], n_bytes: Opti
     return out
 
 
-def windows(docs: Iterable[list[int]], eos: int, seq_len: int, batch_size: int, doc_mask: bool = False,
-            restart_positions: bool = False) -> Iterator["Batch"]:
+def windows(
+    docs: Iterable[list[int]],
+    eos: int,
+    seq_len: int,
+    batch_size: int,
+    doc_mask: bool = False,
+    restart_positions: bool = False,
+) -> Iterator[Batch]:
     """Batches of windows (B, seq_len+1) of  EOS d1 EOS d2 ...; windows overlap by one token and the loss mask marks
     targets that are document tokens; with doc_mask, document ids from the EOS tokens (an EOS ends its document, as
     the packer's windows have them). The last window is shorter; batches are never padded."""
@@ -114,15 +122,17 @@ def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], i
 
 
 def data_config(run_config: Optional[dict], data: Any):
-    """The DataConfig whose held-out sources are scored: a data config by name, the run's own, or files (a source each)."""
+    """The DataConfig whose held-out sources are scored: a data config by name, the run's own, or files (a source
+    each)."""
     from ..config import build, find_config, group_options, load_group
     from ..data import DataConfig
 
     if data is None:
         node = (run_config or {}).get("data")
         if not node:
-            raise EvalError("data: the run has no config.yaml to take its held-out sources from; pass data=<config "
-                            "name or files>")
+            raise EvalError(
+                "data: the run has no config.yaml to take its held-out sources from; pass data=<config name or files>"
+            )
         return build(DataConfig, node, "data")
     if isinstance(data, str) and find_config("data", data) is not None:  # along the search path, as data=<name>
         return build(DataConfig, load_group("data", data), f"data={data}")
@@ -167,14 +177,24 @@ def held_out_set(cfg, src, tok, seq_len: int, batch_size: int, max_tokens: Optio
     n_bytes = sum(len(tok.decode([t for t in w[0, 1:].tolist() if t != tok.eos_id]).encode("utf-8")) for w in wins)
     every = dataclasses.replace(cfg, loss_on="all")  # perplexity: every target counts, whatever the run trained on
     batches = [Batch.from_windows(np.stack(wins[i : i + batch_size]), every) for i in range(0, len(wins), batch_size)]
-    what = (f"held-out windows of {src.name} (data.val_fraction={cfg.val_fraction}): {len(wins):,} windows of "
-            f"{seq_len + 1} tokens, {len(wins) * seq_len:,} target tokens")
+    what = (
+        f"held-out windows of {src.name} (data.val_fraction={cfg.val_fraction}): {len(wins):,} windows of "
+        f"{seq_len + 1} tokens, {len(wins) * seq_len:,} target tokens"
+    )
     return ScoreSet(src.name, batches, n_bytes, len(wins) * seq_len, what)
 
 
-def score_sets(run_config: Optional[dict], data: Any, tok, seq_len: int, batch_size: int,
-               max_tokens: Optional[int] = None, whole: bool = False, doc_mask: Optional[bool] = None,
-               restart_positions: Optional[bool] = None) -> list[ScoreSet]:
+def score_sets(
+    run_config: Optional[dict],
+    data: Any,
+    tok,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: Optional[int] = None,
+    whole: bool = False,
+    doc_mask: Optional[bool] = None,
+    restart_positions: Optional[bool] = None,
+) -> list[ScoreSet]:
     """What `eval ppl` scores, per held-out source: with data.val_fraction (and not `whole`) the windows the trainer
     held out; otherwise every document of each held-out source (files given as data=: each file whole). doc_mask,
     restart_positions: attention within documents (null: as the scored data config says)."""
@@ -192,12 +212,17 @@ def score_sets(run_config: Optional[dict], data: Any, tok, seq_len: int, batch_s
             out.append(held_out_set(cfg, src, tok, seq_len, batch_size, max_tokens))
             continue
         docs, n_bytes = source_docs(tok, src, max_tokens)
-        what = (f"every document of {src.name}" + (" (whole=true: a training source; data.val_fraction="
-                                                    f"{cfg.val_fraction} held out only part of it)" if cfg.holds_out else "")
-                + f": {sum(len(d) for d in docs):,} document tokens")
+        what = (
+            f"every document of {src.name}"
+            + (
+                f" (whole=true: a training source; data.val_fraction={cfg.val_fraction} held out only part of it)"
+                if cfg.holds_out
+                else ""
+            )
+            + f": {sum(len(d) for d in docs):,} document tokens"
+        )
         batches = windows(docs, tok.eos_id, seq_len, batch_size, cfg.doc_mask, cfg.restart_positions)
-        out.append(ScoreSet(src.name, list(batches), n_bytes,
-                            sum(len(d) + 1 for d in docs), what))
+        out.append(ScoreSet(src.name, list(batches), n_bytes, sum(len(d) + 1 for d in docs), what))
     return out
 
 
@@ -209,13 +234,28 @@ def run_ppl(c: PplConfig) -> dict:
     seq_len = c.seq_len or ((run_cfg or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
     if seq_len > mcfg.max_seq_len:
         raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
-    results: dict = {"run": str(run.dir), "step": run.checkpoint(c.step).step, "arch": mcfg.arch, "model": mcfg.name,
-                     "seq_len": seq_len, "sources": {}}
+    results: dict = {
+        "run": str(run.dir),
+        "step": run.checkpoint(c.step).step,
+        "arch": mcfg.arch,
+        "model": mcfg.name,
+        "seq_len": seq_len,
+        "sources": {},
+    }
     train_data = (run_cfg or {}).get("data") or {}
     doc_mask = train_data.get("doc_mask", False) if c.doc_mask is None else c.doc_mask
     results["doc_mask"] = doc_mask
-    for s in score_sets(run_cfg, c.data, tok, seq_len, c.batch_size, c.max_tokens, c.whole, doc_mask,
-                        doc_mask and train_data.get("restart_positions", False)):
+    for s in score_sets(
+        run_cfg,
+        c.data,
+        tok,
+        seq_len,
+        c.batch_size,
+        c.max_tokens,
+        c.whole,
+        doc_mask,
+        doc_mask and train_data.get("restart_positions", False),
+    ):
         say(f"scoring {s.what}")
         t0 = time.perf_counter()
         with tqdm(total=s.total, desc=f"ppl {s.name}", unit="tok", unit_scale=True, leave=False) as bar:
@@ -223,8 +263,10 @@ def run_ppl(c: PplConfig) -> dict:
         res["tokens_per_s"] = round(s.total / (time.perf_counter() - t0))
         res["scored"] = s.what
         results["sources"][s.name] = res
-        say(f"{s.name}: loss {res['loss']:.4f} | ppl {res['ppl']:.2f} | bits/byte {res['bits_per_byte']:.4f} | "
-            f"{res['tokens']:,} tokens, {s.n_bytes:,} bytes | {res['tokens_per_s']:,} tok/s")
+        say(
+            f"{s.name}: loss {res['loss']:.4f} | ppl {res['ppl']:.2f} | bits/byte {res['bits_per_byte']:.4f} | "
+            f"{res['tokens']:,} tokens, {s.n_bytes:,} bytes | {res['tokens_per_s']:,} tok/s"
+        )
     path = write_json(out_dir(c.out, run.dir) / "ppl.json", results)
     say(f"wrote {path}")
     return results

@@ -15,6 +15,7 @@ accuracies), and `mean` pools every query of the grid (N=8 weighs four times N=2
 A separate command from eval needle: the grid's axes (gap, not depth), the prompts (the training generator's held-out
 documents, not haystacks with needles) and the bootstrap differ; the verdict is shared (needle.answers_correct).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ from typing import Any, List, Optional
 import numpy as np
 import torch
 
-from ..data.recall import check, recall_document
 from ..config import run_key_values
+from ..data.recall import check, recall_document
 from .common import EvalError, load_run, out_dir, say, write_report
 from .needle import answers_correct
 
@@ -96,12 +97,15 @@ def task_prompts(task: RecallTask, tok, max_seq_len: int) -> dict:
         for gap in task.gaps:
             for length in task.lengths:
                 rng = np.random.default_rng([task.seed, n, gap, length])
-                cells[(n, gap, length)] = [recall_prompt(tok, recall_document(rng, n, gap, length, "test"))
-                                           for _ in range(task.trials)]
+                cells[(n, gap, length)] = [
+                    recall_prompt(tok, recall_document(rng, n, gap, length, "test")) for _ in range(task.trials)
+                ]
                 longest = max(len(p.ids) - 1 for p in cells[(n, gap, length)])
                 if longest > max_seq_len:
-                    raise EvalError(f"length={length}: {length} words are {longest} tokens here, more than the "
-                                    f"model's context ({max_seq_len})")
+                    raise EvalError(
+                        f"length={length}: {length} words are {longest} tokens here, more than the "
+                        f"model's context ({max_seq_len})"
+                    )
     return cells
 
 
@@ -121,14 +125,31 @@ def recall_accuracy(model: torch.nn.Module, tok, task: RecallTask) -> dict:
     cells = []
     for i, (n, gap, length) in enumerate(per):
         acc, (lo, hi) = summary([(n, gap, length)], [task.seed, 0, i])
-        cells.append({"n": n, "gap": gap, "length": length, "accuracy": acc, "lo": lo, "hi": hi,
-                      "prompts": task.trials, "queries": int(per[(n, gap, length)][1].sum())})
+        cells.append(
+            {
+                "n": n,
+                "gap": gap,
+                "length": length,
+                "accuracy": acc,
+                "lo": lo,
+                "hi": hi,
+                "prompts": task.trials,
+                "queries": int(per[(n, gap, length)][1].sum()),
+            }
+        )
     by_n, by_n_interval = {}, {}
     for n in task.n:
         by_n[n], by_n_interval[n] = summary([k for k in per if k[0] == n], [task.seed, 1, n])
     mean, interval = summary(list(per), [task.seed, 2])
-    return {"cells": cells, "by_n": by_n, "by_n_interval": by_n_interval, "mean": mean, "interval": interval,
-            "level": task.level, "bootstrap": task.bootstrap}
+    return {
+        "cells": cells,
+        "by_n": by_n,
+        "by_n_interval": by_n_interval,
+        "mean": mean,
+        "interval": interval,
+        "level": task.level,
+        "bootstrap": task.bootstrap,
+    }
 
 
 def recall_table(res: dict) -> str:
@@ -141,10 +162,13 @@ def recall_table(res: dict) -> str:
     def show(a: float, lo: float, hi: float) -> str:
         return f"{a:.3f}" if np.isnan(lo) else f"{a:.3f} [{lo:.2f}, {hi:.2f}]"
 
-    rows = [[n, gap] + [show(acc[(n, gap, x)]["accuracy"], acc[(n, gap, x)]["lo"], acc[(n, gap, x)]["hi"])
-                        for x in lengths]
-            for n, gap in sorted({(c["n"], c["gap"]) for c in res["cells"]})]
-    rows += [[n, "all"] + [show(a, *res["by_n_interval"][n])] + [""] * (len(lengths) - 1) for n, a in res["by_n"].items()]
+    rows = [
+        [n, gap] + [show(acc[(n, gap, x)]["accuracy"], acc[(n, gap, x)]["lo"], acc[(n, gap, x)]["hi"]) for x in lengths]
+        for n, gap in sorted({(c["n"], c["gap"]) for c in res["cells"]})
+    ]
+    rows += [
+        [n, "all"] + [show(a, *res["by_n_interval"][n])] + [""] * (len(lengths) - 1) for n, a in res["by_n"].items()
+    ]
     rows.append(["all", "all", show(res["mean"], *res["interval"])] + [""] * (len(lengths) - 1))
     return markdown(["N", "gap"] + [f"length {x}" for x in lengths], rows)
 
@@ -167,8 +191,11 @@ def run_recall(c: RecallConfig) -> dict:
     folder = out_dir(c.out, run.dir)
     write_report(folder, "recall", res, recall_table(res))
     lo, hi = res["interval"]
-    say(f"accuracy {res['mean']:.3f} [{lo:.3f}, {hi:.3f}] ({', '.join(f'N={n}: {a:.2f}' for n, a in res['by_n'].items())}"
-        f"); wrote {folder}/recall.{{json,md}}")
+    say(
+        f"accuracy {res['mean']:.3f} [{lo:.3f}, {hi:.3f}] "
+        f"({', '.join(f'N={n}: {a:.2f}' for n, a in res['by_n'].items())}"
+        f"); wrote {folder}/recall.{{json,md}}"
+    )
     return res
 
 

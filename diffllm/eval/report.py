@@ -1,4 +1,5 @@
 """Tables and figures of evaluation results: markdown tables, the needle heatmap (as in the paper's figure), bars."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -53,8 +54,10 @@ def needle_heatmap(res: dict, path: Path) -> None:
                 ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=6)
     axes[0][0].set_ylabel("answer needle depth")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-    fig.suptitle(f"{res.get('model', '')} ({res.get('arch', '')}), step {res.get('step', '')}: "
-                 f"{res.get('mode', '')} needles", fontsize=10)
+    fig.suptitle(
+        f"{res.get('model', '')} ({res.get('arch', '')}), step {res.get('step', '')}: {res.get('mode', '')} needles",
+        fontsize=10,
+    )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -1,6 +1,7 @@
 """`diffllm export run=<dir> out=<dir> [step=...] [format=auto|stablelm|llama|diffllama|remote] [dtype=...]` and
 `diffllm import <hf-dir> out=<run dir>`: Hydra apps on configs/export.yaml and configs/import.yaml, their keys typed by
 ExportConfig and ImportConfig (named in their registry entries, diffllm/cli/registry.py)."""
+
 from __future__ import annotations
 
 import sys

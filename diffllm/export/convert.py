@@ -4,6 +4,7 @@ permutations that move a head's dims or a layer's heads into HF's order.
 Llama, StableLM and DiffLlama name their weights alike (`model.layers.{i}.self_attn.q_proj.weight`, ...), so one
 table serves all three; the format modules (llama.py, stablelm.py, diffllama.py) add only what differs.
 """
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from ..model import ModelConfig
 from ..errors import UserError
+from ..model import ModelConfig
 
 # (ours, HF) name prefixes inside layer {i}, the first that matches wins: the attention's parameters keep their names
 # (a variant's own, e.g. Diff's lambda_q1, as HF's DiffLlama names them) but for the output projection.
@@ -28,18 +29,17 @@ LAYER_NAMES = [
 TOP_NAMES = [("tok_embeddings", "model.embed_tokens"), ("norm", "model.norm"), ("lm_head", "lm_head")]
 
 
-def _rename(name: str, pairs: list[tuple[str, str]], top: list[tuple[str, str]], layer_from: str,
-            layer_to: str) -> str:
+def _rename(name: str, pairs: list[tuple[str, str]], top: list[tuple[str, str]], layer_from: str, layer_to: str) -> str:
     m = re.fullmatch(layer_from + r"\.(\d+)\.(.+)", name)
     if m:
         i, rest = m.groups()
         for src, dst in pairs:
             if rest == src or rest.startswith(src + "."):
-                return f"{layer_to}.{i}.{dst}{rest[len(src):]}"
+                return f"{layer_to}.{i}.{dst}{rest[len(src) :]}"
         raise KeyError(f"no Hugging Face name for layer parameter {name!r}")
     for src, dst in top:
         if name.startswith(src + "."):
-            return dst + name[len(src):]
+            return dst + name[len(src) :]
     raise KeyError(f"no Hugging Face name for parameter {name!r}")
 
 
@@ -51,8 +51,11 @@ def to_hf_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def from_hf_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF state dict -> our names (rotary caches and other buffers are dropped)."""
     swap = lambda pairs: [(b, a) for a, b in pairs]  # noqa: E731
-    return {_rename(k, swap(LAYER_NAMES), swap(TOP_NAMES), r"model\.layers", "layers"): v
-            for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
+    return {
+        _rename(k, swap(LAYER_NAMES), swap(TOP_NAMES), r"model\.layers", "layers"): v
+        for k, v in state_dict.items()
+        if not k.endswith("rotary_emb.inv_freq")
+    }
 
 
 # ----- row permutations ----------------------------------------------------------------------------------------------
@@ -72,8 +75,9 @@ def inverse(order: torch.Tensor) -> torch.Tensor:
     return torch.argsort(order)
 
 
-def permute_rows(w: torch.Tensor, n_heads: int, head_order: torch.Tensor | None = None,
-                 dim_order: torch.Tensor | None = None) -> torch.Tensor:
+def permute_rows(
+    w: torch.Tensor, n_heads: int, head_order: torch.Tensor | None = None, dim_order: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rows of a projection (or its bias) viewed as `n_heads` blocks of d: reorder the heads, then the dims inside
     each head. w: (n_heads * d, ...) -> same shape."""
     v = w.reshape(n_heads, -1, *w.shape[1:])  # (H, d, ...)
@@ -121,10 +125,18 @@ def rope_theta(hf_cfg) -> float:
 def common_config_kwargs(cfg: ModelConfig) -> dict:
     """HF config keywords every Llama-family format shares (the embedding is our padded vocabulary)."""
     return dict(
-        vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
-        hidden_act="silu", max_position_embeddings=cfg.max_seq_len, initializer_range=cfg.init_std,
-        rope_theta=cfg.rope_theta, attention_dropout=0.0, tie_word_embeddings=cfg.tie_embeddings,
+        vocab_size=cfg.padded_vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.kv_heads,
+        hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len,
+        initializer_range=cfg.init_std,
+        rope_theta=cfg.rope_theta,
+        attention_dropout=0.0,
+        tie_word_embeddings=cfg.tie_embeddings,
     )
 
 
@@ -133,20 +145,29 @@ def common_model_kwargs(hf_cfg, fmt: str) -> dict:
     check_config(hf_cfg, {"hidden_act": "silu"}, fmt)
     rope = (getattr(hf_cfg, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope != "default":
-        raise UserError(f"{fmt}: config.json rope_type={rope!r} (RoPE scaling) is not supported (diffllm needs "
-                         f"'default')")
+        raise UserError(
+            f"{fmt}: config.json rope_type={rope!r} (RoPE scaling) is not supported (diffllm needs 'default')"
+        )
     head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
     if head_dim * hf_cfg.num_attention_heads != hf_cfg.hidden_size:
-        raise UserError(f"{fmt}: config.json head_dim={head_dim} x {hf_cfg.num_attention_heads} heads != "
-                         f"hidden_size={hf_cfg.hidden_size} (diffllm needs d_model = heads x head_dim)")
+        raise UserError(
+            f"{fmt}: config.json head_dim={head_dim} x {hf_cfg.num_attention_heads} heads != "
+            f"hidden_size={hf_cfg.hidden_size} (diffllm needs d_model = heads x head_dim)"
+        )
     return dict(
         name=getattr(hf_cfg, "_name_or_path", "") and str(hf_cfg._name_or_path).rstrip("/").split("/")[-1] or fmt,
-        d_model=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers, n_heads=hf_cfg.num_attention_heads,
+        d_model=hf_cfg.hidden_size,
+        n_layers=hf_cfg.num_hidden_layers,
+        n_heads=hf_cfg.num_attention_heads,
         n_kv_heads=getattr(hf_cfg, "num_key_value_heads", None) or hf_cfg.num_attention_heads,
-        ffn_dim=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size, vocab_multiple=1,
-        rope_theta=rope_theta(hf_cfg), rope_interleaved=False,
+        ffn_dim=hf_cfg.intermediate_size,
+        vocab_size=hf_cfg.vocab_size,
+        vocab_multiple=1,
+        rope_theta=rope_theta(hf_cfg),
+        rope_interleaved=False,
         tie_embeddings=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
-        init_std=getattr(hf_cfg, "initializer_range", 0.02), max_seq_len=hf_cfg.max_position_embeddings,
+        init_std=getattr(hf_cfg, "initializer_range", 0.02),
+        max_seq_len=hf_cfg.max_position_embeddings,
     )
 
 

@@ -10,6 +10,7 @@ So the export moves q rows 2i -> i and 2i+1 -> h+i (k and the value halves likew
 for a constant lambda_init c re-solves the lambda vectors (same lambda) and folds (1 - c) / (1 - lambda_init(l)) into
 W_O. The import runs the permutations backwards with a unit subln weight.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,9 +20,21 @@ import torch
 
 from ..model import ModelConfig
 from ..model.diff_attention import lambda_init_at
-from .convert import (add_zero_o_bias, check_config, common_config_kwargs, common_model_kwargs, drop_zero_o_bias,
-                      from_hf_names, inverse, map_qk, pair_major_order, permute_rows, rotate_half_layout, to_hf_names,
-                      unmet)
+from .convert import (
+    add_zero_o_bias,
+    check_config,
+    common_config_kwargs,
+    common_model_kwargs,
+    drop_zero_o_bias,
+    from_hf_names,
+    inverse,
+    map_qk,
+    pair_major_order,
+    permute_rows,
+    rotate_half_layout,
+    to_hf_names,
+    unmet,
+)
 
 NAME, HF_CLASS, MODEL_TYPE = "diffllama", "DiffLlamaForCausalLM", "diffllama"
 SUBLN_EPS = 1e-5  # diffllm's per-head norm eps (fixed); DiffLlama uses rms_norm_eps there
@@ -32,17 +45,28 @@ def hf_lambda_init(depth: int) -> float:
 
 
 def why_not(cfg: ModelConfig) -> Optional[str]:
-    return unmet(cfg, "DiffLlama", {
-        "arch": ("diff", "has differential attention (V1)"), "norm": ("rmsnorm", "has RMSNorm"),
-        "rotary_pct": (1.0, "rotates the whole head"),
-        "norm_eps": (SUBLN_EPS, "uses rms_norm_eps in its per-head norm, whose eps diffllm fixes at 1e-5,")})
+    return unmet(
+        cfg,
+        "DiffLlama",
+        {
+            "arch": ("diff", "has differential attention (V1)"),
+            "norm": ("rmsnorm", "has RMSNorm"),
+            "rotary_pct": (1.0, "rotates the whole head"),
+            "norm_eps": (SUBLN_EPS, "uses rms_norm_eps in its per-head norm, whose eps diffllm fixes at 1e-5,"),
+        },
+    )
 
 
 def hf_config(cfg: ModelConfig):
     import transformers
 
-    return transformers.DiffLlamaConfig(**common_config_kwargs(cfg), head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
-                                        attention_bias=cfg.qkv_bias, lambda_std_dev=cfg.lambda_std)
+    return transformers.DiffLlamaConfig(
+        **common_config_kwargs(cfg),
+        head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.norm_eps,
+        attention_bias=cfg.qkv_bias,
+        lambda_std_dev=cfg.lambda_std,
+    )
 
 
 def _pair_major(sd: dict, cfg: ModelConfig, to_hf: bool) -> dict:
@@ -62,8 +86,9 @@ def _solve_lambda(target: float, d: int) -> dict[str, torch.Tensor]:
     return {"lambda_q1": e0 * a, "lambda_k1": e0.clone(), "lambda_q2": e0 * b, "lambda_k2": e0.clone()}
 
 
-def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], fold_subln: bool = True,
-          pair_heads: bool = True) -> dict[str, torch.Tensor]:
+def to_hf(
+    cfg: ModelConfig, sd: dict[str, torch.Tensor], fold_subln: bool = True, pair_heads: bool = True
+) -> dict[str, torch.Tensor]:
     """fold_subln / pair_heads=False exist for the negative tests (skipping either step must break the logits)."""
     sd = rotate_half_layout(sd, cfg)
     if pair_heads:
@@ -73,7 +98,7 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], fold_subln: bool = True
         p = f"layers.{i}.attn."
         w = sd.pop(p + "subln.weight")  # (2d,)
         c, ref = lambda_init_at(cfg, i), hf_lambda_init(i)
-        scale = (w.double().repeat(h) if fold_subln else torch.ones(w.numel() * h, dtype=torch.float64))
+        scale = w.double().repeat(h) if fold_subln else torch.ones(w.numel() * h, dtype=torch.float64)
         scale = scale * ((1.0 - c) / (1.0 - ref))  # (h * 2d,) over W_O's input columns
         sd[p + "out_proj.weight"] = (sd[p + "out_proj.weight"].double() * scale).to(sd[p + "out_proj.weight"].dtype)
         if c != ref:
@@ -86,8 +111,14 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], fold_subln: bool = True
 
 def from_hf(hf_cfg, sd: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     check_config(hf_cfg, {"rms_norm_eps": SUBLN_EPS}, NAME)
-    cfg = ModelConfig(arch="diff", norm="rmsnorm", norm_eps=hf_cfg.rms_norm_eps, qkv_bias=bool(hf_cfg.attention_bias),
-                      lambda_std=getattr(hf_cfg, "lambda_std_dev", 0.1), **common_model_kwargs(hf_cfg, NAME))
+    cfg = ModelConfig(
+        arch="diff",
+        norm="rmsnorm",
+        norm_eps=hf_cfg.rms_norm_eps,
+        qkv_bias=bool(hf_cfg.attention_bias),
+        lambda_std=getattr(hf_cfg, "lambda_std_dev", 0.1),
+        **common_model_kwargs(hf_cfg, NAME),
+    )
     ours = _pair_major(from_hf_names(drop_zero_o_bias(sd, NAME)), cfg, to_hf=False)
     for i in range(cfg.n_layers):
         ours[f"layers.{i}.attn.subln.weight"] = torch.ones(2 * cfg.head_dim)

@@ -10,6 +10,7 @@
 format=auto takes the native class that represents the model exactly (StableLM, Llama, DiffLlama) and falls back to
 remote code for the rest (LayerNorm or partial-rotary Diff, Diff V2), saying which and why.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -19,10 +20,10 @@ from typing import Optional, Union
 
 import torch
 
+from ..errors import UserError
 from ..model import ModelConfig
 from ..runs import Run, read_metrics
 from . import diffllama, llama, remote, stablelm
-from ..errors import UserError
 
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, remote)}
 NATIVE = (stablelm, llama, diffllama)
@@ -71,13 +72,26 @@ def hf_tokenizer(tok):
     EOS also serves as BOS and pad), and a literal special-token string in text is text, as in training."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=tok.tk, bos_token=tok.eos_token, eos_token=tok.eos_token,
-                                   pad_token=tok.eos_token, split_special_tokens=True, add_bos_token=False,
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok.tk,
+        bos_token=tok.eos_token,
+        eos_token=tok.eos_token,
+        pad_token=tok.eos_token,
+        split_special_tokens=True,
+        add_bos_token=False,
+        clean_up_tokenization_spaces=False,
+    )
 
 
-def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[str, Path], fmt: ModuleType,
-             tokenizer=None, card: str = "", dtype: str = "float32") -> Path:
+def write_hf(
+    cfg: ModelConfig,
+    state_dict: dict[str, torch.Tensor],
+    out: Union[str, Path],
+    fmt: ModuleType,
+    tokenizer=None,
+    card: str = "",
+    dtype: str = "float32",
+) -> Path:
     """Write the HF directory for (cfg, our state dict) in format module `fmt`, weights in `dtype`."""
     import transformers
     from transformers import GenerationConfig
@@ -105,8 +119,11 @@ def write_hf(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], out: Union[s
     if cfg.tie_embeddings:
         model.tie_weights()
     model.save_pretrained(out)
-    gen = dict(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id) \
-        if tokenizer is not None else {}
+    gen = (
+        dict(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id)
+        if tokenizer is not None
+        else {}
+    )
     GenerationConfig(**gen).save_pretrained(out)
     if tokenizer is not None:
         hf_tokenizer(tokenizer).save_pretrained(out)
@@ -130,27 +147,46 @@ def model_card(run: Run, cfg: ModelConfig, meta: dict, fmt: ModuleType, reason: 
     config = run.config()
     load = "AutoModelForCausalLM.from_pretrained(path" + (", trust_remote_code=True)" if fmt is remote else ")")
     lines = [
-        "---", "library_name: transformers", "tags: [diffllm" + (", custom_code]" if fmt is remote else "]"), "---",
-        f"# {cfg.name}", "",
-        f"A {cfg.variant.label} (`arch: {cfg.arch}`) "
-        f"trained with diffllm, exported as `{fmt.HF_CLASS}` ({reason}).", "",
-        "| | |", "|---|---|",
+        "---",
+        "library_name: transformers",
+        "tags: [diffllm" + (", custom_code]" if fmt is remote else "]"),
+        "---",
+        f"# {cfg.name}",
+        "",
+        f"A {cfg.variant.label} (`arch: {cfg.arch}`) trained with diffllm, exported as `{fmt.HF_CLASS}` ({reason}).",
+        "",
+        "| | |",
+        "|---|---|",
         f"| architecture | {cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads "
         f"({cfg.kv_heads} kv), {cfg.norm}, rotary {cfg.rotary_pct:g}{' interleaved' if cfg.rope_interleaved else ''} |",
         f"| preset | {cfg.name} |",
         f"| parameters | {n_params:,} (vocabulary {cfg.padded_vocab_size}) |",
         f"| tokens trained | {int(meta.get('tokens', 0)):,} (step {meta.get('step')}) |",
-        f"| final validation loss | {'-' if loss is None else f'{loss:.4f}'} |", "",
-        "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f"model = {load}", "tokenizer = AutoTokenizer.from_pretrained(path)", "```", "",
-        "## The run's config", "", "```yaml",
-        yaml.safe_dump(config if config is not None else {"model": asdict(cfg)}, sort_keys=False).rstrip(), "```", "",
+        f"| final validation loss | {'-' if loss is None else f'{loss:.4f}'} |",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"model = {load}",
+        "tokenizer = AutoTokenizer.from_pretrained(path)",
+        "```",
+        "",
+        "## The run's config",
+        "",
+        "```yaml",
+        yaml.safe_dump(config if config is not None else {"model": asdict(cfg)}, sort_keys=False).rstrip(),
+        "```",
+        "",
     ]
     return "\n".join(lines)
 
 
-def export_run(run_path: Union[str, Path], out: Union[str, Path], step: Union[int, str] = "latest",
-               format: str = "auto", dtype: str = "float32") -> Exported:
+def export_run(
+    run_path: Union[str, Path],
+    out: Union[str, Path],
+    step: Union[int, str] = "latest",
+    format: str = "auto",
+    dtype: str = "float32",
+) -> Exported:
     """Export one checkpoint of a run (its latest by default) to `out` (the conversions run in fp32/fp64, then
     the weights are cast to `dtype`)."""
     check_format_name(format)  # a mistyped format first: it needs no run

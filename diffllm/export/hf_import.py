@@ -4,6 +4,7 @@ our (ModelConfig, state dict), and a diffllm run directory at step 0 that `diffl
     cfg, state_dict = load_pretrained("hf/stablelm-3b-4e1t")   # or a diffllm run directory (its latest checkpoint)
     import_hf("hf/stablelm-3b-4e1t", "runs/stablelm-cont")      # checkpoints/step0 (ZeRO-0 layout), tokenizer.json
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -12,10 +13,10 @@ from typing import Union
 
 import torch
 
+from ..errors import UserError
 from ..model import DecoderLM, ModelConfig
 from ..runs import Run, choose_tokenizer, consolidated_state_dict, read_json
 from .hf import FORMATS, remote
-from ..errors import UserError
 
 BY_MODEL_TYPE = {m.MODEL_TYPE: m for m in FORMATS.values()}
 
@@ -40,8 +41,9 @@ def read_hf(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torch.Tensor
     model_type = read_json(path / "config.json").get("model_type")
     fmt = BY_MODEL_TYPE.get(model_type)
     if fmt is None:
-        raise UserError(f"{path}: model_type={model_type!r} cannot be imported (supported: "
-                         f"{', '.join(sorted(BY_MODEL_TYPE))})")
+        raise UserError(
+            f"{path}: model_type={model_type!r} cannot be imported (supported: {', '.join(sorted(BY_MODEL_TYPE))})"
+        )
     if fmt is remote:
         from .remote.configuration_diffllm import DiffLLMConfig
 
@@ -60,8 +62,10 @@ def read_hf(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torch.Tensor
     missing, unexpected = sorted(set(expected) - set(ours)), sorted(set(ours) - set(expected))
     bad_shape = [k for k in expected if k in ours and ours[k].shape != expected[k].shape]
     if missing or unexpected or bad_shape:
-        raise UserError(f"{path}: weights do not fit the {model_type} config (missing {missing[:2]}, unexpected "
-                         f"{unexpected[:2]}, wrong shape {bad_shape[:2]})")
+        raise UserError(
+            f"{path}: weights do not fit the {model_type} config (missing {missing[:2]}, unexpected "
+            f"{unexpected[:2]}, wrong shape {bad_shape[:2]})"
+        )
     return cfg, ours
 
 
@@ -95,8 +99,17 @@ def import_hf(src: Union[str, Path], out: Union[str, Path]) -> tuple[ModelConfig
     cfg, sd = read_hf(src)
     tok_path, _ = choose_tokenizer(run, init_from=src)
     tok = load_tokenizer(str(tok_path), "<|endoftext|>") if tok_path else None  # the folder's own eos_token wins
-    run.write_weights(sd, {"step": 0, "tokens": 0, "world_size": 1, "zero_stage": 0, "model": asdict(cfg),
-                           "imported_from": str(src.resolve())})
+    run.write_weights(
+        sd,
+        {
+            "step": 0,
+            "tokens": 0,
+            "world_size": 1,
+            "zero_stage": 0,
+            "model": asdict(cfg),
+            "imported_from": str(src.resolve()),
+        },
+    )
     config: dict = {"model": asdict(cfg), "imported_from": str(src.resolve())}
     if tok is not None:
         run.write_tokenizer(tok.tk.to_str())

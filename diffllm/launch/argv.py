@@ -1,5 +1,6 @@
 """LaunchConfig and the argv each launcher needs: `deepspeed` (hostfile; pdsh/slurm/openmpi under it) and `torchrun`
 (c10d rendezvous, for clusters without SSH between nodes). Every command runs `-m diffllm.train <overrides>`."""
+
 from __future__ import annotations
 
 import shlex
@@ -8,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .hostfile import check_fits, read_hostfile
 from ..errors import UserError
+from .hostfile import check_fits, read_hostfile
 
 LAUNCHERS = ("torchrun", "deepspeed", "slurm")
 TRAIN_MODULE = "diffllm.train"
@@ -47,7 +48,8 @@ class LaunchConfig:
     log_dir: str = "logs/slurm"
     container_image: Optional[str] = None  # pyxis/enroot: srun --container-image (e.g. a .sqsh built from docker/)
     container_mounts: Optional[str] = None
-    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load ..., source .venv/bin/activate)
+    # shell lines before srun (module load ..., source .venv/bin/activate)
+    setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # for the workers: in the job script, on every deepspeed host
     script: Optional[str] = None  # where to write the sbatch script (None: <log_dir>/<job_name>.sbatch)
     submit: bool = True  # sbatch the script (false: write it only)
@@ -59,17 +61,23 @@ class LaunchConfig:
             raise UserError(f"nodes={self.nodes}, procs={self.procs}: both must be >= 1")
         if self.launcher == "torchrun" and self.nodes > 1:
             if not self.master_addr:
-                raise UserError(f"--nodes {self.nodes}: torchrun needs --master-addr <host of node rank 0> (the "
-                                 f"rendezvous host every node can reach) and --node-rank 0..{self.nodes - 1}")
+                raise UserError(
+                    f"--nodes {self.nodes}: torchrun needs --master-addr <host of node rank 0> (the "
+                    f"rendezvous host every node can reach) and --node-rank 0..{self.nodes - 1}"
+                )
             if self.node_rank is None or not 0 <= self.node_rank < self.nodes:
                 given = "missing" if self.node_rank is None else f"{self.node_rank} is out of range"
-                raise UserError(f"--node-rank: {given}; with --nodes {self.nodes} give each node its rank, "
-                                 f"0..{self.nodes - 1} (0 on --master-addr {self.master_addr})")
+                raise UserError(
+                    f"--node-rank: {given}; with --nodes {self.nodes} give each node its rank, "
+                    f"0..{self.nodes - 1} (0 on --master-addr {self.master_addr})"
+                )
         if self.rdzv_timeout_s < 1:
             raise UserError(f"--rdzv-timeout-s {self.rdzv_timeout_s}: must be >= 1")
         if self.signal_lead_s <= self.shutdown_timeout_s and self.launcher == "slurm":
-            raise UserError(f"signal_lead_s={self.signal_lead_s}: must exceed shutdown_timeout_s="
-                             f"{self.shutdown_timeout_s}, or SLURM kills the job while it saves")
+            raise UserError(
+                f"signal_lead_s={self.signal_lead_s}: must exceed shutdown_timeout_s="
+                f"{self.shutdown_timeout_s}, or SLURM kills the job while it saves"
+            )
 
 
 def tool(name: str) -> str:
@@ -78,8 +86,13 @@ def tool(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def torchrun_argv(cfg: LaunchConfig, overrides: list[str], endpoint_host: Optional[str] = None,
-                  executable: str = "torchrun", endpoint_port: Optional[str] = None) -> list[str]:
+def torchrun_argv(
+    cfg: LaunchConfig,
+    overrides: list[str],
+    endpoint_host: Optional[str] = None,
+    executable: str = "torchrun",
+    endpoint_port: Optional[str] = None,
+) -> list[str]:
     """The same command on every node: c10d rendezvous at host:port, no SSH needed."""
     host = endpoint_host or cfg.master_addr or "localhost"
     port = cfg.master_port if (cfg.nodes > 1 or cfg.master_addr or endpoint_host) else 0  # 0: a free local port
@@ -87,9 +100,23 @@ def torchrun_argv(cfg: LaunchConfig, overrides: list[str], endpoint_host: Option
     argv = [executable, "--nnodes", str(cfg.nodes), "--nproc_per_node", str(cfg.procs)]
     if cfg.node_rank is not None:
         argv += ["--node_rank", str(cfg.node_rank)]
-    return argv + ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", cfg.rdzv_id,
-                   "--rdzv_conf", f"join_timeout={cfg.rdzv_timeout_s}", "--signals_to_handle", FORWARDED_SIGNALS,
-                   "--shutdown_timeout", str(cfg.shutdown_timeout_s), "-m", TRAIN_MODULE, *overrides]
+    return argv + [
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{host}:{port}",
+        "--rdzv_id",
+        cfg.rdzv_id,
+        "--rdzv_conf",
+        f"join_timeout={cfg.rdzv_timeout_s}",
+        "--signals_to_handle",
+        FORWARDED_SIGNALS,
+        "--shutdown_timeout",
+        str(cfg.shutdown_timeout_s),
+        "-m",
+        TRAIN_MODULE,
+        *overrides,
+    ]
 
 
 def deepspeed_argv(cfg: LaunchConfig, overrides: list[str], executable: str = "deepspeed") -> list[str]:
@@ -99,8 +126,10 @@ def deepspeed_argv(cfg: LaunchConfig, overrides: list[str], executable: str = "d
         check_fits(read_hostfile(cfg.hostfile), cfg.nodes, cfg.procs, cfg.hostfile)
         argv += ["--hostfile", cfg.hostfile, "--launcher", cfg.ds_launcher]
     elif cfg.nodes > 1:
-        raise UserError(f"nodes={cfg.nodes}: the deepspeed launcher needs --hostfile <path> with `host slots=N` "
-                         f"lines (or --launcher torchrun / slurm)")
+        raise UserError(
+            f"nodes={cfg.nodes}: the deepspeed launcher needs --hostfile <path> with `host slots=N` "
+            f"lines (or --launcher torchrun / slurm)"
+        )
     argv += ["--num_nodes", str(cfg.nodes), "--num_gpus", str(cfg.procs), "--master_port", str(cfg.master_port)]
     if cfg.master_addr:
         argv += ["--master_addr", cfg.master_addr]

@@ -1,18 +1,19 @@
 """Checks `diffllm launch` makes before it starts or submits anything: the train overrides compose into valid typed
 configs for this world size, and every hostfile host answers over SSH. Each failure is one line naming the culprit."""
+
 from __future__ import annotations
 
 import subprocess
 from typing import TYPE_CHECKING
 
-from .argv import LaunchConfig
 from ..errors import UserError
+from .argv import LaunchConfig
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
 
 
-def check_train_overrides(overrides: list[str], world_size: int) -> "TrainConfig":
+def check_train_overrides(overrides: list[str], world_size: int) -> TrainConfig:
     """Compose configs/train.yaml with the overrides (as `diffllm train` would) and build every typed config, so a
     bad key or value stops here, not hours later in a queue. Raises ValueError naming the key; returns the configs."""
     from hydra.errors import HydraException
@@ -41,8 +42,10 @@ def _unknown_key(overrides: list[str]) -> str | None:
 
     from ..config import compose
 
-    base = compose("train", [o for o in overrides if o.split("=", 1)[0].lstrip("~+") in ("model", "data", "trainer",
-                                                                                       "optim", "logging")])
+    base = compose(
+        "train",
+        [o for o in overrides if o.split("=", 1)[0].lstrip("~+") in ("model", "data", "trainer", "optim", "logging")],
+    )
     for override in overrides:
         key = override.split("=", 1)[0]
         if key.startswith(("+", "~", "hydra")):
@@ -60,12 +63,27 @@ def check_hosts_reachable(hosts: list[str], path: str, timeout_s: int = 10) -> N
     """`ssh host true` for each host, as pdsh will need: one line naming the first host that does not answer."""
     for host in hosts:
         try:
-            out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout_s}",
-                                  "-o", "StrictHostKeyChecking=accept-new", host, "true"],
-                                 capture_output=True, text=True, timeout=timeout_s + 5)
+            out = subprocess.run(
+                [
+                    "ssh",
+                    "-o",
+                    "BatchMode=yes",
+                    "-o",
+                    f"ConnectTimeout={timeout_s}",
+                    "-o",
+                    "StrictHostKeyChecking=accept-new",
+                    host,
+                    "true",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s + 5,
+            )
         except FileNotFoundError:
-            raise UserError(f"hostfile {path}: no `ssh` on this machine to reach {host!r} "
-                             f"(install openssh-client, or use --launcher torchrun / slurm)") from None
+            raise UserError(
+                f"hostfile {path}: no `ssh` on this machine to reach {host!r} "
+                f"(install openssh-client, or use --launcher torchrun / slurm)"
+            ) from None
         except subprocess.TimeoutExpired:
             raise UserError(f"hostfile {path}: host {host!r} did not answer over ssh within {timeout_s} s") from None
         if out.returncode != 0:

@@ -1,6 +1,7 @@
 """`diffllm launch [--launcher torchrun|deepspeed|slurm] [--nodes N] [--procs P] [--dry-run] [--<option> V ...]
 [train overrides ...]`: options are LaunchConfig fields (defaults: configs/launch.yaml, then
 configs/launcher/<launcher>.yaml); every other argument goes to `diffllm train` unchanged."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,13 +14,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..config import build, find_config, group_options, load_group
-from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
+from ..errors import UserError
 from .argv import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
+from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
 from .help import usage
 from .hostfile import read_hostfile
 from .remote_env import remote_env, write_env_file
 from .slurm import sbatch_script
-from ..errors import UserError
 
 _USER_CPP_LOG_LEVEL = os.environ.get("TORCH_CPP_LOG_LEVEL")  # main() quiets c10d here; children get this back
 EXIT_STOPPED = 3  # Ctrl-C (or SIGTERM) under `diffllm launch`: the workers saved a checkpoint; relaunch to continue
@@ -48,8 +49,10 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
         key, _, value = arg[2:].partition("=")
         key = key.replace("-", "_")
         if key not in names:
-            raise UserError(f"--{key.replace('_', '-')}: unknown launch option (valid: "
-                             f"{', '.join('--' + n.replace('_', '-') for n in names)})")
+            raise UserError(
+                f"--{key.replace('_', '-')}: unknown launch option (valid: "
+                f"{', '.join('--' + n.replace('_', '-') for n in names)})"
+            )
         if not value and names[key].type in ("bool", bool) and (i >= len(argv) or argv[i] not in ("true", "false")):
             value = "true"  # a bare flag: --dry-run
         elif not value:
@@ -68,8 +71,10 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
     base = OmegaConf.load(find_config("", "launch"))
     launcher = str(given.get("launcher", base.get("launcher", "torchrun")))
     if find_config("launcher", launcher) is None:
-        raise UserError(f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
-                         f"(known: {', '.join(group_options('launcher'))})")
+        raise UserError(
+            f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
+            f"(known: {', '.join(group_options('launcher'))})"
+        )
     merged = OmegaConf.merge(base, load_group("launcher", launcher), given)
     if setup:
         merged.setup = list(merged.get("setup") or []) + setup
@@ -89,7 +94,7 @@ def preflight(cfg: LaunchConfig, overrides: list[str]) -> int:
     Returns the run's data workers per rank (what a SLURM job's CPUs are sized by)."""
     train = check_train_overrides(overrides, cfg.nodes * cfg.procs)
     if needs_ssh(cfg) and not cfg.dry_run:
-        check_hosts_reachable(list(read_hostfile(cfg.hostfile))[:cfg.nodes], cfg.hostfile)
+        check_hosts_reachable(list(read_hostfile(cfg.hostfile))[: cfg.nodes], cfg.hostfile)
     return train.data.num_workers
 
 
@@ -115,8 +120,10 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
         argv = deepspeed_argv(cfg, overrides, executable=tool("deepspeed"))
     print(shell(argv), flush=True)
     if cfg.launcher == "torchrun" and cfg.nodes > 1:
-        print(f"# run this on each of the {cfg.nodes} nodes, each with its own --node-rank (0..{cfg.nodes - 1})",
-              file=sys.stderr)
+        print(
+            f"# run this on each of the {cfg.nodes} nodes, each with its own --node-rank (0..{cfg.nodes - 1})",
+            file=sys.stderr,
+        )
     if cfg.dry_run:
         return 0
     if cfg.launcher == "torchrun" and cfg.nodes > 1:
@@ -146,8 +153,12 @@ def supervise(argv: list[str], env: dict) -> int:
 
     def on_signal(signum: int, frame) -> None:
         if not stopped:
-            print(f"\ndiffllm launch: {signal.Signals(signum).name}: waiting for the workers to save a checkpoint "
-                  f"(Ctrl-C again to stop without saving)", file=sys.stderr, flush=True)
+            print(
+                f"\ndiffllm launch: {signal.Signals(signum).name}: waiting for the workers to save a checkpoint "
+                f"(Ctrl-C again to stop without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
         stopped.append(signum)
         try:
             proc.send_signal(signum)
@@ -161,8 +172,11 @@ def supervise(argv: list[str], env: dict) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopped and code != 0:
-        print(f"diffllm launch: stopped by {signal.Signals(stopped[0]).name} (launcher exit code {code}); "
-              f"relaunch the same command to continue from the last checkpoint", file=sys.stderr)
+        print(
+            f"diffllm launch: stopped by {signal.Signals(stopped[0]).name} (launcher exit code {code}); "
+            f"relaunch the same command to continue from the last checkpoint",
+            file=sys.stderr,
+        )
         return EXIT_STOPPED
     return code
 

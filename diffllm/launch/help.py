@@ -1,5 +1,6 @@
 """`diffllm launch --help`: what the command does, every option (a LaunchConfig field) with its meaning and default
 (configs/launch.yaml, then configs/launcher/<launcher>.yaml), and examples."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,9 +46,12 @@ MEANING = {
 EXAMPLES = """\
 examples:
   diffllm launch --procs 2 model=diff-tiny                        # one node, 2 processes, torchrun
-  diffllm launch --nodes 2 --procs 8 --master-addr node-1 --node-rank 0 model=diff-830m trainer=paper-scaling  # rank 1 on node-2
-  diffllm launch --launcher slurm --nodes 4 --procs 8 --partition gpu --time 48:00:00 model=diff-13.1b trainer=paper-scaling
-  diffllm launch --launcher deepspeed --hostfile hosts --nodes 2 --procs 8 --dry-run model=diff-830m trainer=paper-scaling
+  diffllm launch --nodes 2 --procs 8 --master-addr node-1 --node-rank 0 model=diff-830m trainer=paper-scaling  # rank 1
+  on node-2
+  diffllm launch --launcher slurm --nodes 4 --procs 8 --partition gpu --time 48:00:00 model=diff-13.1b
+  trainer=paper-scaling
+  diffllm launch --launcher deepspeed --hostfile hosts --nodes 2 --procs 8 --dry-run model=diff-830m
+  trainer=paper-scaling
 """
 
 
@@ -67,8 +71,10 @@ def usage() -> str:
         default = defaults[f.name]
         shown = "empty" if default in (None, [], {}) else str(default).lower() if isinstance(default, bool) else default
         rows.append(f"  {flag:<22} {MEANING[f.name]} [default: {shown}]")
-    return ("usage: diffllm launch [--option VALUE ...] [train overrides ...]\n\n"
-            "Builds the command for torchrun, DeepSpeed's runner or SLURM and runs (or submits) it; every argument that\n"
-            "is not an option is a `diffllm train` override, checked before anything starts. Exit codes: 0 finished,\n"
-            "2 bad input (one line), 3 stopped by a signal after the workers saved (relaunch to continue), else the\n"
-            "launcher's own.\n\noptions:\n" + "\n".join(rows) + "\n  -h, --help             this text\n\n" + EXAMPLES)
+    return (
+        "usage: diffllm launch [--option VALUE ...] [train overrides ...]\n\n"
+        "Builds the command for torchrun, DeepSpeed's runner or SLURM and runs (or submits) it; every argument that\n"
+        "is not an option is a `diffllm train` override, checked before anything starts. Exit codes: 0 finished,\n"
+        "2 bad input (one line), 3 stopped by a signal after the workers saved (relaunch to continue), else the\n"
+        "launcher's own.\n\noptions:\n" + "\n".join(rows) + "\n  -h, --help             this text\n\n" + EXAMPLES
+    )

@@ -1,8 +1,10 @@
 """Hostfiles in the MPI/DeepSpeed style (`node-1 slots=8`, `#` comments): parsed strictly, errors name file and line."""
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from ..errors import UserError
 
 _LINE = re.compile(r"^(?P<host>\S+)(?:\s+slots\s*=\s*(?P<slots>\S+))?\s*$")

@@ -3,6 +3,7 @@ bare ssh shell that gets only PYTHON*, MLFLOW*, MV2*, UCX* (and the accelerator'
 KEY=VALUE lines of ~/.deepspeed_env and ./.deepspeed_env (or of $DS_ENV_FILE). A diffllm run also depends on the
 accelerator, cache and offline settings, so `diffllm launch` writes one file with those, the user's own file and
 `--env` on top, and points DS_ENV_FILE at it for the runner's lifetime."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,16 @@ from pathlib import Path
 from typing import Mapping
 
 # Inherited from the launching shell: exact names, and prefixes ending in "_".
-FORWARDED = ("DS_ACCELERATOR", "DS_BUILD_OPS", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TORCH_CPP_LOG_LEVEL",
-             "HF_", "WANDB_", "DIFFLLM_")
+FORWARDED = (
+    "DS_ACCELERATOR",
+    "DS_BUILD_OPS",
+    "OMP_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "TORCH_CPP_LOG_LEVEL",
+    "HF_",
+    "WANDB_",
+    "DIFFLLM_",
+)
 # Never inherited, as a word of the name: the export lines travel on pdsh's command line, which `ps` shows to every
 # user of the machine.
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")

@@ -1,9 +1,17 @@
 """Models: one decoder-only LM whose attention variant (registered in registry.py) is chosen by `ModelConfig.arch`.
 The names below load their module (and torch) on first use, so that reading configs and `--help` stay light."""
+
 import importlib
 
-_WHERE = {"KVCache": "cache", "ModelConfig": "config", "DecoderLM": "transformer", "Block": "transformer",
-          "AttentionVariant": "variant", "variant": "registry", "variants": "registry"}
+_WHERE = {
+    "KVCache": "cache",
+    "ModelConfig": "config",
+    "DecoderLM": "transformer",
+    "Block": "transformer",
+    "AttentionVariant": "variant",
+    "variant": "registry",
+    "variants": "registry",
+}
 __all__ = list(_WHERE)
 
 

@@ -1,5 +1,6 @@
 """Parameter counts, training FLOPs per token and weight memory, from a model built on the meta device. torch loads
 when a count is asked for, not on import (configs and `--help` import this module)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ class ModelStats:
         return 2 * self.total_params
 
 
-def meta_model(cfg: ModelConfig) -> "DecoderLM":
+def meta_model(cfg: ModelConfig) -> DecoderLM:
     """The model with shapes only: any size builds in milliseconds."""
     import torch
 

@@ -1,8 +1,9 @@
 """Standard causal multi-head / grouped-query attention, the Transformer's variant (`arch: transformer`):
 
-    Q = X W_Q (h heads of d),  K = X W_K,  V = X W_V (h_kv heads of d)
-    out = W_O concat_i softmax(Q_i K_g(i)^T / sqrt d + causal) V_g(i)       g(i) = i // (h / h_kv)
+Q = X W_Q (h heads of d),  K = X W_K,  V = X W_V (h_kv heads of d)
+out = W_O concat_i softmax(Q_i K_g(i)^T / sqrt d + causal) V_g(i)       g(i) = i // (h / h_kv)
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -54,4 +55,3 @@ class Attention(AttentionVariant, TransformerEquations):
     def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
         """Scores 2*T*E + values 2*T*E per layer forward (h heads of d = E), x3 for fwd + bwd."""
         return 3.0 * cfg.n_layers * (2 * seq_len * cfg.d_model + 2 * seq_len * cfg.d_model)
-

@@ -11,18 +11,20 @@ Each attention variant stores what its own equations read again (Transformer and
 K1/K2 sub-heads of d and V heads of 2d), after rotary, so cached keys never need re-rotating. Storage is allocated
 once per layer at the first call (max_len positions), then written in place.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+
 from ..errors import UserError
 
 
 class LayerCache:
     """One layer's keys (B, Hk, max_len, dk) and values (B, Hv, max_len, dv), filled up to `cache.pos`."""
 
-    def __init__(self, owner: "KVCache"):
+    def __init__(self, owner: KVCache):
         self.owner = owner
         self.k: Optional[torch.Tensor] = None
         self.v: Optional[torch.Tensor] = None
@@ -34,8 +36,8 @@ class LayerCache:
             B, L = k.shape[0], self.owner.max_len
             self.k = k.new_empty(B, k.shape[1], L, k.shape[3])
             self.v = v.new_empty(B, v.shape[1], L, v.shape[3])
-        self.k[:, :, pos: pos + T] = k
-        self.v[:, :, pos: pos + T] = v
+        self.k[:, :, pos : pos + T] = k
+        self.v[:, :, pos : pos + T] = v
         return self.k[:, :, : pos + T], self.v[:, :, : pos + T]
 
 
@@ -59,10 +61,12 @@ class KVCache:
             return None
         if self.doc_ids is None:
             if self.pos:
-                raise ValueError(f"KV cache: doc_ids given now but not for the {self.pos} cached tokens; pass doc_ids "
-                                 f"at every call or at none")
+                raise ValueError(
+                    f"KV cache: doc_ids given now but not for the {self.pos} cached tokens; pass doc_ids "
+                    f"at every call or at none"
+                )
             self.doc_ids = doc_ids.new_zeros(doc_ids.shape[0], self.max_len, dtype=torch.long)
-        self.doc_ids[:, self.pos: self.pos + doc_ids.shape[1]] = doc_ids
+        self.doc_ids[:, self.pos : self.pos + doc_ids.shape[1]] = doc_ids
         return self.doc_ids[:, : self.pos + doc_ids.shape[1]]
 
     def layer(self, i: int) -> LayerCache:
@@ -72,8 +76,10 @@ class KVCache:
 
     def check_room(self, new_tokens: int) -> None:
         if self.pos + new_tokens > self.max_len:
-            raise UserError(f"KV cache full: {self.pos} cached + {new_tokens} new tokens > its max_len "
-                             f"{self.max_len} (model.max_seq_len bounds it; shorten the prompt or max_new_tokens)")
+            raise UserError(
+                f"KV cache full: {self.pos} cached + {new_tokens} new tokens > its max_len "
+                f"{self.max_len} (model.max_seq_len bounds it; shorten the prompt or max_new_tokens)"
+            )
 
     def advance(self, new_tokens: int) -> None:
         self.pos += new_tokens

@@ -1,10 +1,12 @@
 """ModelConfig: the one typed config that builds every decoder-only LM; `arch` names a registered attention variant
 (diffllm/model/registry.py)."""
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Optional
+
 from ..errors import UserError
 from .registry import variant
 
@@ -36,11 +38,14 @@ class ModelConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02
     max_seq_len: int = field(default=2048, metadata={"resume": ("kept",)})
-    attn_backend: str = field(default="sdpa", metadata={"resume": ("operational", "kept")})  # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
+    # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
+    attn_backend: str = field(default="sdpa", metadata={"resume": ("operational", "kept")})
     # Variant options: read (and checked) only by the variant that documents them, ignored by the others.
     lambda_init: Optional[float] = None  # diff: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # diff: init std of lambda_{q,k}{1,2}
-    init_from: Optional[str] = field(default=None, metadata={"resume": ("kept",)})  # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at step 0
+    # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at
+    # step 0
+    init_from: Optional[str] = field(default=None, metadata={"resume": ("kept",)})
 
     def __post_init__(self) -> None:
         self.validate()

@@ -10,6 +10,7 @@ No lambda vectors, no lambda_init, no subln, no (1 - lambda_init). Query heads 2
 i // (h / h_kv) (query head j reads j // (2h / h_kv)), so the pair shares its K and V: h_kv must divide h.
 n_heads in the config is h (the Transformer's head count); the KV cache equals the Transformer's.
 """
+
 from __future__ import annotations
 
 import torch

@@ -16,6 +16,7 @@ its own group's keys (and V, tiled); `mix` subtracts. Backends: eager materialis
 `diffllm.model.triton_diff.fused_diff_attention` (one pass, one accumulator per map; its backward multiplies by V
 once, like eager).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,12 +25,12 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .config import ModelConfig
 from .documents import Documents
 from .layers import AttentionEquations, RMSNorm, heads_of
 from .registry import register
 from .variant import AttentionVariant, Heads
-from ..errors import UserError
 
 
 def _fused_diff_attention():
@@ -37,8 +38,10 @@ def _fused_diff_attention():
     try:
         from .triton_diff import fused_diff_attention
     except ImportError as e:
-        raise RuntimeError(f"attn_backend=triton needs the triton package (pip install triton) and a CUDA device "
-                           f"({e}); use attn_backend=sdpa here") from None
+        raise RuntimeError(
+            f"attn_backend=triton needs the triton package (pip install triton) and a CUDA device "
+            f"({e}); use attn_backend=sdpa here"
+        ) from None
     return fused_diff_attention
 
 
@@ -142,8 +145,9 @@ class DiffAttention(AttentionVariant, DiffEquations):
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         if cfg.n_heads % 2 or cfg.kv_heads % 2:
-            raise UserError(f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, "
-                            f"{cfg.kv_heads})")
+            raise UserError(
+                f"model.n_heads: diff needs even n_heads and n_kv_heads (got {cfg.n_heads}, {cfg.kv_heads})"
+            )
         if not cfg.lambda_std >= 0:
             raise UserError(f"model.lambda_std: must be >= 0, got {cfg.lambda_std}")
 

@@ -9,8 +9,10 @@ Every backend reads the same facts from one `Documents`, built once per forward:
 `varlen()` segments (flash-attn's varlen kernel), the per-position document starts and ends (the fused Triton
 kernel), and the RoPE positions (restarting at 0 in each document, or the plain index). This file is the one place
 that builds attention masks, the plain causal one and the exported model's padded one included; every mask here means
-what SDPA's does: True = may attend. Torch only: a `format=remote` export ships it verbatim (`diffllm_documents_<h>.py`).
+what SDPA's does: True = may attend. Torch only: a `format=remote` export ships it verbatim
+(`diffllm_documents_<h>.py`).
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -31,7 +33,7 @@ def padded_causal_mask(keys_ok: torch.Tensor, t_q: int) -> torch.Tensor:
     S = keys_ok.shape[1]
     causal = causal_mask(t_q, S, keys_ok.device)  # (Tq, S)
     index = torch.arange(S, device=keys_ok.device)
-    itself = index[None, :] == index[S - t_q:, None]  # (Tq, S): key j is query i's own position
+    itself = index[None, :] == index[S - t_q :, None]  # (Tq, S): key j is query i's own position
     return ((causal & keys_ok[:, None, :]) | itself)[:, None]
 
 
@@ -63,7 +65,7 @@ class Documents:
     def mask(self) -> torch.Tensor:
         """(B, 1, Tq, S) bool, True = may attend: same document and causal (bottom-right aligned)."""
         Tq, S = self.n_queries, self.ids.shape[1]
-        same = self.ids[:, S - Tq:, None] == self.ids[:, None, :]  # (B, Tq, S)
+        same = self.ids[:, S - Tq :, None] == self.ids[:, None, :]  # (B, Tq, S)
         return (same & causal_mask(Tq, S, self.ids.device))[:, None]
 
     @cached_property
@@ -83,7 +85,7 @@ class Documents:
         B, S = self.ids.shape
         index = torch.arange(S, device=self.ids.device).expand(B, S)  # (B, S)
         pos = index - self.starts if self.restart_positions else index
-        return pos[:, S - self.n_queries:]
+        return pos[:, S - self.n_queries :]
 
     def varlen(self) -> tuple[torch.Tensor, int]:
         """(cu_seqlens int32 (n_docs + 1,), max_seqlen) of the documents over the flattened (B * S) tokens, for

@@ -1,5 +1,6 @@
 """`diffllm info model=<preset>`: parameters, training FLOPs per token and bf16 weight memory of a preset;
 `all=true`: the table of every preset."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +22,10 @@ def _fmt(n: float) -> str:
 
 
 def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
-    head = "| preset | arch | d_model | layers | heads (kv) | d | ffn | vocab | params | non-emb params | train GFLOPs/token | bf16 weights |"
+    head = (
+        "| preset | arch | d_model | layers | heads (kv) | d | ffn | vocab | params | non-emb params "
+        "| train GFLOPs/token | bf16 weights |"
+    )
     rows = [head, "|" + "---|" * 12]
     for c in cfgs:
         s = model_stats(c, seq_len)
@@ -58,6 +62,8 @@ def main(cfg: DictConfig) -> None:
     print(f"parameters           {s.total_params:,} ({_fmt(s.total_params)})")
     print(f"  input embedding    {s.embedding_params:,}")
     print(f"  non-embedding      {s.nonembedding_params:,} ({_fmt(s.nonembedding_params)})")
-    print(f"train FLOPs/token    {s.flops_per_token:.4g} at seq_len {s.seq_len} with attn_backend={mc.attn_backend} "
-          f"(6 x {s.matmul_params:,} matmul params + attention)")
+    print(
+        f"train FLOPs/token    {s.flops_per_token:.4g} at seq_len {s.seq_len} with attn_backend={mc.attn_backend} "
+        f"(6 x {s.matmul_params:,} matmul params + attention)"
+    )
     print(f"bf16 weights         {s.bf16_weight_bytes / 2**30:.2f} GiB")

@@ -1,5 +1,6 @@
 """Causal attention kernels: eager (materialised maps), sdpa, flash, and the planner's "meta" stand-in; every variant's
 forward calls them (diffllm/model/variant.py), masks from documents.py."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -7,8 +8,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .documents import Documents, causal_mask
 from ..errors import UserError
+from .documents import Documents, causal_mask
 
 try:  # flash-attn is an optional GPU extra; it cannot be built on CPU machines.
     from flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -56,8 +57,9 @@ class _MetaFlash(torch.autograd.Function):
         raise NotImplementedError("the meta attention kernel only measures saved tensors")
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str,
-                     docs: Optional[Documents] = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, docs: Optional[Documents] = None
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + causal) v with GQA (query head h reads kv head h // (Hq/Hkv)).
     q: (B, Hq, Tq, d), k: (B, Hkv, Tk, d); v: (B, Hkv, Tk, dv) with dv free to differ from d -> (B, Hq, Tq, dv);
     Tq < Tk after a KV cache (the queries are the last Tq positions). With `docs` (packed rows), a query attends
@@ -92,7 +94,14 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Optional[Doc
         return flash_attn_func(q, k, v, causal=True)
     B, T = q.shape[:2]
     cu_seqlens, max_len = docs.varlen()  # (n_docs + 1,) int32
-    out = flash_attn_varlen_func(q.reshape(B * T, *q.shape[2:]), k.reshape(B * T, *k.shape[2:]),
-                                 v.reshape(B * T, *v.shape[2:]), cu_seqlens, cu_seqlens, max_len, max_len,
-                                 causal=True)  # (B * T, Hq, d)
+    out = flash_attn_varlen_func(
+        q.reshape(B * T, *q.shape[2:]),
+        k.reshape(B * T, *k.shape[2:]),
+        v.reshape(B * T, *v.shape[2:]),
+        cu_seqlens,
+        cu_seqlens,
+        max_len,
+        max_len,
+        causal=True,
+    )  # (B * T, Hq, d)
     return out.view(B, T, *out.shape[1:])

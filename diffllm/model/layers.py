@@ -1,6 +1,7 @@
 """The model's layers, torch only: RMSNorm, LayerNorm, rotary embeddings, the SwiGLU MLP, and `AttentionEquations`,
 the base of every attention variant's equations. A `format=remote` export ships this file verbatim (as
 `diffllm_layers_<h>.py`), so it imports nothing but torch and what it defines is what the exported model runs."""
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -44,9 +45,13 @@ def build_norm(kind: str, dim: int, eps: float) -> nn.Module:
     return RMSNorm(dim, eps) if kind == "rmsnorm" else nn.LayerNorm(dim, eps=eps, bias=True)
 
 
-def rotary_cos_sin(positions: Union[int, torch.Tensor], rotary_dim: int, theta: float,
-                   device: Optional[torch.device] = None, dtype: torch.dtype = torch.float32
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    positions: Union[int, torch.Tensor],
+    rotary_dim: int,
+    theta: float,
+    device: Optional[torch.device] = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (*positions.shape, rotary_dim/2) in fp32 (fp64 for float64 references); an int n means the
     positions 0..n-1, i.e. (n, r/2). Computed per call (no buffers), so meta init and bf16 casts never touch them."""
     dtype = torch.promote_types(dtype, torch.float32)
@@ -102,8 +107,9 @@ class AttentionEquations(nn.Module):
         self.depth = depth
         self.interleaved = cfg.rope_interleaved
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def mix(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -121,14 +127,16 @@ class AttentionEquations(nn.Module):
         """The values a standard attention call reads beside k: v itself, or tiled to the keys' head count."""
         return v if v.shape[1] == k.shape[1] else v.repeat(1, k.shape[1] // v.shape[1], 1, 1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                cache=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, cache=None
+    ) -> torch.Tensor:
         """The exported model's forward (diffllm's own is AttentionVariant's, over its kernels): mask (B, 1, T, S)
         bool, True = attend; `cache` a transformers Cache."""
         q, k, v = self.project(x, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.depth)  # (B, H*, S, d*): this call's keys appended
         rep = q.shape[1] // k.shape[1]
-        o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, dim=1),
-                                           self.kernel_values(k, v).repeat_interleave(rep, dim=1), attn_mask=mask)
+        o = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(rep, dim=1), self.kernel_values(k, v).repeat_interleave(rep, dim=1), attn_mask=mask
+        )
         return self.finish(x, self.mix(x, o))

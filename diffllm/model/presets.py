@@ -1,5 +1,6 @@
 """Model presets: configs/model/<name>.yaml, each listing its bases (configs/model/arch/<arch>.yaml and
 configs/model/size/<size>.yaml) in a Hydra defaults list, composed by Hydra into a typed ModelConfig."""
+
 from __future__ import annotations
 
 import difflib
@@ -8,8 +9,8 @@ import functools
 from omegaconf import OmegaConf
 
 from ..config import build, fail, group_options, load_group
-from .config import ModelConfig
 from ..errors import UserError
+from .config import ModelConfig
 
 
 def preset_names() -> list[str]:
@@ -18,7 +19,7 @@ def preset_names() -> list[str]:
     return group_options("model")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _composed(name: str) -> dict:
     return OmegaConf.to_container(load_group("model", name), resolve=True)
 

@@ -6,6 +6,7 @@ The built-in variants are diffllm/model/*attention.py; a user's are the modules 
 looks a variant up (a launcher's children inherit the variable). Nothing outside `diffllm/model/` compares `arch`
 strings.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -25,9 +26,11 @@ def register(cls: type) -> type:
     """Class decorator: make `cls` (an AttentionVariant) the variant for `model.arch = cls.arch`. Its forward must
     take `docs` (document masks): a forward without it is refused here, in one line, not at the first masked step."""
     if "docs" not in inspect.signature(cls.forward).parameters:
-        raise UserError(f"variant {cls.__name__} (arch {cls.arch!r}): its forward has no `docs` parameter, which "
-                        f"document masks (data.doc_mask) hand in; leave forward to AttentionVariant (declare project, "
-                        f"mix, finish) or take docs=None and pass it to causal_attention")
+        raise UserError(
+            f"variant {cls.__name__} (arch {cls.arch!r}): its forward has no `docs` parameter, which "
+            f"document masks (data.doc_mask) hand in; leave forward to AttentionVariant (declare project, "
+            f"mix, finish) or take docs=None and pass it to causal_attention"
+        )
     if cls.arch in _REGISTRY and _REGISTRY[cls.arch] is not cls:
         raise UserError(f"arch {cls.arch!r} registered twice ({_REGISTRY[cls.arch].__name__}, {cls.__name__})")
     _REGISTRY[cls.arch] = cls

@@ -1,4 +1,5 @@
 """The decoder-only LM: pre-norm blocks (the attention variant registered for `cfg.arch`, then SwiGLU)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -6,12 +7,12 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .documents import Documents
 from .layers import SwiGLU, build_norm, rotary_cos_sin
 from .variant import init_parameter
-from ..errors import UserError
 
 
 class Block(nn.Module):
@@ -24,8 +25,14 @@ class Block(nn.Module):
         self.mlp_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Optional[LayerCache] = None,
+        docs: Optional[Documents] = None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, docs=docs)  # every variant takes docs (registry.register)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -62,8 +69,13 @@ class DecoderLM(nn.Module):
         """The parameters each attention variant keeps from weight decay whatever their shape (Diff: its lambdas)."""
         return [getattr(layer.attn, name) for layer in self.layers for name in layer.attn.no_decay]
 
-    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, doc_ids: Optional[torch.Tensor] = None,
-                restart_positions: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        doc_ids: Optional[torch.Tensor] = None,
+        restart_positions: bool = False,
+    ) -> torch.Tensor:
         """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache).
         doc_ids (B, T): the document ordinal of each token of packed rows (non-decreasing per row); a token then
         attends only to the tokens of its own document (documents.py), and with `restart_positions` its RoPE position

@@ -26,6 +26,7 @@ Any T (the tail is masked), any d (padded to a power of two >= 16), fp32/bf16/fp
 Without CUDA, Triton can only run its CPU interpreter: importing this module then sets TRITON_INTERPRET=1 (slow; for
 tests). On a GPU the block sizes are autotuned (configs sized for H100/H200).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,8 @@ from typing import Optional
 
 import torch
 
-from .documents import Documents
 from ..errors import UserError
+from .documents import Documents
 
 if not torch.cuda.is_available():  # must precede the @triton.jit decorations below
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -79,8 +80,9 @@ if triton is not None:
     @triton.jit
     def _load_rows(base, rows, stride_t, cols, T, W):
         """Rows `rows` x columns `cols` of a (T, W) slab at `base` (row stride stride_t), zeros past T and W."""
-        return tl.load(base + rows[:, None] * stride_t + cols[None, :], mask=(rows[:, None] < T) & (cols[None, :] < W),
-                       other=0.0)
+        return tl.load(
+            base + rows[:, None] * stride_t + cols[None, :], mask=(rows[:, None] < T) & (cols[None, :] < W), other=0.0
+        )
 
     @triton.jit
     def _row_stats(LSE, DELTA, bh, rows, T):
@@ -131,11 +133,40 @@ if triton is not None:
 
     @_tuned(FWD_CONFIGS)
     @triton.jit
-    def _fwd_kernel(Q, K, V, Lam, O, O1, O2, LSE, START,
-                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                    H, G, T, D, DV, scale_log2,
-                    REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SAVE: tl.constexpr,
-                    DOCS: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _fwd_kernel(
+        Q,
+        K,
+        V,
+        Lam,
+        O,  # noqa: E741 - the kernel's names
+        O1,
+        O2,
+        LSE,
+        START,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        H,
+        G,
+        T,
+        D,
+        DV,
+        scale_log2,
+        REP: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        SAVE: tl.constexpr,
+        DOCS: tl.constexpr,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, i = bh // H, bh % H
         j = i // REP  # kv group
@@ -201,11 +232,42 @@ if triton is not None:
 
     @_tuned(BWD_CONFIGS)
     @triton.jit
-    def _bwd_dkdv_kernel(Q, K, V, Lam, DO, LSE, DELTA, DK, DVV, START, END,
-                         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                         H, G, T, D, DV, scale_log2, sm_scale,
-                         REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOCS: tl.constexpr,
-                         PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _bwd_dkdv_kernel(
+        Q,
+        K,
+        V,
+        Lam,
+        DO,
+        LSE,
+        DELTA,
+        DK,
+        DVV,
+        START,
+        END,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        H,
+        G,
+        T,
+        D,
+        DV,
+        scale_log2,
+        sm_scale,
+        REP: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        DOCS: tl.constexpr,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         """One kv block of one group: dK1, dK2, dV summed over the REP diff heads that read it."""
         pid_n, bg = tl.program_id(0), tl.program_id(1)
         b, j = bg // G, bg % G
@@ -247,11 +309,40 @@ if triton is not None:
 
     @_tuned(BWD_CONFIGS)
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, Lam, DO, LSE, DELTA, DQ, START,
-                       sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                       H, G, T, D, DV, scale_log2, sm_scale,
-                       REP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOCS: tl.constexpr,
-                       PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _bwd_dq_kernel(
+        Q,
+        K,
+        V,
+        Lam,
+        DO,
+        LSE,
+        DELTA,
+        DQ,
+        START,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        H,
+        G,
+        T,
+        D,
+        DV,
+        scale_log2,
+        sm_scale,
+        REP: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        DOCS: tl.constexpr,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         """One query block of one diff head: dQ1, dQ2."""
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, i = bh // H, bh % H
@@ -284,39 +375,65 @@ if triton is not None:
         tl.store(DQ + dq_off + H * T * D, (dq2 * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
-           docs: Optional[Documents]) -> tuple[int, int, int, int, int]:
+def _check(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, docs: Optional[Documents]
+) -> tuple[int, int, int, int, int]:
     """One-line errors for bad inputs; returns (B, h, g, T, d)."""
     if triton is None:
         raise RuntimeError("attn_backend=triton needs the triton package (pip install triton); use sdpa here")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"fused_diff_attention: q, k, v must be 4-D, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+        raise ValueError(
+            f"fused_diff_attention: q, k, v must be 4-D, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     B, h2, T, d = q.shape
     g2 = k.shape[1]
     if h2 % 2 or g2 % 2 or h2 % g2 or k.shape != (B, g2, T, d) or v.shape != (B, g2 // 2, T, 2 * d):
-        raise ValueError(f"fused_diff_attention: want q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) with g | h; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"fused_diff_attention: want q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) with g | h; "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if lam.numel() != 1:
         raise ValueError(f"fused_diff_attention: lam must be a scalar, got shape {tuple(lam.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"fused_diff_attention: q, k, v need one dtype of fp32/bf16/fp16, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
+        raise ValueError(
+            f"fused_diff_attention: q, k, v need one dtype of fp32/bf16/fp16, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     if docs is not None and (docs.ids.shape != (B, T) or docs.n_queries != T):
-        raise ValueError(f"fused_diff_attention: docs must describe the (B, T) = {(B, T)} positions, all of them "
-                         f"queries; got ids {tuple(docs.ids.shape)} with {docs.n_queries} queries")
+        raise ValueError(
+            f"fused_diff_attention: docs must describe the (B, T) = {(B, T)} positions, all of them "
+            f"queries; got ids {tuple(docs.ids.shape)} with {docs.n_queries} queries"
+        )
     if q.device.type != "cuda" and not INTERPRET:
-        raise UserError(f"fused_diff_attention: tensors on {q.device}; the Triton kernels run on CUDA "
-                         "(or on CPU with TRITON_INTERPRET=1 set before triton is imported)")
+        raise UserError(
+            f"fused_diff_attention: tensors on {q.device}; the Triton kernels run on CUDA "
+            "(or on CPU with TRITON_INTERPRET=1 set before triton is imported)"
+        )
     return B, h2 // 2, g2 // 2, T, d
 
 
 def _common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h: int, g: int, T: int, d: int) -> dict:
     """Strides and the scalars/constexprs every kernel takes."""
-    return dict(sqb=q.stride(0), sqh=q.stride(1), sqt=q.stride(2), skb=k.stride(0), skh=k.stride(1),
-                skt=k.stride(2), svb=v.stride(0), svh=v.stride(1), svt=v.stride(2), H=h, G=g, T=T, D=d, DV=2 * d,
-                REP=h // g, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(2 * d)),
-                PREC="ieee" if q.dtype == torch.float32 else "tf32", **(INTERPRET_BLOCKS if INTERPRET else {}))
+    return dict(
+        sqb=q.stride(0),
+        sqh=q.stride(1),
+        sqt=q.stride(2),
+        skb=k.stride(0),
+        skh=k.stride(1),
+        skt=k.stride(2),
+        svb=v.stride(0),
+        svh=v.stride(1),
+        svt=v.stride(2),
+        H=h,
+        G=g,
+        T=T,
+        D=d,
+        DV=2 * d,
+        REP=h // g,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_DV=max(16, triton.next_power_of_2(2 * d)),
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        **(INTERPRET_BLOCKS if INTERPRET else {}),
+    )
 
 
 def _grid(n_rows: int, n_programs: int, block: str):
@@ -344,8 +461,21 @@ def _forward(q, k, v, lam, save: bool, docs: Optional[Documents] = None) -> tupl
     o1, o2 = (torch.empty_like(o), torch.empty_like(o)) if save else (o, o)  # unused pointers when not saving
     lse = torch.empty(B, h, 2, T, device=q.device, dtype=torch.float32) if save else o
     bounds = _bounds(docs, q)
-    _fwd_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, o, o1, o2, lse, bounds["START"], DOCS=bounds["DOCS"],
-                                             scale_log2=d**-0.5 * LOG2E, SAVE=save, **_common(q, k, v, h, g, T, d))
+    _fwd_kernel[_grid(T, B * h, "BLOCK_M")](
+        q,
+        k,
+        v,
+        lam32,
+        o,
+        o1,
+        o2,
+        lse,
+        bounds["START"],
+        DOCS=bounds["DOCS"],
+        scale_log2=d**-0.5 * LOG2E,
+        SAVE=save,
+        **_common(q, k, v, h, g, T, d),
+    )
     return o, o1, o2, lse, q, k, v, lam32
 
 
@@ -364,27 +494,31 @@ class _FusedDiffAttention(torch.autograd.Function):
         h, g = h2 // 2, k.shape[1] // 2
         do = do.contiguous()
         delta = torch.empty_like(lse)  # Dc = rowsum(dO * Oc): (B, h, 2, T) fp32; dlam = -sum(D2) as d out/d lam = -O2
-        _bwd_delta_kernel[(triton.cdiv(T, 16), B * h)](do, o1, o2, delta, T, 2 * d,
-                                                        BLOCK_DV=max(16, triton.next_power_of_2(2 * d)), BLOCK_M=16)
-        dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(
-            k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
+        _bwd_delta_kernel[(triton.cdiv(T, 16), B * h)](
+            do, o1, o2, delta, T, 2 * d, BLOCK_DV=max(16, triton.next_power_of_2(2 * d)), BLOCK_M=16
+        )
+        dq, dk, dv = (
+            torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+        )
         args = _common(q, k, v, h, g, T, d)
         scales = dict(scale_log2=d**-0.5 * LOG2E, sm_scale=d**-0.5)
         bounds = _bounds(ctx.docs, q)
-        _bwd_dkdv_kernel[_grid(T, B * g, "BLOCK_N")](q, k, v, lam32, do, lse, delta, dk, dv, **bounds, **scales,
-                                                     **args)
-        _bwd_dq_kernel[_grid(T, B * h, "BLOCK_M")](q, k, v, lam32, do, lse, delta, dq, bounds["START"],
-                                                   DOCS=bounds["DOCS"], **scales, **args)
+        _bwd_dkdv_kernel[_grid(T, B * g, "BLOCK_N")](q, k, v, lam32, do, lse, delta, dk, dv, **bounds, **scales, **args)
+        _bwd_dq_kernel[_grid(T, B * h, "BLOCK_M")](
+            q, k, v, lam32, do, lse, delta, dq, bounds["START"], DOCS=bounds["DOCS"], **scales, **args
+        )
         dlam = -delta[:, :, 1].sum()
         return dq, dk, dv, dlam.to(ctx.lam_dtype), None
 
 
-def fused_diff_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
-                         docs: Optional[Documents] = None) -> torch.Tensor:
+def fused_diff_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, docs: Optional[Documents] = None
+) -> torch.Tensor:
     """(softmax(Q1 K1^T/sqrt d + causal) - lam softmax(Q2 K2^T/sqrt d + causal)) V, differentiable in q, k, v, lam.
     q: (B, 2h, T, d) [Q1 heads, Q2 heads], k: (B, 2g, T, d) [K1, K2], v: (B, g, T, 2d), lam: 0-dim -> (B, h, T, 2d);
     diff head i reads kv group i // (h/g). docs (Documents of the T positions): both maps within each document."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam)):
         return _FusedDiffAttention.apply(q, k, v, lam, docs)
     return _forward(q, k, v, lam, save=False, docs=docs)[0]  # inference: nothing kept for a backward
-

@@ -3,7 +3,8 @@ train and study it: the forward over the kernels (KV cache, document masks, back
 its heads are counted, its parameter and FLOP accounting, its init, its weight-decay exemptions, the values it
 reports per layer, and the config.json keys of its `format=remote` export.
 
-A variant is one module (diffllm/model/*attention.py, or a user's named in $DIFFLLM_VARIANTS: diffllm/model/registry.py):
+A variant is one module (diffllm/model/*attention.py, or a user's named in $DIFFLLM_VARIANTS:
+diffllm/model/registry.py):
 
     class MyEquations(AttentionEquations):          # torch only: the export ships this class's source
         def __init__(self, cfg, depth): ...         # its projections and parameters
@@ -17,6 +18,7 @@ A variant is one module (diffllm/model/*attention.py, or a user's named in $DIFF
 
 The forward, the maps eval rebuilds (diffllm/eval/maps.py) and the exported model all run those three methods.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,19 +64,26 @@ class AttentionVariant:
     map_normalisation: ClassVar[str] = "softmax rows"  # what eval attention says its rebuilt map rows are
     no_decay: ClassVar[tuple[str, ...]] = ()  # its parameters (local names) kept from weight decay whatever their shape
 
-    def __init__(self, cfg: "ModelConfig", depth: int, backend: Optional[str] = None):
+    def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
         super().__init__(cfg, depth)  # the equations: projections and parameters, in their order
         self.backend = backend or cfg.attn_backend
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerCache] = None, docs: Optional[Documents] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Optional[LayerCache] = None,
+        docs: Optional[Documents] = None,
+    ) -> torch.Tensor:
         q, k, v = self.project(x, cos, sin)  # (B, Hq, T, d), (B, Hk, T, d), (B, Hv, T, dv)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, H*, pos + T, d*)
         return self.finish(x, self.attend(x, q, k, v, docs))  # (B, T, E)
 
-    def attend(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               docs: Optional[Documents]) -> torch.Tensor:
+    def attend(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Optional[Documents]
+    ) -> torch.Tensor:
         """The mixed heads (B, H, T, dv). eager: the materialised maps mixed first, so the values are multiplied once
         ((A1 - lambda A2) V); other backends: one kernel call over the Hq query heads, then mixed."""
         if self.backend == "eager":
@@ -90,32 +99,32 @@ class AttentionVariant:
         return q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, v.float()
 
     @classmethod
-    def check(cls, cfg: "ModelConfig") -> None:
+    def check(cls, cfg: ModelConfig) -> None:
         """Raise UserError('model.<key>: why') for a config this variant cannot build."""
 
     @classmethod
-    def heads(cls, cfg: "ModelConfig") -> Heads:
+    def heads(cls, cfg: ModelConfig) -> Heads:
         raise NotImplementedError
 
     @classmethod
-    def attention_params(cls, cfg: "ModelConfig") -> int:
+    def attention_params(cls, cfg: ModelConfig) -> int:
         """Parameters of one layer's attention, by hand from the equations (tests check it against the module)."""
         raise NotImplementedError
 
     @classmethod
-    def attention_flops_per_token(cls, cfg: "ModelConfig", seq_len: int) -> float:
+    def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
         """Training (fwd + bwd = 3 x fwd) FLOPs per token of the score and value matmuls over all layers, PaLM
         convention (no causal halving), for the kernel cfg.attn_backend runs. Projections are in 6 x matmul params."""
         raise NotImplementedError
 
     @classmethod
-    def meta_backend(cls, cfg: "ModelConfig") -> str:
+    def meta_backend(cls, cfg: ModelConfig) -> str:
         """The backend the planner builds the block with on the meta device: "meta" (the flash-style stand-in that
         saves what a fused kernel saves: q, k, v, out and the fp32 log-sum-exp) unless the config runs eager."""
         return "eager" if cfg.attn_backend == "eager" else "meta"
 
     @torch.no_grad()
-    def init_parameter(self, name: str, p: nn.Parameter, cfg: "ModelConfig") -> None:
+    def init_parameter(self, name: str, p: nn.Parameter, cfg: ModelConfig) -> None:
         """Initialise this module's parameter `name` (its name within the module). DecoderLM.reset_parameters calls
         it for each of the module's parameters in `named_parameters` order, between the model's other parameters,
         so the random draws come in the model's parameter order. Default, the model's own rule: N(0, init_std) for
@@ -139,7 +148,7 @@ class AttentionVariant:
 
     # ----- format=remote export (diffllm/export/remote) ---------------------------------------------------------
     @classmethod
-    def remote_config(cls, cfg: "ModelConfig") -> dict:
+    def remote_config(cls, cfg: ModelConfig) -> dict:
         """The ModelConfig keys besides the shared ones that its equations read, for the export's config.json (Diff:
         lambda_init); `diffllm import` reads every ModelConfig key it finds there."""
         return {}
@@ -147,8 +156,11 @@ class AttentionVariant:
     @classmethod
     def equations(cls) -> list[type]:
         """Its equations classes, base first (AttentionEquations excluded): the source a remote export ships."""
-        return [c for c in reversed(cls.__mro__) if issubclass(c, AttentionEquations)
-                and not issubclass(c, AttentionVariant) and c is not AttentionEquations]
+        return [
+            c
+            for c in reversed(cls.__mro__)
+            if issubclass(c, AttentionEquations) and not issubclass(c, AttentionVariant) and c is not AttentionEquations
+        ]
 
 
 def init_parameter(name: str, p: torch.Tensor, std: float) -> None:

@@ -3,6 +3,7 @@ autograd's saved tensors are counted (no data, any size, milliseconds). The bloc
 variant names for measuring (`meta_backend`): the "meta" kernel of diffllm/model/attention.py keeps what
 FlashAttention-2 keeps for backward (q, k, v, out and the fp32 log-sum-exp), because the meta device would otherwise
 trace SDPA's math path with its T x T maps; `attn_backend=eager` keeps the real maps."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

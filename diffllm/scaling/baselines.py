@@ -14,6 +14,7 @@ DataLoader worker k mod workers, whose slot serves its streams round-robin); the
 `build_val_batches` with the trainer's batch size and count. The numbers are cached in <sweep_dir>/.baselines/ by a
 key of the data config, the tokenizer, the token budget and the data layout (the seed is in the data config).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from ..errors import UserError
 
 if TYPE_CHECKING:
@@ -33,10 +35,12 @@ if TYPE_CHECKING:
 BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)
 MAX_TOKENS = 50_000_000  # larger budgets are not counted here (minutes of reading and packing per 50M tokens)
 VERSION = 1  # bump when the definition changes: old cache entries are then ignored
-BASELINES_NOTE = ("Baselines (nats/token, on the validation windows the trainer scores; counts from the run's own "
-                  f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
-                  f"p_uni(b)) / (c(a) + {BIGRAM_K:g}). A run whose final_val_loss does not beat its bigram is marked "
-                  "under-trained.")
+BASELINES_NOTE = (
+    "Baselines (nats/token, on the validation windows the trainer scores; counts from the run's own "
+    f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
+    f"p_uni(b)) / (c(a) + {BIGRAM_K:g}). A run whose final_val_loss does not beat its bigram is marked "
+    "under-trained."
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,9 @@ def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = B
     at = np.minimum(np.searchsorted(pairs, key), len(pairs) - 1)
     c_ab = np.where(pairs[at] == key, pair_counts[at], 0).astype(np.float64)
     p_bi = (c_ab + k * p_uni[b]) / (c_ctx[a] + k)
-    return Baselines(float(-np.log(p_uni[b]).mean()), float(-np.log(p_bi).mean()), int(len(tgt)), int(len(b)),
-                     int(vocab), float(k))
+    return Baselines(
+        float(-np.log(p_uni[b]).mean()), float(-np.log(p_bi).mean()), int(len(tgt)), int(len(b)), int(vocab), float(k)
+    )
 
 
 def stream_windows(workers: int, world_size: int, n_streams: int, batches_per_rank: int) -> Counter:
@@ -119,8 +124,14 @@ def cache_key(config: dict, tok_fingerprint: str, budget, val: tuple[int, int]) 
     data.get("tokenizer", {}).pop("path", None)  # the run's own copy; the tokenizer counts by its fingerprint
     for k in ("worker_timeout_s", "resume", "ignore_fingerprint"):
         data.pop(k, None)
-    key = {"version": VERSION, "k": BIGRAM_K, "data": data, "tokenizer": tok_fingerprint,
-           "budget": dataclasses.asdict(budget), "val": list(val)}
+    key = {
+        "version": VERSION,
+        "k": BIGRAM_K,
+        "data": data,
+        "tokenizer": tok_fingerprint,
+        "budget": dataclasses.asdict(budget),
+        "val": list(val),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -133,12 +144,16 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
     if "data" not in config or "trainer" not in config:
         raise UserError("no config.yaml with data and trainer (a run from before runs kept one)")
     if (config["data"] or {}).get("loss_on", "all") != "all":
-        raise UserError("data.loss_on=marked: its validation loss counts the marked targets only, the unigram/bigram "
-                         "baselines every target")
+        raise UserError(
+            "data.loss_on=marked: its validation loss counts the marked targets only, the unigram/bigram "
+            "baselines every target"
+        )
     data, budget, batch, n_val = _layout(config, summary)
     if budget.tokens > MAX_TOKENS:
-        raise UserError(f"a budget of {budget.tokens:,} tokens is more than the baselines count "
-                         f"(diffllm.scaling.baselines.MAX_TOKENS = {MAX_TOKENS:,})")
+        raise UserError(
+            f"a budget of {budget.tokens:,} tokens is more than the baselines count "
+            f"(diffllm.scaling.baselines.MAX_TOKENS = {MAX_TOKENS:,})"
+        )
     tok = run.tokenizer()
     path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (batch, n_val))}.json"
     if path.is_file():
@@ -146,15 +161,15 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
             return Baselines(**json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError):
             pass  # a damaged entry is recomputed
-    b = cross_entropies(training_windows(data, tok, budget), validation_windows(data, tok, batch, n_val),
-                        tok.vocab_size)
+    b = cross_entropies(
+        training_windows(data, tok, budget), validation_windows(data, tok, batch, n_val), tok.vocab_size
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(dataclasses.asdict(b)) + "\n")
     return b
 
 
-
-def add_baselines(records: list["RunRecord"], root: Path, notes: list[str]) -> None:
+def add_baselines(records: list[RunRecord], root: Path, notes: list[str]) -> None:
     """Each finished run's unigram/bigram losses (cached in <root>/.baselines) and under-trained flag (runs without a
     config.yaml: none); a run whose baselines cannot be computed is noted in `notes`, the others go on."""
     failed: dict[str, list[str]] = defaultdict(list)

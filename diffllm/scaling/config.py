@@ -1,9 +1,11 @@
 """The typed configs of the scaling commands: `diffllm plan` (PlanConfig) and `diffllm scaling fit` (ScalingConfig).
 Plain dataclasses that import nothing heavy, so that composing their configs and `--help` stay light."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
 from ..errors import UserError
 
 DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it

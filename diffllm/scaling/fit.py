@@ -1,11 +1,13 @@
 """Scaling-law fits with numpy only: L(N) = E + A N^-alpha and L(N, D) = E + A N^-alpha + B D^-beta by profiling the
 exponents on a grid (the rest is linear least squares with E, A, B >= 0), residual-bootstrap intervals, and the
 parameter (or token) ratio at equal loss between two fits."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
 from ..errors import UserError
 
 ALPHAS = np.concatenate([np.linspace(0.005, 0.1, 39, endpoint=False), np.linspace(0.1, 3.0, 300)])
@@ -84,8 +86,9 @@ def fit_power_law(x, loss, alphas: np.ndarray = ALPHAS) -> PowerLaw:
     feats = (x / x0)[None, :] ** -alphas[:, None]  # (G, P)
     X = np.stack([np.ones_like(feats), feats], axis=-1)
     c, sse = _nonneg_lstsq(X, y)
-    alphas, c, sse = _refine(alphas, c, sse, lambda a: np.stack(
-        [np.ones((len(a), len(x))), (x / x0)[None, :] ** -a[:, None]], axis=-1), y)
+    alphas, c, sse = _refine(
+        alphas, c, sse, lambda a: np.stack([np.ones((len(a), len(x))), (x / x0)[None, :] ** -a[:, None]], axis=-1), y
+    )
     g = int(np.argmin(sse))
     return PowerLaw(float(c[g, 0]), float(c[g, 1] * x0 ** alphas[g]), float(alphas[g]))
 
@@ -104,8 +107,10 @@ def _refine(alphas, c, sse, design, y, rounds: int = 3):
 def fit_joint(n, d, loss, alphas: np.ndarray | None = None) -> JointLaw:
     n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
     if len(y) < 5 or len(np.unique(n)) < 2 or len(np.unique(d)) < 2:
-        raise UserError(f"L(N, D) needs >= 5 points over >= 2 sizes and >= 2 token counts (got {len(y)} points, "
-                         f"{len(np.unique(n))} sizes, {len(np.unique(d))} token counts)")
+        raise UserError(
+            f"L(N, D) needs >= 5 points over >= 2 sizes and >= 2 token counts (got {len(y)} points, "
+            f"{len(np.unique(n))} sizes, {len(np.unique(d))} token counts)"
+        )
     n0, d0 = _scale(n), _scale(d)
     grid_a = grid_b = np.linspace(0.02, 2.0, 60) if alphas is None else alphas
     best = None
@@ -139,11 +144,14 @@ class Interval:
         if not self.n_valid:
             return f"{value} [no finite replicate]"
         spread = f"[{self.low:.4g}, {self.high:.4g}]"
-        return f"{value} {spread}" + (f" (finite in {self.n_valid}/{self.n_total})" if self.n_valid < self.n_total else "")
+        return f"{value} {spread}" + (
+            f" (finite in {self.n_valid}/{self.n_total})" if self.n_valid < self.n_total else ""
+        )
 
 
 def interval(value: float, samples, level: float = 0.9) -> Interval:
-    """Percentile interval; an infinite replicate (Diff never reaches the loss) counts as +inf, so a bound can be inf."""
+    """Percentile interval; an infinite replicate (Diff never reaches the loss) counts as +inf, so a bound can be
+    inf."""
     s = np.asarray([v for v in samples if not np.isnan(v)], dtype=float)
     finite = int(np.isfinite(s).sum())
     if not finite:

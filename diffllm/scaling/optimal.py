@@ -16,6 +16,7 @@ from N_SPAN below the smallest size to N_SPAN above the largest, zoomed three ti
 on the edge of that range is no optimum (nan, counted in a note). The compute ratio at equal loss: the compute a
 series needs to reach the baseline's frontier loss at C_ref, over C_ref (< 1: cheaper); its interval pairs the two
 series' joint-fit bootstrap replicates, as the other ratios do."""
+
 from __future__ import annotations
 
 import functools
@@ -43,7 +44,7 @@ class FlopsPerToken:
     f: tuple[float, ...]  # their FLOPs per token (the mean where runs of a size differ, e.g. in seq_len)
 
     @classmethod
-    def fit(cls, n, f) -> "FlopsPerToken":
+    def fit(cls, n, f) -> FlopsPerToken:
         n, f = np.asarray(n, dtype=float), np.asarray(f, dtype=float)
         sizes = np.unique(n)
         mean = np.array([f[n == s].mean() for s in sizes])
@@ -64,8 +65,9 @@ class FlopsPerToken:
         return float(np.max(np.abs(self(np.array(self.n)) / np.array(self.f) - 1)))
 
 
-def _argmin_log_n(fun: Callable[[np.ndarray], np.ndarray], k: int, lo: float, hi: float, points: int = 801,
-                  zooms: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def _argmin_log_n(
+    fun: Callable[[np.ndarray], np.ndarray], k: int, lo: float, hi: float, points: int = 801, zooms: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise minimum of fun over N in [lo, hi]: fun maps N (k, M) -> values (k, M) (nan/inf: infeasible).
     Returns (N at the minimum, the minimum), each (k,); nan N where the minimum sits on the range's edge."""
     rows = np.arange(k)
@@ -123,7 +125,7 @@ def exponents(fr: Frontier) -> tuple[float, float]:
 
 
 # -------------------------------------------------------------------------------------- from a sweep's runs
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flops_per_token(model_json: str, seq_len: Optional[int]) -> Optional[float]:
     from ..config import build
     from ..model.accounting import model_stats
@@ -184,21 +186,42 @@ def _series_table(law, boot, f, C, c_ref, level, exact) -> tuple[dict, list, int
     off = sum(int(np.isnan(r.N_opt).any() or np.isnan(q.N_opt).any()) for r, q in zip(reps, reps_ref))
 
     def at(fr: Frontier, replicates: list[Frontier], k: int) -> dict:
-        return {"C": float(fr.C[k]), **{key: _iv(float(getattr(fr, key)[k]), [getattr(r, key)[k] for r in replicates],
-                                                 level, exact) for key in ("loss", "N_opt", "D_opt")}}
+        return {
+            "C": float(fr.C[k]),
+            **{
+                key: _iv(float(getattr(fr, key)[k]), [getattr(r, key)[k] for r in replicates], level, exact)
+                for key in ("loss", "N_opt", "D_opt")
+            },
+        }
 
     a, b = exponents(best)
     boot_ab = [exponents(r) for r in reps]
-    row = {"flops_per_token": {"N": list(f.n), "f": list(f.f), "f1": f.slope, "f0": f.intercept,
-                               "max_rel_error": f.max_rel_error}, "at_ref": at(best_ref, reps_ref, 0),
-           "grid": [at(best, reps, k) for k in range(len(C))],
-           "a": _iv(a, [x for x, _ in boot_ab], level, exact), "b": _iv(b, [y for _, y in boot_ab], level, exact)}
+    row = {
+        "flops_per_token": {
+            "N": list(f.n),
+            "f": list(f.f),
+            "f1": f.slope,
+            "f0": f.intercept,
+            "max_rel_error": f.max_rel_error,
+        },
+        "at_ref": at(best_ref, reps_ref, 0),
+        "grid": [at(best, reps, k) for k in range(len(C))],
+        "a": _iv(a, [x for x, _ in boot_ab], level, exact),
+        "b": _iv(b, [y for _, y in boot_ab], level, exact),
+    }
     return row, [float(r.loss[0]) for r in reps_ref], off
 
 
-def compute_optimal(runs: dict[str, SeriesRuns], joint: dict[str, JointLaw], boot: dict[str, list[JointLaw]],
-                    exact: set, base: Optional[str], level: float, grid_points: int = 5,
-                    c_ref: Optional[float] = None) -> tuple[dict, list[str], OptimalPlot]:
+def compute_optimal(
+    runs: dict[str, SeriesRuns],
+    joint: dict[str, JointLaw],
+    boot: dict[str, list[JointLaw]],
+    exact: set,
+    base: Optional[str],
+    level: float,
+    grid_points: int = 5,
+    c_ref: Optional[float] = None,
+) -> tuple[dict, list[str], OptimalPlot]:
     """Per series with a joint fit: the frontier at C_ref and on `grid_points` values of C from the smallest to the
     largest run's compute, the exponents a and b, and (against `base`) the compute ratio at equal loss at C_ref.
     C_ref: given, else the baseline's largest run's compute (else the largest run's). Returns (the table for
@@ -207,36 +230,41 @@ def compute_optimal(runs: dict[str, SeriesRuns], joint: dict[str, JointLaw], boo
     fitted = [s for s in runs if s in joint]
     all_c = np.concatenate([runs[s].C for s in fitted])
     C = np.geomspace(all_c.min(), all_c.max(), grid_points)
-    source = ("compute_ref" if c_ref else f"the largest {base} run" if base in fitted else "the largest run")
+    source = "compute_ref" if c_ref else f"the largest {base} run" if base in fitted else "the largest run"
     c_ref = float(c_ref or (runs[base].C.max() if base in fitted else all_c.max()))
     flops = {s: FlopsPerToken.fit(runs[s].N, runs[s].f) for s in fitted}
     table, ref_losses = {}, {}
     for s in fitted:
         table[s], ref_losses[s], off = _series_table(joint[s], boot[s], flops[s], C, c_ref, level, s in exact)
         if off:
-            notes.append(f"compute-optimal {s}: in {off}/{len(boot[s])} bootstrap replicates the optimal N lies "
-                         f"outside [{flops[s].n[0] / N_SPAN:.3g}, {flops[s].n[-1] * N_SPAN:.3g}] (no optimum "
-                         "there): those replicates are left out of the N_opt, D_opt and exponent intervals")
+            notes.append(
+                f"compute-optimal {s}: in {off}/{len(boot[s])} bootstrap replicates the optimal N lies "
+                f"outside [{flops[s].n[0] / N_SPAN:.3g}, {flops[s].n[-1] * N_SPAN:.3g}] (no optimum "
+                "there): those replicates are left out of the N_opt, D_opt and exponent intervals"
+            )
     if base in fitted:
         target = table[base]["at_ref"]["loss"].value
         for s in (x for x in fitted if x != base):
             value = float(compute_to_reach(joint[s], flops[s], target)[0]) / c_ref
-            samples = [float(compute_to_reach(o, flops[s], t)[0]) / c_ref
-                       for o, t in zip(boot[s], ref_losses[base])]
+            samples = [float(compute_to_reach(o, flops[s], t)[0]) / c_ref for o, t in zip(boot[s], ref_losses[base])]
             table[s]["compute_ratio"] = _iv(value, samples, level, bool({s, base} & exact))
             if value == np.inf:
-                notes.append(f"compute-optimal {s}: never reaches {base}'s frontier loss {target:.4f} at C_ref = "
-                             f"{c_ref:.3g} FLOPs (its fitted E = {joint[s].E:.4f}): compute ratio inf")
+                notes.append(
+                    f"compute-optimal {s}: never reaches {base}'s frontier loss {target:.4f} at C_ref = "
+                    f"{c_ref:.3g} FLOPs (its fitted E = {joint[s].E:.4f}): compute ratio inf"
+                )
     dense = np.geomspace(all_c.min() / 2, all_c.max() * 2, 60)
     iso_C = np.geomspace(all_c.min(), all_c.max(), 4)
     iso = {}
     for s in fitted:
         n = np.geomspace(runs[s].N.min() / 4, runs[s].N.max() * 4, 120)
         iso[s] = (n, joint[s](n[None, :], iso_C[:, None] / flops[s](n)[None, :]), frontier(joint[s], flops[s], iso_C))
-    plot = OptimalPlot({s: runs[s] for s in runs}, {s: frontier(joint[s], flops[s], dense) for s in fitted}, iso_C,
-                       iso)
-    return ({"C_ref": c_ref, "C_ref_source": source, "baseline": base if base in fitted else None, "series": table},
-            notes, plot)
+    plot = OptimalPlot({s: runs[s] for s in runs}, {s: frontier(joint[s], flops[s], dense) for s in fitted}, iso_C, iso)
+    return (
+        {"C_ref": c_ref, "C_ref_source": source, "baseline": base if base in fitted else None, "series": table},
+        notes,
+        plot,
+    )
 
 
 def optimal_markdown(opt: Optional[dict]) -> list[str]:
@@ -244,18 +272,32 @@ def optimal_markdown(opt: Optional[dict]) -> list[str]:
     if not opt:
         return []
     base = opt["baseline"]
-    lines = ["", f"Compute-optimal: C = training FLOPs per token (model_stats at each run's seq_len: 6 x matmul "
-             f"params + attention) x tokens; at C_ref = {opt['C_ref']:.4g} FLOPs ({opt['C_ref_source']}):", "",
-             "| series | f(N) = f1 N + f0 (worst error at a size) | L*(C_ref) | N_opt | D_opt | a: N_opt ~ C^a | "
-             f"b: D_opt ~ C^b | compute for {base or 'the baseline'}'s L*(C_ref) / C_ref |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Compute-optimal: C = training FLOPs per token (model_stats at each run's seq_len: 6 x matmul "
+        f"params + attention) x tokens; at C_ref = {opt['C_ref']:.4g} FLOPs ({opt['C_ref_source']}):",
+        "",
+        "| series | f(N) = f1 N + f0 (worst error at a size) | L*(C_ref) | N_opt | D_opt | a: N_opt ~ C^a | "
+        f"b: D_opt ~ C^b | compute for {base or 'the baseline'}'s L*(C_ref) / C_ref |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for s, row in opt["series"].items():
         ref, f = row["at_ref"], row["flops_per_token"]
         ratio = row.get("compute_ratio", "1 (baseline)" if s == base else "- (no baseline fit)")
-        lines.append(f"| {s} | {f['f1']:.4g} N + {f['f0']:.4g} ({f['max_rel_error']:.1%}) | {ref['loss']} | "
-                     f"{ref['N_opt']} | {ref['D_opt']} | {row['a']} | {row['b']} | {ratio} |")
-    lines += ["", "The frontier L*(C) = min_N L(N, C / f(N)) over the runs' compute:", "",
-              "| series | C | L*(C) | N_opt | D_opt |", "|---|---|---|---|---|"]
-    lines += [f"| {s} | {g['C']:.4g} | {g['loss']} | {g['N_opt']} | {g['D_opt']} |"
-              for s, row in opt["series"].items() for g in row["grid"]]
+        lines.append(
+            f"| {s} | {f['f1']:.4g} N + {f['f0']:.4g} ({f['max_rel_error']:.1%}) | {ref['loss']} | "
+            f"{ref['N_opt']} | {ref['D_opt']} | {row['a']} | {row['b']} | {ratio} |"
+        )
+    lines += [
+        "",
+        "The frontier L*(C) = min_N L(N, C / f(N)) over the runs' compute:",
+        "",
+        "| series | C | L*(C) | N_opt | D_opt |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {s} | {g['C']:.4g} | {g['loss']} | {g['N_opt']} | {g['D_opt']} |"
+        for s, row in opt["series"].items()
+        for g in row["grid"]
+    ]
     return lines

@@ -6,19 +6,20 @@ Model states follow DeepSpeed's own accounting for bf16 mixed precision with Ada
 master weights and 8 B Adam moments. ZeRO-1 shards the last 16 B, ZeRO-2 also the bf16 gradients, ZeRO-3 everything
 and adds a gather buffer of 4 B x the largest layer. DeepSpeed's ZeRO-3 estimate leaves out the bf16 weight shard
 (2 B / #GPUs); the planner adds it on its own line (`zero3 weight shard`) rather than hide it in a total."""
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
 from ..counts import parse_count
+from ..errors import UserError
 from ..hardware import GPU, lookup
 from ..model.accounting import meta_model, model_stats
 from ..model.config import ModelConfig
 from ..model.presets import check_model_overrides
 from .activations import ActivationBytes, activation_bytes
 from .config import PlanConfig
-from ..errors import UserError
 
 __all__ = ["PlanConfig", "make_plan", "render", "plan_dict"]
 
@@ -46,8 +47,9 @@ class ModelStates:
         return self.deepspeed_gpu + self.zero3_weight_shard
 
 
-def model_states(psi: int, largest_layer: int, stage: int, gpus_per_node: int, nodes: int, offload: bool,
-                 buffer_factor: float = 1.5) -> ModelStates:
+def model_states(
+    psi: int, largest_layer: int, stage: int, gpus_per_node: int, nodes: int, offload: bool, buffer_factor: float = 1.5
+) -> ModelStates:
     """Per-GPU bytes of the model states of `psi` parameters under ZeRO `stage` on nodes x gpus_per_node GPUs."""
     n = gpus_per_node * nodes
     if offload and stage < 2:
@@ -56,8 +58,9 @@ def model_states(psi: int, largest_layer: int, stage: int, gpus_per_node: int, n
         gather = 4.0 * largest_layer
         if offload:  # params and optimizer on the CPU (DeepSpeed: offload_param=cpu, offload_optimizer=cpu, zero_init)
             return ModelStates(0, 0, 0, gather, 0, psi * 18 / nodes * buffer_factor)
-        return ModelStates(0, 6.0 * psi / n, 12.0 * psi / n, gather, 2.0 * psi / n,
-                           largest_layer * 4 * gpus_per_node * buffer_factor)
+        return ModelStates(
+            0, 6.0 * psi / n, 12.0 * psi / n, gather, 2.0 * psi / n, largest_layer * 4 * gpus_per_node * buffer_factor
+        )
     if offload:  # ZeRO-2 + offload_optimizer=cpu: only the bf16 weights stay on the GPU
         return ModelStates(2.0 * psi, 0, 0, 0, 0, psi * max(4 * n, 16) * buffer_factor)
     grads = 6.0 * psi / n if stage == 2 else (2.0 * psi + 4.0 * psi / n if stage == 1 else 6.0 * psi)
@@ -120,8 +123,19 @@ def activations_per_sample(act: ActivationBytes, n_layers: int, seq_len: int, ch
     return seq_len * (blocks + act.head + act.logits_transient)
 
 
-def _row(pc: PlanConfig, cfg: ModelConfig, act: ActivationBytes, psi: int, largest: int, seq_len: int,
-         samples_per_gpu: int, budget: float, stage: int, ckpt: bool, offload: bool) -> Row:
+def _row(
+    pc: PlanConfig,
+    cfg: ModelConfig,
+    act: ActivationBytes,
+    psi: int,
+    largest: int,
+    seq_len: int,
+    samples_per_gpu: int,
+    budget: float,
+    stage: int,
+    ckpt: bool,
+    offload: bool,
+) -> Row:
     states = model_states(psi, largest, stage, pc.gpus_per_node, pc.nodes, offload)
     per_sample = activations_per_sample(act, cfg.n_layers, seq_len, ckpt)
     if pc.micro_batch_size:
@@ -144,7 +158,8 @@ def make_plan(cfg: ModelConfig, pc: PlanConfig) -> Plan:
     if batch % (seq_len * world):
         raise UserError(
             f"global_batch_tokens={batch}: not a whole number of {seq_len}-token sequences per GPU on {world} GPUs "
-            f"(use a multiple of {seq_len * world})")
+            f"(use a multiple of {seq_len * world})"
+        )
     samples_per_gpu = batch // (seq_len * world)
     act = activation_bytes(cfg, seq_len)
     largest = largest_layer_params(cfg)
@@ -152,12 +167,28 @@ def make_plan(cfg: ModelConfig, pc: PlanConfig) -> Plan:
     stages = [pc.zero_stage] if pc.zero_stage is not None else [0, 1, 2, 3]
     ckpts = [pc.activation_checkpointing] if pc.activation_checkpointing is not None else [False, True]
     offloads = [pc.offload] if pc.offload is not None else [False, True]
-    rows = [_row(pc, cfg, act, stats.total_params, largest, seq_len, samples_per_gpu, budget, s, c, o)
-            for s in stages for o in offloads for c in ckpts if not (o and s < 2)]
+    rows = [
+        _row(pc, cfg, act, stats.total_params, largest, seq_len, samples_per_gpu, budget, s, c, o)
+        for s in stages
+        for o in offloads
+        for c in ckpts
+        if not (o and s < 2)
+    ]
     if not rows:
         raise UserError(f"offload=true with zero_stage={pc.zero_stage}: offload needs ZeRO-2 or -3")
-    plan = Plan(cfg, pc, gpu, seq_len, stats.total_params, stats.nonembedding_params, stats.flops_per_token, tokens,
-                batch, samples_per_gpu, rows)
+    plan = Plan(
+        cfg,
+        pc,
+        gpu,
+        seq_len,
+        stats.total_params,
+        stats.nonembedding_params,
+        stats.flops_per_token,
+        tokens,
+        batch,
+        samples_per_gpu,
+        rows,
+    )
     if not plan.fitting:
         best = min(rows, key=lambda r: r.total)
         raise UserError(
@@ -165,7 +196,8 @@ def make_plan(cfg: ModelConfig, pc: PlanConfig) -> Plan:
             f"{' + offload' if best.offload else ''}{' + activation checkpointing' if best.checkpointing else ''} at "
             f"micro_batch_size={max(best.micro_batch, 1)} (model states {best.states.gpu / GiB:.1f} GiB), but "
             f"{pc.nodes}x{pc.gpus_per_node} {gpu.name} offer {budget / GiB:.1f} GiB each "
-            f"({pc.usable_fraction:.0%} of {gpu.memory_gib:g}); use more or larger GPUs")
+            f"({pc.usable_fraction:.0%} of {gpu.memory_gib:g}); use more or larger GPUs"
+        )
     return plan
 
 
@@ -177,7 +209,8 @@ def _duration(seconds: float) -> str:
 def render(p: Plan) -> str:
     pc = p.plan
     lines = [
-        f"model        {p.cfg.name} ({p.cfg.arch}): {p.total_params:,} params ({p.nonembedding_params:,} non-embedding)",
+        f"model        {p.cfg.name} ({p.cfg.arch}): {p.total_params:,} params ({p.nonembedding_params:,} "
+        "non-embedding)",
         f"cluster      {pc.nodes} x {pc.gpus_per_node} {p.gpu.name} = {p.world} GPUs, {p.gpu.memory_gib:g} GiB "
         f"({pc.usable_fraction:.0%} usable), {p.gpu.bf16_tflops:g} TFLOP/s dense bf16 each",
         f"batch        {p.global_batch_tokens:,} tokens = {p.samples_per_gpu} x {p.seq_len} tokens per GPU per step",
@@ -196,15 +229,22 @@ def render(p: Plan) -> str:
             f"{s.weights / GiB:.2f} | {s.gradients / GiB:.2f} | {s.optimizer / GiB:.2f} | "
             f"{(s.gather_buffer + s.zero3_weight_shard) / GiB:.2f} | {r.activations_per_sample / GiB:.2f} | "
             f"{r.micro_batch or 'does not fit'} | {r.grad_accum or '-'} | {r.total / GiB:.2f} | "
-            f"{s.cpu_per_node / GiB:.0f} |")
+            f"{s.cpu_per_node / GiB:.0f} |"
+        )
     lines.append("(GiB per GPU; total at the micro-batch shown, or at 1 when nothing fits)")
     return "\n".join(lines)
 
 
 def plan_dict(p: Plan) -> dict:
     """The plan as plain data (for --json style output and tests)."""
-    return {"model": p.cfg.name, "world": p.world, "gpu": p.gpu.name, "seconds": p.seconds,
-            "total_flops": p.total_flops, "rows": [dataclasses.asdict(r) for r in p.rows]}
+    return {
+        "model": p.cfg.name,
+        "world": p.world,
+        "gpu": p.gpu.name,
+        "seconds": p.seconds,
+        "total_flops": p.total_flops,
+        "rows": [dataclasses.asdict(r) for r in p.rows],
+    }
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ tokens (learning curves) with the L(N, D) fit at each size, loss vs training com
 and the iso-FLOP curves (diffllm/scaling/optimal.py); every series side by side in each figure, in the label and
 colour its attention variant carries (diffllm/model/variant.py). A series is an arch or an arch with axis values
 (`diff λ_init=0.8`): series of one arch share its colour and differ in line style and marker."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..model.registry import variants  # noqa: E402
-
 
 STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))  # (line style, marker) per series of one arch
 
@@ -61,8 +61,9 @@ def _save(fig, ax, path: Path, legend_fontsize: int = 7) -> Path:
     return path
 
 
-def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict, path: Path, xlabel: str,
-                   title: str) -> Path:
+def loss_vs_params(
+    points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict, path: Path, xlabel: str, title: str
+) -> Path:
     """points: series -> (N, loss); fits: series -> PowerLaw."""
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
     lo = min(n.min() for n, _ in points.values()) / 1.3
@@ -74,15 +75,22 @@ def loss_vs_params(points: dict[str, tuple[np.ndarray, np.ndarray]], fits: dict,
         ax.scatter(n, loss, color=_color(arch), marker=marker, label=f"{_label(arch)} runs", zorder=3, s=22)
         f = fits.get(arch)
         if f is not None:
-            ax.plot(grid, f(grid), color=_color(arch), lw=1.5, ls=line,
-                    label=f"{_label(arch)}: {f.E:.3f} + {f.A:.3g}·N^-{f.alpha:.3f}")
+            ax.plot(
+                grid,
+                f(grid),
+                color=_color(arch),
+                lw=1.5,
+                ls=line,
+                label=f"{_label(arch)}: {f.E:.3f} + {f.A:.3g}·N^-{f.alpha:.3f}",
+            )
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="final validation loss", title=title)
     _plain_loss_axis(ax)
     return _save(fig, ax, path)
 
 
-def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], joint: dict, path: Path,
-                   title: str) -> Path:
+def loss_vs_tokens(
+    curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], joint: dict, path: Path, title: str
+) -> Path:
     """curves: (series, N) -> (tokens, val loss); joint: series -> JointLaw (drawn at each N). Each series has its
     colour and marker, each N a shade (darker = larger); every curve is in the legend, fitted or not."""
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
@@ -95,10 +103,19 @@ def loss_vs_tokens(curves: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]],
         label = f"{_label(arch)} N={n:,.0f}"
         if joint.get(arch) is not None:
             grid = np.geomspace(d.min(), d.max(), 100)
-            ax.plot(grid, joint[arch](n, grid), color=color, lw=1.2, ls=line, marker=marker, markevery=[],
-                    label=f"{label} (points: runs, line: fit)")
-        ax.scatter(d, loss, color=color, marker=marker, s=10, zorder=3,
-                   label=None if joint.get(arch) is not None else label)
+            ax.plot(
+                grid,
+                joint[arch](n, grid),
+                color=color,
+                lw=1.2,
+                ls=line,
+                marker=marker,
+                markevery=[],
+                label=f"{label} (points: runs, line: fit)",
+            )
+        ax.scatter(
+            d, loss, color=color, marker=marker, s=10, zorder=3, label=None if joint.get(arch) is not None else label
+        )
     ax.set(xscale="log", yscale="log", xlabel="training tokens", ylabel="validation loss", title=title)
     _plain_loss_axis(ax)
     ax.grid(True, which="both", alpha=0.3)
@@ -143,8 +160,13 @@ def iso_flop_curves(opt, path: Path, xlabel: str, title: str) -> Path:
             ax.scatter([best.N_opt[k]], [best.loss[k]], color=color, marker="*", s=70, zorder=4)
             at = nearest == k
             ax.scatter(r.N[at], r.loss[at], color=color, s=14, zorder=3)
-        ax.set(xscale="log", yscale="log", xlabel=xlabel, title=_label(s),
-               ylim=(None, 1.25 * max(r.loss.max(), loss[0].min())))  # the curves' far ends climb without bound
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel=xlabel,
+            title=_label(s),
+            ylim=(None, 1.25 * max(r.loss.max(), loss[0].min())),
+        )  # the curves' far ends climb without bound
         _plain_loss_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6, title="lines: fit; *: optimum; points: runs", title_fontsize=6)

@@ -10,6 +10,7 @@ Fits are per *series* (the arch plus the non-selected axes that vary, diffllm/sc
 each group's best-of-grid value of `select` (every seed a point), under-trained runs (not beating the bigram
 baseline, diffllm/scaling/baselines.py) left out unless include_undertrained. fits.md also gives the selection, its
 edge warnings, the paired per-seed gaps to the Transformer and the baselines beside the runs."""
+
 from __future__ import annotations
 
 import json
@@ -20,18 +21,42 @@ from typing import Optional
 
 import numpy as np
 
+from ..errors import UserError
 from ..model.registry import baseline, variants
 from ..results import RunRecord, collect
 from ..runs import read_metrics
-from .fit import (JOINT_KEYS, JOINT_PARAMS, POWER_LAW_PARAMS, Interval, PowerLaw, bootstrap_joint, bootstrap_power_law,
-                  exactly_determined, interval, no_interval, ratio_at_equal_loss, ratio_interval)
 from .baselines import BASELINES_NOTE, add_baselines
+from .config import ScalingConfig
+from .fit import (
+    JOINT_KEYS,
+    JOINT_PARAMS,
+    POWER_LAW_PARAMS,
+    Interval,
+    PowerLaw,
+    bootstrap_joint,
+    bootstrap_power_law,
+    exactly_determined,
+    interval,
+    no_interval,
+    ratio_at_equal_loss,
+    ratio_interval,
+)
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
 from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
-from .config import ScalingConfig
-from .select import (Selection, baseline_series, choices_markdown, gap_dict, gaps_markdown,
-                     paired_gaps, run_rows, runs_markdown, select_runs, selection_dict, under_trained_note)
-from ..errors import UserError
+from .select import (
+    Selection,
+    baseline_series,
+    choices_markdown,
+    gap_dict,
+    gaps_markdown,
+    paired_gaps,
+    run_rows,
+    runs_markdown,
+    select_runs,
+    selection_dict,
+    under_trained_note,
+)
+
 
 def _n(r: RunRecord, params: str) -> Optional[int]:
     return {"block": r.block_params, "nonembedding": r.nonembedding_params, "total": r.total_params}[params]
@@ -39,8 +64,13 @@ def _n(r: RunRecord, params: str) -> Optional[int]:
 
 def val_curve(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, val_loss) of every evaluation after step 0, from metrics.jsonl."""
-    pts = sorted({r["tokens"]: r["val_loss"] for r in read_metrics(run_dir)
-                  if r.get("val_loss") is not None and r.get("tokens")}.items())
+    pts = sorted(
+        {
+            r["tokens"]: r["val_loss"]
+            for r in read_metrics(run_dir)
+            if r.get("val_loss") is not None and r.get("tokens")
+        }.items()
+    )
     return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
 
 
@@ -64,8 +94,10 @@ def _by_series(runs: list[RunRecord], sel: Selection) -> dict[str, list[RunRecor
 
 
 def _exact_note(what: str, n_points: int, n_params: int) -> str:
-    return (f"{what}: {n_points} points for {n_params} parameters: the fit is exactly determined (it passes through "
-            f"every point); no intervals are given for it or for ratios from it: add sizes, budgets or seeds")
+    return (
+        f"{what}: {n_points} points for {n_params} parameters: the fit is exactly determined (it passes through "
+        f"every point); no intervals are given for it or for ratios from it: add sizes, budgets or seeds"
+    )
 
 
 def _interval(value: float, samples, level: float, exact: bool) -> Interval:
@@ -89,8 +121,14 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes
             notes.append(_exact_note(f"L(N) for {arch}", len(rs), POWER_LAW_PARAMS))
             table.append(ArchFit(arch, len(rs), best, *(no_interval(getattr(best, k)) for k in ("E", "A", "alpha"))))
             continue
-        table.append(ArchFit(arch, len(rs), best, *(interval(getattr(best, k), [getattr(b, k) for b in boot],
-                                                              cfg.level) for k in ("E", "A", "alpha"))))
+        table.append(
+            ArchFit(
+                arch,
+                len(rs),
+                best,
+                *(interval(getattr(best, k), [getattr(b, k) for b in boot], cfg.level) for k in ("E", "A", "alpha")),
+            )
+        )
     return points, fits, boots, table
 
 
@@ -99,9 +137,11 @@ def _at_bound_note(what: str, law, boot: list) -> list[str]:
     if law.E > 0:
         return []
     pinned = sum(b.E <= 0 for b in boot)
-    return [f"{what}: E = 0 is the bound of the fit (E >= 0), not an estimate: the points ask for E <= 0 ({pinned}/"
-            f"{len(boot)} bootstrap replicates too), so the irreducible loss is undetermined and extrapolations rest "
-            "on the power-law terms alone: add sizes or budgets"]
+    return [
+        f"{what}: E = 0 is the bound of the fit (E >= 0), not an estimate: the points ask for E <= 0 ({pinned}/"
+        f"{len(boot)} bootstrap replicates too), so the irreducible loss is undetermined and extrapolations rest "
+        "on the power-law terms alone: add sizes or budgets"
+    ]
 
 
 def _compute_runs(cfg: ScalingConfig, series: dict[str, list[RunRecord]], notes: list[str]) -> dict[str, SeriesRuns]:
@@ -111,11 +151,17 @@ def _compute_runs(cfg: ScalingConfig, series: dict[str, list[RunRecord]], notes:
         f = [run_flops_per_token(r) for r in rs]
         kept = [(r, x) for r, x in zip(rs, f) if x and r.tokens]
         if len(kept) < len(rs):
-            notes.append(f"compute-optimal {arch}: {len(rs) - len(kept)} run(s) without FLOPs per token (no readable "
-                         "model config, no summary flops) left out of the compute plots and f(N)")
+            notes.append(
+                f"compute-optimal {arch}: {len(rs) - len(kept)} run(s) without FLOPs per token (no readable "
+                "model config, no summary flops) left out of the compute plots and f(N)"
+            )
         if kept:
-            out[arch] = SeriesRuns(*(np.array(v, dtype=float) for v in zip(*[
-                (_n(r, cfg.params), r.tokens, x, getattr(r, cfg.loss)) for r, x in kept])))
+            out[arch] = SeriesRuns(
+                *(
+                    np.array(v, dtype=float)
+                    for v in zip(*[(_n(r, cfg.params), r.tokens, x, getattr(r, cfg.loss)) for r, x in kept])
+                )
+            )
     return out
 
 
@@ -145,17 +191,26 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         notes.append(note)
     if not done:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no run left to fit ({note})")
-    budget = cfg.tokens or max({r.tokens for r in done}, key=lambda t: (len({_n(r, cfg.params) for r in done
-                                                                             if r.tokens == t}), t))
+    budget = cfg.tokens or max(
+        {r.tokens for r in done}, key=lambda t: (len({_n(r, cfg.params) for r in done if r.tokens == t}), t)
+    )
     at_budget = [r for r in done if r.tokens == budget]
     if not at_budget:
         raise UserError(f"tokens={budget}: no finished run has this budget")
     points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes)
     gaps, gap_notes = paired_gaps(finished, sel, baseline().arch, cfg.loss)
-    result: dict = {"config": asdict(cfg), "runs": len(finished), "fit_runs": len(done), "power_law_tokens": budget,
-                    "power_law": table, "ratios": {}, "notes": notes + gap_notes,
-                    "selection": selection_dict(sel), "gaps": [gap_dict(g) for g in gaps],
-                    "runs_table": run_rows(finished, sel, {r.run_dir for r in done}, cfg.loss)}
+    result: dict = {
+        "config": asdict(cfg),
+        "runs": len(finished),
+        "fit_runs": len(done),
+        "power_law_tokens": budget,
+        "power_law": table,
+        "ratios": {},
+        "notes": notes + gap_notes,
+        "selection": selection_dict(sel),
+        "gaps": [gap_dict(g) for g in gaps],
+        "runs_table": run_rows(finished, sel, {r.run_dir for r in done}, cfg.loss),
+    }
     notes = result["notes"]
     base = baseline_series(sel, fits, baseline().arch)
     others = [a for a in fits if a != base] if base in fits else []
@@ -164,8 +219,10 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     for a in others:  # the variant's parameters needed for the baseline's loss, at each baseline size of the sweep
         for n_ref in sorted(set(points[base][0])):
             result["ratios"][f"{key[a]}params_at_N={int(n_ref)},D={budget}"] = (
-                no_interval(ratio_at_equal_loss(fits[base], fits[a], n_ref)) if {base, a} & exact
-                else ratio_interval(fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level))
+                no_interval(ratio_at_equal_loss(fits[base], fits[a], n_ref))
+                if {base, a} & exact
+                else ratio_interval(fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level)
+            )
     mode = cfg.joint
     budgets = {r.tokens for r in done}
     if mode == "auto":
@@ -185,29 +242,49 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
                 joint_exact.add(arch)
             notes += _at_bound_note(f"L(N, D) for {arch}", joint[arch], joint_boot[arch])
     result["joint_mode"] = mode
-    result["joint"] = {a: {"law": asdict(j), **{k: _interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]],
-                                                             cfg.level, a in joint_exact) for k in JOINT_KEYS}}
-                       for a, j in joint.items()}
+    result["joint"] = {
+        a: {
+            "law": asdict(j),
+            **{
+                k: _interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]], cfg.level, a in joint_exact)
+                for k in JOINT_KEYS
+            },
+        }
+        for a, j in joint.items()
+    }
     for a in (o for o in others if base in joint and o in joint):
         ref = max(series[base], key=lambda r: (r.tokens, _n(r, cfg.params)))
         n_ref, d_ref = _n(ref, cfg.params), ref.tokens  # inside the data: the largest size at the largest budget
         t, dd = joint[base], joint[a]
-        samples = [ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
-                   for bt, bd in zip(joint_boot[base], joint_boot[a])]
+        samples = [
+            ratio_at_equal_loss(bt.at_params(n_ref), bd.at_params(n_ref), d_ref)
+            for bt, bd in zip(joint_boot[base], joint_boot[a])
+        ]
         pair_exact = bool({base, a} & joint_exact)
         result["ratios"][f"{key[a]}tokens_at_N={int(n_ref)},D={d_ref}"] = _interval(
-            ratio_at_equal_loss(t.at_params(n_ref), dd.at_params(n_ref), d_ref), samples, cfg.level, pair_exact)
-        samples = [ratio_at_equal_loss(bt.at_tokens(d_ref), bd.at_tokens(d_ref), n_ref)
-                   for bt, bd in zip(joint_boot[base], joint_boot[a])]
+            ratio_at_equal_loss(t.at_params(n_ref), dd.at_params(n_ref), d_ref), samples, cfg.level, pair_exact
+        )
+        samples = [
+            ratio_at_equal_loss(bt.at_tokens(d_ref), bd.at_tokens(d_ref), n_ref)
+            for bt, bd in zip(joint_boot[base], joint_boot[a])
+        ]
         result["ratios"][f"{key[a]}params_from_joint_at_N={int(n_ref)},D={d_ref}"] = _interval(
-            ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact)
+            ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact
+        )
     result["ratio_archs"] = [base] + others
     result["compute_optimal"], optimal_plot = None, None
     compute_runs = _compute_runs(cfg, {a: rs for a, rs in series.items() if a in joint}, notes)
     if compute_runs:
         result["compute_optimal"], more, optimal_plot = compute_optimal(
-            compute_runs, joint, joint_boot, joint_exact, baseline_series(sel, joint, baseline().arch), cfg.level,
-            cfg.compute_grid, cfg.compute_ref)
+            compute_runs,
+            joint,
+            joint_boot,
+            joint_exact,
+            baseline_series(sel, joint, baseline().arch),
+            cfg.level,
+            cfg.compute_grid,
+            cfg.compute_ref,
+        )
         notes += more
     result["_plot"] = (points, fits, joint, done, mode, sel, optimal_plot)
     return result
@@ -216,8 +293,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
 def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     points, fits, joint, done, mode, sel, optimal = result.pop("_plot")
-    label = {"block": "parameters N (non-embedding, no output head)", "nonembedding": "non-embedding parameters",
-             "total": "total parameters"}[cfg.params]
+    label = {
+        "block": "parameters N (non-embedding, no output head)",
+        "nonembedding": "non-embedding parameters",
+        "total": "total parameters",
+    }[cfg.params]
     files = [loss_vs_params(points, fits, out / "loss_vs_params.png", label, f"{cfg.title}: L(N)")]
     curves = {}  # one curve per (arch, N): the longest run, then the lowest seed
     for r in sorted(done, key=lambda r: (-(r.tokens or 0), r.seed or 0)):
@@ -226,11 +306,20 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
             curves.setdefault((sel.series[r.run_dir], _n(r, cfg.params)), (d, y))
     if curves:
         fitted = any(joint.get(series) is not None for series, _ in curves)
-        files.append(loss_vs_tokens(curves, joint, out / "loss_vs_tokens.png", f"{cfg.title}: learning curves"
-                                    + (f", L(N, D) fit ({mode})" if fitted else " (no L(N, D) fit: see fits.md)")))
+        files.append(
+            loss_vs_tokens(
+                curves,
+                joint,
+                out / "loss_vs_tokens.png",
+                f"{cfg.title}: learning curves"
+                + (f", L(N, D) fit ({mode})" if fitted else " (no L(N, D) fit: see fits.md)"),
+            )
+        )
     if optimal is not None:
-        files += [loss_vs_compute(optimal, out / "loss_vs_compute.png", f"{cfg.title}: compute-optimal frontier"),
-                  iso_flop_curves(optimal, out / "iso_flop.png", label, f"{cfg.title}: iso-FLOP curves")]
+        files += [
+            loss_vs_compute(optimal, out / "loss_vs_compute.png", f"{cfg.title}: compute-optimal frontier"),
+            iso_flop_curves(optimal, out / "iso_flop.png", label, f"{cfg.title}: iso-FLOP curves"),
+        ]
     (out / "fits.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
     (out / "fits.md").write_text(render(result))
     return files + [out / "fits.json", out / "fits.md"]
@@ -251,32 +340,53 @@ def _jsonable(o):
 def render(result: dict) -> str:
     cfg = result["config"]
     lvl = f"{cfg['level']:.0%}"
-    lines = [f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
-             f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].", ""]
+    lines = [
+        f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
+        f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].",
+        "",
+    ]
     lines += [f"note: {note}" for note in result.get("notes", [])] + ([""] if result.get("notes") else [])
     if result["power_law"]:
-        lines += [f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:", "",
-                  "| series | points | E | A | alpha |", "|---|---|---|---|---|"]
+        lines += [
+            f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:",
+            "",
+            "| series | points | E | A | alpha |",
+            "|---|---|---|---|---|",
+        ]
         lines += [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |" for f in result["power_law"]]
     else:
         lines.append("No L(N) fit was made (the notes above say why).")
     if result["joint"]:
-        lines += ["", f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:", "",
-                  "| series | " + " | ".join(JOINT_KEYS) + " |", "|---|---|---|---|---|---|"]
-        lines += [f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |"
-                  for arch, j in result["joint"].items()]
+        lines += [
+            "",
+            f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:",
+            "",
+            "| series | " + " | ".join(JOINT_KEYS) + " |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |" for arch, j in result["joint"].items()
+        ]
     lines += optimal_markdown(result.get("compute_optimal"))
     if result["ratios"]:
         base, *others = result["ratio_archs"]
         names = " and ".join(variants()[a].label if a in variants() else a for a in others)
         ref = variants()[base].label if base in variants() else base
-        lines += ["", f"{names} / {ref} at equal loss (paper, Diff at 3B-13B: 62.2% of the parameters, 63.7% of the "
-                  "tokens):", "", "| ratio | value [interval] |", "|---|---|"]
+        lines += [
+            "",
+            f"{names} / {ref} at equal loss (paper, Diff at 3B-13B: 62.2% of the parameters, 63.7% of the tokens):",
+            "",
+            "| ratio | value [interval] |",
+            "|---|---|",
+        ]
         for name, iv in result["ratios"].items():
             lines.append(f"| {name} | {iv} |")
     select = cfg.get("select") if result.get("selection", {}).get("select") else None
-    for part in (choices_markdown(result["selection"]) if "selection" in result else [],
-                 gaps_markdown(result.get("gaps", []), select), runs_markdown(result.get("runs_table", []), select)):
+    for part in (
+        choices_markdown(result["selection"]) if "selection" in result else [],
+        gaps_markdown(result.get("gaps", []), select),
+        runs_markdown(result.get("runs_table", []), select),
+    ):
         lines += [""] + part if part else []
     if any(row["bigram"] is not None for row in result.get("runs_table", [])):
         lines += ["", BASELINES_NOTE]

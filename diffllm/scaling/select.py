@@ -8,6 +8,7 @@ the highest held-out recall accuracy with by=recall_acc); a value at the edge (m
 about: the optimum may lie outside the grid. Gaps pair each non-baseline series with the baseline arch's series (the
 Transformer) at the same preset size and budget, seed by seed, each side at its own selected value.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -17,9 +18,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..errors import UserError
 from ..results import flatten
 from .config import DEFAULT_SELECT, DEFAULT_SELECT_BY
-from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..results import RunRecord
@@ -40,7 +41,7 @@ def value_label(key: str, value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def size_of(model: str, arch: str) -> str:
     """The preset's size, so that transformer-micro-2 and diff-micro-2 pair: the `size/<size>` base in the defaults
     list of configs/model/<model>.yaml (presets compose arch/<arch> with size/<size>); else the name after the
@@ -48,7 +49,7 @@ def size_of(model: str, arch: str) -> str:
     from ..config import group_defaults
 
     size = group_defaults("model", model).get("size")
-    return size or (model[len(arch) + 1:] if model.startswith(f"{arch}-") else model)
+    return size or (model[len(arch) + 1 :] if model.startswith(f"{arch}-") else model)
 
 
 def _order(v: Any) -> tuple:
@@ -85,12 +86,12 @@ class Selection:
     warnings: list[str] = field(default_factory=list)
 
 
-def series_label(r: "RunRecord", axes: list[str]) -> str:
+def series_label(r: RunRecord, axes: list[str]) -> str:
     """`arch` plus `short=value` for each of `axes` (the non-selected axes that vary within this arch's runs)."""
     return " ".join([r.arch] + [f"{short_label(k)}={value_label(k, r.axes.get(k))}" for k in axes])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config_keys() -> frozenset:
     """Every dotted key of a train config (its typed groups at their defaults)."""
     from ..config import schema_for, schema_node
@@ -117,16 +118,18 @@ def check_select_by(by: str) -> None:
         raise UserError(f"select_by={by}: expected one of {', '.join(SELECT_BY)}{hint}")
 
 
-def mark_selected(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
-                  by: str = DEFAULT_SELECT_BY) -> None:
+def mark_selected(
+    records: list[RunRecord], select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY
+) -> None:
     """Each record's `selected` flag: at its group's best-of-grid value (None for runs no group holds: unfinished)."""
     sel = select_runs(records, select, by)
     for r in records:
         r.selected = (r.run_dir in sel.selected) if r.run_dir in sel.series else None
 
 
-def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELECT,
-                by: str = DEFAULT_SELECT_BY) -> Selection:
+def select_runs(
+    records: list[RunRecord], select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY
+) -> Selection:
     """Series, selected runs, choices and edge warnings. Only finished runs with a value of `by` take part."""
     axis_names = sorted({k for r in records for k in r.axes})
     check_select(select, set(axis_names))
@@ -153,15 +156,18 @@ def select_runs(records: list["RunRecord"], select: Optional[str] = DEFAULT_SELE
         values = tuple(sorted(at, key=_order))
         means = tuple(sum(getattr(r, by) for r in at[v]) / len(at[v]) for v in values)
         best = min(range(len(values)), key=lambda i: (sign * means[i], i))
-        choice = Choice(series, size_of(model, rs[0].arch), model, tokens, values[best], values, means,
-                        len(at[values[best]]))
+        choice = Choice(
+            series, size_of(model, rs[0].arch), model, tokens, values[best], values, means, len(at[values[best]])
+        )
         sel.choices.append(choice)
         sel.selected.update(r.run_dir for r in at[values[best]])
         if choice.at_edge:
             tried = ", ".join(value_label(select_axis, v) for v in values)
-            sel.warnings.append(f"{series}, {choice.size}, {tokens:,} tokens: the best {select_axis}="
-                                f"{value_label(select_axis, choice.value)} is at the edge of the values tried "
-                                f"({tried}): widen the grid")
+            sel.warnings.append(
+                f"{series}, {choice.size}, {tokens:,} tokens: the best {select_axis}="
+                f"{value_label(select_axis, choice.value)} is at the edge of the values tried "
+                f"({tried}): widen the grid"
+            )
     return sel
 
 
@@ -189,8 +195,9 @@ class Gap:
         return math.sqrt(sum((g - self.mean) ** 2 for g in self.gaps) / (n - 1)) if n > 1 else None
 
 
-def paired_gaps(records: list["RunRecord"], sel: Selection, baseline_arch: str,
-                loss: str = "final_val_loss") -> tuple[list[Gap], list[str]]:
+def paired_gaps(
+    records: list[RunRecord], sel: Selection, baseline_arch: str, loss: str = "final_val_loss"
+) -> tuple[list[Gap], list[str]]:
     """Gaps of every non-baseline series to every baseline series at each shared (size, budget), paired by seed;
     notes for points where the two sides share no seed."""
     runs = {r.run_dir: r for r in records}
@@ -213,22 +220,58 @@ def paired_gaps(records: list["RunRecord"], sel: Selection, baseline_arch: str,
                 if not seeds:
                     notes.append(f"{s} vs {b} at {size}, {tokens:,} tokens: no seed in common; no gap")
                     continue
-                gaps.append(Gap(s, b, size, tokens, choice[(s, size, tokens)].value, choice[(b, size, tokens)].value,
-                                seeds, tuple(losses[x] - ref[x] for x in seeds)))
+                gaps.append(
+                    Gap(
+                        s,
+                        b,
+                        size,
+                        tokens,
+                        choice[(s, size, tokens)].value,
+                        choice[(b, size, tokens)].value,
+                        seeds,
+                        tuple(losses[x] - ref[x] for x in seeds),
+                    )
+                )
     return gaps, notes
 
 
 def gap_dict(g: Gap) -> dict:
-    return {"series": g.series, "baseline": g.baseline, "size": g.size, "tokens": g.tokens,
-            "series_value": g.series_value, "baseline_value": g.baseline_value, "seeds": list(g.seeds),
-            "gaps": list(g.gaps), "mean": g.mean, "min": min(g.gaps), "max": max(g.gaps), "std": g.std}
+    return {
+        "series": g.series,
+        "baseline": g.baseline,
+        "size": g.size,
+        "tokens": g.tokens,
+        "series_value": g.series_value,
+        "baseline_value": g.baseline_value,
+        "seeds": list(g.seeds),
+        "gaps": list(g.gaps),
+        "mean": g.mean,
+        "min": min(g.gaps),
+        "max": max(g.gaps),
+        "std": g.std,
+    }
 
 
 def selection_dict(sel: Selection) -> dict:
-    return {"select": sel.select, "by": sel.by, "warnings": list(sel.warnings),
-            "choices": [{"series": c.series, "size": c.size, "model": c.model, "tokens": c.tokens, "value": c.value,
-                         "values": list(c.values), "means": list(c.means), "seeds": c.seeds,
-                         "at_edge": c.at_edge} for c in sel.choices]}
+    return {
+        "select": sel.select,
+        "by": sel.by,
+        "warnings": list(sel.warnings),
+        "choices": [
+            {
+                "series": c.series,
+                "size": c.size,
+                "model": c.model,
+                "tokens": c.tokens,
+                "value": c.value,
+                "values": list(c.values),
+                "means": list(c.means),
+                "seeds": c.seeds,
+                "at_edge": c.at_edge,
+            }
+            for c in sel.choices
+        ],
+    }
 
 
 def baseline_series(sel: Selection, fits: dict, baseline_arch: str) -> Optional[str]:
@@ -236,32 +279,55 @@ def baseline_series(sel: Selection, fits: dict, baseline_arch: str) -> Optional[
     return next((s for s in fits if sel.arch.get(s) == baseline_arch), None)
 
 
-def under_trained_note(finished: list["RunRecord"], sel: Selection, include: bool) -> Optional[str]:
+def under_trained_note(finished: list[RunRecord], sel: Selection, include: bool) -> Optional[str]:
     flagged = [r for r in finished if r.under_trained and r.run_dir in sel.selected]
     if not flagged:
         return None
-    what = "kept in the fits (include_undertrained=true)" if include else \
-        "left out of the fits (include_undertrained=true keeps them)"
+    what = (
+        "kept in the fits (include_undertrained=true)"
+        if include
+        else "left out of the fits (include_undertrained=true keeps them)"
+    )
     names = ", ".join(f"{sel.series[r.run_dir]} {size_of(r.model, r.arch)} seed {r.seed}" for r in flagged[:4])
-    return (f"{len(flagged)} selected run(s) do not beat the bigram baseline (under-trained), {what}: {names}"
-            + (", ..." if len(flagged) > 4 else ""))
+    return f"{len(flagged)} selected run(s) do not beat the bigram baseline (under-trained), {what}: {names}" + (
+        ", ..." if len(flagged) > 4 else ""
+    )
 
 
-def run_rows(finished: list["RunRecord"], sel: Selection, fitted: set, loss: str) -> list[dict]:
+def run_rows(finished: list[RunRecord], sel: Selection, fitted: set, loss: str) -> list[dict]:
     """Every finished run for the fits.md table: its series, size, budget, seed, selected value, loss, baselines and
     whether it was fitted."""
     rows = []
-    for r in sorted(finished, key=lambda r: (sel.series[r.run_dir], _preset_order(r), r.tokens or 0, r.seed or 0,
-                                             _order(r.axes.get(sel.select)) if sel.select else ())):
-        rows.append({"series": sel.series[r.run_dir], "size": size_of(r.model, r.arch), "tokens": r.tokens,
-                     "seed": r.seed, "value": r.axes.get(sel.select) if sel.select else None,
-                     "loss": getattr(r, loss), "unigram": r.unigram_loss, "bigram": r.bigram_loss,
-                     "selected": r.run_dir in sel.selected, "under_trained": bool(r.under_trained),
-                     "fitted": r.run_dir in fitted, "run_dir": r.run_dir})
+    for r in sorted(
+        finished,
+        key=lambda r: (
+            sel.series[r.run_dir],
+            _preset_order(r),
+            r.tokens or 0,
+            r.seed or 0,
+            _order(r.axes.get(sel.select)) if sel.select else (),
+        ),
+    ):
+        rows.append(
+            {
+                "series": sel.series[r.run_dir],
+                "size": size_of(r.model, r.arch),
+                "tokens": r.tokens,
+                "seed": r.seed,
+                "value": r.axes.get(sel.select) if sel.select else None,
+                "loss": getattr(r, loss),
+                "unigram": r.unigram_loss,
+                "bigram": r.bigram_loss,
+                "selected": r.run_dir in sel.selected,
+                "under_trained": bool(r.under_trained),
+                "fitted": r.run_dir in fitted,
+                "run_dir": r.run_dir,
+            }
+        )
     return rows
 
 
-def _preset_order(r: "RunRecord") -> int:
+def _preset_order(r: RunRecord) -> int:
     return r.block_params or r.total_params or 0
 
 
@@ -270,15 +336,21 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
         return "-" if x is None else f"{x:.4f}"
 
     col = f" {short_label(select)} |" if select else ""
-    lines = ["Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):", "",
-             f"| series | size | tokens | seed |{col} loss | unigram | bigram | mark |",
-             "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|"]
+    lines = [
+        "Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):",
+        "",
+        f"| series | size | tokens | seed |{col} loss | unigram | bigram | mark |",
+        "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|",
+    ]
     for w in rows:
-        mark = ", ".join(m for m, on in (("*", w["selected"]), ("under-trained", w["under_trained"]),
-                                         ("fitted", w["fitted"])) if on)
+        mark = ", ".join(
+            m for m, on in (("*", w["selected"]), ("under-trained", w["under_trained"]), ("fitted", w["fitted"])) if on
+        )
         val = f" {value_label(select, w['value'])} |" if select else ""
-        lines.append(f"| {w['series']} | {w['size']} | {w['tokens']:,} | {w['seed']} |{val} {f(w['loss'])} | "
-                     f"{f(w['unigram'])} | {f(w['bigram'])} | {mark} |")
+        lines.append(
+            f"| {w['series']} | {w['size']} | {w['tokens']:,} | {w['seed']} |{val} {f(w['loss'])} | "
+            f"{f(w['unigram'])} | {f(w['bigram'])} | {mark} |"
+        )
     return lines
 
 
@@ -287,15 +359,20 @@ def gaps_markdown(gaps: list[dict], select: Optional[str]) -> list[str]:
     if not gaps:
         return []
     what = f" at its own best {select}" if select else ""
-    lines = [f"Paired gaps, loss(series) - loss(baseline) per seed, each side{what} (negative: the series is "
-             "better); spread = min..max over seeds, std = sample std (n - 1):", "",
-             "| series | baseline | size | tokens | seeds | gap per seed | mean | min..max | std |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Paired gaps, loss(series) - loss(baseline) per seed, each side{what} (negative: the series is "
+        "better); spread = min..max over seeds, std = sample std (n - 1):",
+        "",
+        "| series | baseline | size | tokens | seeds | gap per seed | mean | min..max | std |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for g in gaps:
         per = ", ".join(f"{x:+.4f}" for x in g["gaps"])
         std = "-" if g["std"] is None else f"{g['std']:.4f}"
-        lines.append(f"| {g['series']} | {g['baseline']} | {g['size']} | {g['tokens']:,} | {len(g['seeds'])} | "
-                     f"{per} | {g['mean']:+.4f} | {g['min']:+.4f}..{g['max']:+.4f} | {std} |")
+        lines.append(
+            f"| {g['series']} | {g['baseline']} | {g['size']} | {g['tokens']:,} | {len(g['seeds'])} | "
+            f"{per} | {g['mean']:+.4f} | {g['min']:+.4f}..{g['max']:+.4f} | {std} |"
+        )
     return lines
 
 
@@ -306,12 +383,18 @@ def choices_markdown(sel: dict) -> list[str]:
         return []
     label, by = short_label(select), sel.get("by", DEFAULT_SELECT_BY)
     best = "highest" if by in HIGHER_IS_BETTER else "lowest"
-    lines = [f"Best-of-grid over {select}: mean {by} over seeds at each {label} tried (the {best} selected, in bold; "
-             "fits use the selected runs):", "", f"| series | size | tokens | {label}: mean {by} | seeds |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"Best-of-grid over {select}: mean {by} over seeds at each {label} tried (the {best} selected, in bold; "
+        "fits use the selected runs):",
+        "",
+        f"| series | size | tokens | {label}: mean {by} | seeds |",
+        "|---|---|---|---|---|",
+    ]
     for c in sel["choices"]:
-        cells = ", ".join((f"**{value_label(select, v)}: {m:.4f}**" if v == c["value"] else
-                           f"{value_label(select, v)}: {m:.4f}") for v, m in zip(c["values"], c["means"]))
+        cells = ", ".join(
+            (f"**{value_label(select, v)}: {m:.4f}**" if v == c["value"] else f"{value_label(select, v)}: {m:.4f}")
+            for v, m in zip(c["values"], c["means"])
+        )
         edge = " (edge)" if c["at_edge"] else ""
         lines.append(f"| {c['series']} | {c['size']} | {c['tokens']:,} | {cells}{edge} | {c['seeds']} |")
     lines += [f"\nWARNING: {w}" for w in sel["warnings"]]

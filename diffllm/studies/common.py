@@ -1,6 +1,7 @@
 """What the studies share: where their runs come from (a sweep directory, collected here, or the runs.csv `sweep
 collect` wrote for one), a run's series with the learning rate left out, the median of "steps to a level" with how
 many seeds got there, the (size, series) order of every table, and where the text goes."""
+
 from __future__ import annotations
 
 import statistics
@@ -43,8 +44,9 @@ def series_without_lr(records: list[RunRecord]) -> dict[str, str]:
         by_arch[r.arch].append(r)
     out = {}
     for rs in by_arch.values():
-        varying = [k for k in sorted({k for r in rs for k in r.axes}) if k != LR
-                   and len({repr(r.axes.get(k)) for r in rs}) > 1]
+        varying = [
+            k for k in sorted({k for r in rs for k in r.axes}) if k != LR and len({repr(r.axes.get(k)) for r in rs}) > 1
+        ]
         out.update({r.run_dir: series_label(r, varying) for r in rs})
     return out
 

@@ -7,6 +7,7 @@ the paired difference a - b (seed by seed: same data order, same initialisation)
 budget), the series ranked by mean loss in each sweep, and whether the order is the same. Each sweep's series are
 taken at their best-of-grid value of `select` (default optim.lr), as `sweep collect` marks them.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -53,20 +54,30 @@ def table(a: dict, b: dict, names: tuple[str, str]) -> list[str]:
     for key in shared:
         groups[key[:3]].append((a[key], b[key]))
     na, nb = names
-    lines = [f"| series | size | tokens | seeds | {na} mean | {na} spread | {nb} mean | {nb} spread | "
-             f"{na} - {nb}: mean [min..max] |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| series | size | tokens | seeds | {na} mean | {na} spread | {nb} mean | {nb} spread | "
+        f"{na} - {nb}: mean [min..max] |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (series, size, tokens), pairs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         xa, xb = [p[0] for p in pairs], [p[1] for p in pairs]
         d = [p - q for p, q in pairs]
-        lines.append(f"| {series} | {size} | {tokens:,} | {len(pairs)} | {sum(xa) / len(xa):.4f} | "
-                     f"{max(xa) - min(xa):.4f} | {sum(xb) / len(xb):.4f} | {max(xb) - min(xb):.4f} | "
-                     f"{sum(d) / len(d):+.4f} [{min(d):+.4f}..{max(d):+.4f}] |")
-    lines += ["", f"| size | tokens | ranking in {na} (best first) | ranking in {nb} | same order |",
-              "|---|---|---|---|---|"]
+        lines.append(
+            f"| {series} | {size} | {tokens:,} | {len(pairs)} | {sum(xa) / len(xa):.4f} | "
+            f"{max(xa) - min(xa):.4f} | {sum(xb) / len(xb):.4f} | {max(xb) - min(xb):.4f} | "
+            f"{sum(d) / len(d):+.4f} [{min(d):+.4f}..{max(d):+.4f}] |"
+        )
+    lines += [
+        "",
+        f"| size | tokens | ranking in {na} (best first) | ranking in {nb} | same order |",
+        "|---|---|---|---|---|",
+    ]
     by_point: dict[tuple, dict] = defaultdict(dict)
     for (series, size, tokens), pairs in groups.items():
-        by_point[(size, tokens)][series] = (sum(p[0] for p in pairs) / len(pairs),
-                                            sum(p[1] for p in pairs) / len(pairs))
+        by_point[(size, tokens)][series] = (
+            sum(p[0] for p in pairs) / len(pairs),
+            sum(p[1] for p in pairs) / len(pairs),
+        )
     for (size, tokens), means in sorted(by_point.items()):
         ra = sorted(means, key=lambda s: means[s][0])
         rb = sorted(means, key=lambda s: means[s][1])

@@ -2,6 +2,7 @@
 every run at its best-of-grid value, then accuracy by number of needles per series and size, mean and min..max over
 seeds, as one markdown table (<out>/needle.md). The micro sweep mixes the synthetic needle source into its data (10%),
 so this is the paper's multi-needle test at micro scale (docs/micro-scaling.md)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -38,10 +39,13 @@ def run(c: Config) -> str:
     if not acc:
         raise UserError(f"sweep_dir={c.sweep_dir}: no finished run at a best-of-grid value to evaluate")
     needles = sorted({n for by_n in acc.values() for n in by_n})
-    lines = [f"Synthetic multi-needle accuracy (context {c.lengths}, {c.trials} trials per N x depth; chance = 1/32), "
-             "runs at their best learning rate; mean [min..max] over seeds:", "",
-             "| series | size | seeds | " + " | ".join(f"N={n}" for n in needles) + " |",
-             "|---|---|---|" + "---|" * len(needles)]
+    lines = [
+        f"Synthetic multi-needle accuracy (context {c.lengths}, {c.trials} trials per N x depth; chance = 1/32), "
+        "runs at their best learning rate; mean [min..max] over seeds:",
+        "",
+        "| series | size | seeds | " + " | ".join(f"N={n}" for n in needles) + " |",
+        "|---|---|---|" + "---|" * len(needles),
+    ]
     for (series, size), by_n in by_size(acc):
         cells = [f"{sum(v) / len(v):.3f} [{min(v):.3f}..{max(v):.3f}]" for v in (by_n[n] for n in needles)]
         lines.append(f"| {series} | {size} | {len(by_n[needles[0]])} | " + " | ".join(cells) + " |")

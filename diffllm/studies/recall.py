@@ -11,6 +11,7 @@ probe's mass on the answer's pair per layer (`diffllm eval attention task=recall
 seeds and cells). Writes <out>/study.md and <out>/recall_vs_step.png (the in-loop curves, mean over seeds, one panel
 per size).
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,9 @@ def eval_json(r, name: str) -> dict | None:
 @functools.cache
 def curve(run_dir: str) -> tuple[tuple[int, float], ...]:
     """The in-loop recall accuracy by step (read once per run: the table and the plot both use it)."""
-    return tuple((m["step"], m["eval/recall/acc"]) for m in read_metrics(run_dir)
-                 if m.get("eval/recall/acc") is not None)
+    return tuple(
+        (m["step"], m["eval/recall/acc"]) for m in read_metrics(run_dir) if m.get("eval/recall/acc") is not None
+    )
 
 
 def chosen_runs(records) -> dict[tuple, list]:
@@ -73,8 +75,10 @@ def chosen_runs(records) -> dict[tuple, list]:
     by_lr: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
     for r in done:
         by_lr[(series[r.run_dir], size_of(r.model, r.arch))][r.axes.get(LR)].append(r)
-    return {key: sorted(max(lrs.items(), key=lambda kv: (len(kv[1]), -(kv[0] or 0)))[1], key=lambda r: r.seed)
-            for key, lrs in by_lr.items()}
+    return {
+        key: sorted(max(lrs.items(), key=lambda kv: (len(kv[1]), -(kv[0] or 0)))[1], key=lambda r: r.seed)
+        for key, lrs in by_lr.items()
+    }
 
 
 def final_acc(r) -> float:
@@ -88,9 +92,11 @@ def steps_to_level(rs, level: float) -> str:
 
 
 def main_table(chosen: dict) -> list[str]:
-    lines = ["| series | size | lr | seeds | final recall acc [95% CI] | seeds >= 0.9 | steps to 0.5 (reached) | "
-             "steps to 0.9 (reached) | steps to 0.2 (reached) | minus Transformer, seed-paired [95% CI] |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| series | size | lr | seeds | final recall acc [95% CI] | seeds >= 0.9 | steps to 0.5 (reached) | "
+        "steps to 0.9 (reached) | steps to 0.2 (reached) | minus Transformer, seed-paired [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     base = {size: {r.seed: final_acc(r) for r in rs} for (s, size), rs in chosen.items() if s == "transformer"}
     has_curves = all((Path(r.run_dir) / "metrics.jsonl").is_file() for rs in chosen.values() for r in rs)
     for (series, size), rs in by_size(chosen):
@@ -98,10 +104,12 @@ def main_table(chosen: dict) -> list[str]:
         paired = [final_acc(r) - base[size][r.seed] for r in rs if r.seed in base.get(size, {})]
         diff = "-" if series == "transformer" or not paired else f"{fmt_ci(paired)} (n={len(paired)})"
         lr = rs[0].axes.get(LR)  # None: the lr is no axis (one value for every run)
-        lines.append(f"| {series} | {size} | {'-' if lr is None else f'{lr:g}'} | {len(rs)} | {fmt_ci(accs)} | "
-                     f"{sum(a >= 0.9 for a in accs)}/{len(rs)} | {reached([r.recall_step_50 for r in rs], len(rs))} | "
-                     f"{reached([r.recall_step_90 for r in rs], len(rs))} | "
-                     f"{steps_to_level(rs, 0.2) if has_curves else '-'} | {diff} |")
+        lines.append(
+            f"| {series} | {size} | {'-' if lr is None else f'{lr:g}'} | {len(rs)} | {fmt_ci(accs)} | "
+            f"{sum(a >= 0.9 for a in accs)}/{len(rs)} | {reached([r.recall_step_50 for r in rs], len(rs))} | "
+            f"{reached([r.recall_step_90 for r in rs], len(rs))} | "
+            f"{steps_to_level(rs, 0.2) if has_curves else '-'} | {diff} |"
+        )
     return lines
 
 
@@ -125,8 +133,7 @@ def cell_table(chosen: dict, key: str) -> list[str]:
     if not table:
         return []
     values = sorted(values)
-    lines = ["| series | size | " + " | ".join(f"{key}={v}" for v in values) + " |",
-             "|---|---|" + "---|" * len(values)]
+    lines = ["| series | size | " + " | ".join(f"{key}={v}" for v in values) + " |", "|---|---|" + "---|" * len(values)]
     for (series, size), per in by_size(table):
         cells = [f"{statistics.mean(per[v]):.3f}" if per.get(v) else "-" for v in values]
         lines.append(f"| {series} | {size} | " + " | ".join(cells) + " |")
@@ -146,14 +153,22 @@ def attention_table(chosen: dict) -> list[str]:
                     noise[layer].append(n)
         if answer:
             layers = max(layers, len(answer))
-            rows.append((series, size, [f"{statistics.mean(answer[k]):.3f} / {statistics.mean(noise[k]):.3f}"
-                                        for k in sorted(answer)]))
+            rows.append(
+                (
+                    series,
+                    size,
+                    [f"{statistics.mean(answer[k]):.3f} / {statistics.mean(noise[k]):.3f}" for k in sorted(answer)],
+                )
+            )
     if not rows:
         return []
-    return (["| series | size | " + " | ".join(f"layer {k}: answer / noise" for k in range(layers)) + " |",
-             "|---|---|" + "---|" * layers]
-            + [f"| {series} | {size} | " + " | ".join(cells + ["-"] * (layers - len(cells))) + " |"
-               for series, size, cells in rows])
+    return [
+        "| series | size | " + " | ".join(f"layer {k}: answer / noise" for k in range(layers)) + " |",
+        "|---|---|" + "---|" * layers,
+    ] + [
+        f"| {series} | {size} | " + " | ".join(cells + ["-"] * (layers - len(cells))) + " |"
+        for series, size, cells in rows
+    ]
 
 
 def plot(chosen: dict, path: Path) -> None:
@@ -187,17 +202,27 @@ def run(c: Config) -> str:
         raise UserError(f"sweep_dir={c.sweep_dir}: no finished run with an in-loop recall accuracy")
     out = Path(c.out) if c.out else folder_of(c.sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
-    parts = [["Final held-out recall accuracy per series and size at its chosen lr (95% t-intervals over seeds):", ""]
-             + main_table(chosen)]
-    for key, what in (("n", "By N (key-value pairs)"), ("gap", "By gap (filler words between the pairs and the "
-                                                              "queries)")):
+    parts = [
+        ["Final held-out recall accuracy per series and size at its chosen lr (95% t-intervals over seeds):", ""]
+        + main_table(chosen)
+    ]
+    for key, what in (
+        ("n", "By N (key-value pairs)"),
+        ("gap", "By gap (filler words between the pairs and the queries)"),
+    ):
         t = cell_table(chosen, key)
         if t:
             parts.append([f"{what}, mean over seeds of eval recall's accuracy:", ""] + t)
     t = attention_table(chosen)
     if t:
-        parts.append(["Attention probe (eval attention task=recall): mass on the queried pair / on the filler, per "
-                      "layer, mean over seeds and (N, gap) cells:", ""] + t)
+        parts.append(
+            [
+                "Attention probe (eval attention task=recall): mass on the queried pair / on the filler, per "
+                "layer, mean over seeds and (N, gap) cells:",
+                "",
+            ]
+            + t
+        )
     text = "\n\n".join("\n".join(p) for p in parts) + "\n"
     (out / "study.md").write_text(text)
     plot(chosen, out / "recall_vs_step.png")

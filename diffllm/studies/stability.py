@@ -12,6 +12,7 @@ each layer's lambda at the end.
 A run counts as diverged when it has no finite final validation loss or ends worse than the unigram baseline of its
 validation windows (it has unlearned even the token frequencies).
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,11 @@ def rows(records: list) -> list[str]:
     groups: dict[tuple, list] = defaultdict(list)
     for r in records:
         groups[(series[r.run_dir], size_of(r.model, r.arch))].append(r)
-    lines = ["| series | size | lr | x best | runs | diverged | final val loss: median [min..max] | spikes | "
-             "max grad norm | max activation | max attn logit | lowest λ_min | runs with λ < 0 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| series | size | lr | x best | runs | diverged | final val loss: median [min..max] | spikes | "
+        "max grad norm | max activation | max attn logit | lowest λ_min | runs with λ < 0 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (series, size), runs in by_size(groups):
         base = min(r.axes[LR] for r in runs)
         by_lr: dict[float, list] = defaultdict(list)
@@ -69,7 +72,8 @@ def rows(records: list) -> list[str]:
                 f"{_span(losses, '.4f')} | {_span([r.spikes for r in rs], 'g')} | "
                 f"{_span([r.max_grad_norm for r in rs], '.3g')} | {_span([r.act_max for r in rs], '.3g')} | "
                 f"{_span([r.attn_logit_max for r in rs], '.3g')} | {f'{min(lams):.3f}' if lams else '-'} | "
-                f"{sum(v < 0 for v in lams) if lams else '-'} |")
+                f"{sum(v < 0 for v in lams) if lams else '-'} |"
+            )
     return lines
 
 
@@ -81,16 +85,25 @@ def lambda_rows(records: list) -> list[str]:
         if not logs:
             continue
         layers = sorted((k for k in logs[-1] if k.startswith("lambda/")), key=lambda k: int(k.split("/")[1]))
-        first = next(((m["step"], [k.split("/")[1] for k in layers if m[k] < 0]) for m in logs
-                      if any(m[k] < 0 for k in layers)), None)
+        first = next(
+            ((m["step"], [k.split("/")[1] for k in layers if m[k] < 0]) for m in logs if any(m[k] < 0 for k in layers)),
+            None,
+        )
         where = f"{first[0]} | {', '.join(first[1])}" if first else "- | -"
-        lines.append(f"| {r.arch} | {size_of(r.model, r.arch)} | {r.axes[LR]:g} | {r.seed} | {where} | "
-                     + ", ".join(f"{logs[-1][k]:.3g}" for k in layers) + " |")
+        lines.append(
+            f"| {r.arch} | {size_of(r.model, r.arch)} | {r.axes[LR]:g} | {r.seed} | {where} | "
+            + ", ".join(f"{logs[-1][k]:.3g}" for k in layers)
+            + " |"
+        )
     if not lines:
         return []
-    return ["", "Where lambda goes negative (per-layer lambda at every logged step, metrics.jsonl):", "",
-            "| arch | size | lr | seed | first step with a lambda < 0 | layers | lambda per layer at the end |",
-            "|---|---|---|---|---|---|---|"] + lines
+    return [
+        "",
+        "Where lambda goes negative (per-layer lambda at every logged step, metrics.jsonl):",
+        "",
+        "| arch | size | lr | seed | first step with a lambda < 0 | layers | lambda per layer at the end |",
+        "|---|---|---|---|---|---|---|",
+    ] + lines
 
 
 def run(c: Config) -> str:
@@ -98,12 +111,17 @@ def run(c: Config) -> str:
     records = read_records(c.sweep_dir, "sweep_dir", select=None)
     unfinished = [r.run_dir for r in records if r.status != "finished"]
     if unfinished or any(LR not in r.axes for r in records):
-        raise UserError(f"sweep_dir={c.sweep_dir}: {len(unfinished)} unfinished run(s), e.g. {unfinished[:1]}, or "
-                        f"runs without an {LR} axis: finish the sweep first")
-    text = ("Median [min..max] over seeds; spikes at trainer.spikes' defaults (z > 6 over a 128-step window, armed "
-            "after 64 steps, action=log); diverged: no finite final validation loss, or worse than the unigram "
-            "baseline (its runs are left out of the loss column).\n\n" + "\n".join(rows(records) + lambda_rows(records))
-            + "\n")
+        raise UserError(
+            f"sweep_dir={c.sweep_dir}: {len(unfinished)} unfinished run(s), e.g. {unfinished[:1]}, or "
+            f"runs without an {LR} axis: finish the sweep first"
+        )
+    text = (
+        "Median [min..max] over seeds; spikes at trainer.spikes' defaults (z > 6 over a 128-step window, armed "
+        "after 64 steps, action=log); diverged: no finite final validation loss, or worse than the unigram "
+        "baseline (its runs are left out of the loss column).\n\n"
+        + "\n".join(rows(records) + lambda_rows(records))
+        + "\n"
+    )
     return emit(text, c.out)
 
 

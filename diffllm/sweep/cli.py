@@ -5,6 +5,7 @@ prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=
 `diffllm sweep collect [sweep_dir=...] [out=...] [select=optim.lr] [select_by=final_val_loss|recall_acc]`
 tabulates the summaries. Their own keys (configs/sweep.yaml) are typed by SweepCommandConfig, the grid by
 SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
+
 from __future__ import annotations
 
 import os
@@ -17,13 +18,12 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..config import hydra_app
-from ..config import CONFIG_PATH_ENV, build
+from ..config import CONFIG_PATH_ENV, build, hydra_app
+from ..errors import UserError
 from ..launch.argv import shell
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
-from ..errors import UserError
 
 LAUNCHERS = ("basic", "submitit_slurm")
 
@@ -62,8 +62,7 @@ def run_sweep(cfg: DictConfig) -> int:
     for r in runs:
         print(f"{r.status:>10}  {r.run_dir}{_role(r, cfg.sweep_dir)}")
     print(f"{len(runs)} runs: {len(runs) - len(pending)} finished (skipped), {len(pending)} to run", flush=True)
-    commands = multirun_commands(pending, grid, cfg.sweep_dir, launcher_overrides(cfg.launcher,
-                                                                                    cfg.launcher_overrides))
+    commands = multirun_commands(pending, grid, cfg.sweep_dir, launcher_overrides(cfg.launcher, cfg.launcher_overrides))
     # The jobs inherit the user's config directories (--config-dir / $DIFFLLM_CONFIG_PATH) through the environment.
     env = f"{CONFIG_PATH_ENV}={shlex.quote(os.environ[CONFIG_PATH_ENV])} " if os.environ.get(CONFIG_PATH_ENV) else ""
     worst = 0

@@ -5,6 +5,7 @@ The rows are the run records of diffllm/results.py (summary, axes, Kaplan N), ea
 (unigram and bigram cross-entropy of its validation windows, diffllm/scaling/baselines.py), whether it is
 under-trained (does not beat the bigram), and whether it is at the best-of-grid value of its group
 (diffllm/scaling/select.py)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,15 +13,29 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from ..results import RunRecord, axis_names, collect as collect_runs, to_csv, trained_compute, trained_wall
+from ..results import RunRecord, axis_names, to_csv, trained_compute, trained_wall
+from ..results import collect as collect_runs
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
-from ..scaling.select import (check_select, check_select_by, choices_markdown, mark_selected, select_runs,
-                              selection_dict, short_label, value_label)
+from ..scaling.select import (
+    check_select,
+    check_select_by,
+    choices_markdown,
+    mark_selected,
+    select_runs,
+    selection_dict,
+    short_label,
+    value_label,
+)
 
 
-def collect(root: str | Path, select: Optional[str] = DEFAULT_SELECT, baselines: bool = True,
-            notes: Optional[list[str]] = None, by: str = DEFAULT_SELECT_BY) -> list[RunRecord]:
+def collect(
+    root: str | Path,
+    select: Optional[str] = DEFAULT_SELECT,
+    baselines: bool = True,
+    notes: Optional[list[str]] = None,
+    by: str = DEFAULT_SELECT_BY,
+) -> list[RunRecord]:
     """Every run under `root`, sorted, with its axes; with `baselines`, its reference baselines (cached in
     <root>/.baselines) and under-trained flag; its `selected` flag from best-of-grid over `select` by the metric `by`.
     Problems that do not stop the table (a baseline that cannot be computed) are appended to `notes` (without:
@@ -72,9 +87,15 @@ def compute_line(records: list[RunRecord]) -> str:
     shared = sum((r.tokens or 0) for r in records) - tokens
     note = f" ({shared:,} tokens that WSD cooldowns share with their parents counted once)" if shared else ""
     wall = trained_wall(records)
-    timed = "" if wall is None else (f" Wall time: {wall[0]:,.0f} s (cooldowns: their own steps); from scratch at "
-                                     f"the same times per token: {wall[1]:,.0f} s (branch / scratch "
-                                     f"{wall[0] / wall[1]:.3f}).")
+    timed = (
+        ""
+        if wall is None
+        else (
+            f" Wall time: {wall[0]:,.0f} s (cooldowns: their own steps); from scratch at "
+            f"the same times per token: {wall[1]:,.0f} s (branch / scratch "
+            f"{wall[0] / wall[1]:.3f})."
+        )
+    )
     return f"Trained in all: {tokens:,} tokens, {flops:.4g} FLOPs{note}.{timed}"
 
 
@@ -83,19 +104,41 @@ def _axis_label(key: str, value: Any, varies: bool) -> str:
     return "-" if value is None and not varies else value_label(key, value)
 
 
-def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT,
-                by: str = DEFAULT_SELECT_BY) -> str:
+def to_markdown(
+    records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY
+) -> str:
     """The runs table (axes by short label; `*` marks the runs at their group's best-of-grid value, `under-trained`
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
     axes = axis_names(records)
-    cols = ["model", "arch", "seed", "total_params", "block_params", "tokens", "flops", "final_train_loss",
-            "final_val_loss", "unigram_loss", "bigram_loss", "lambda_min", "lambda_lowest", "spikes", "skipped_steps",
-            "max_grad_norm", "act_max", "attn_logit_max", "wall_time_s", "status"]
+    cols = [
+        "model",
+        "arch",
+        "seed",
+        "total_params",
+        "block_params",
+        "tokens",
+        "flops",
+        "final_train_loss",
+        "final_val_loss",
+        "unigram_loss",
+        "bigram_loss",
+        "lambda_min",
+        "lambda_lowest",
+        "spikes",
+        "skipped_steps",
+        "max_grad_norm",
+        "act_max",
+        "attn_logit_max",
+        "wall_time_s",
+        "status",
+    ]
     if any(r.recall_acc is not None for r in records):  # runs with in-loop recall evaluation
         cols[-2:-2] = ["recall_acc", "recall_step_50", "recall_step_90"]
     head = cols[:3] + [short_label(k) for k in axes] + cols[3:]
-    varies = {a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
-              for a in {r.arch for r in records}}
+    varies = {
+        a: {k for k in axes if len({repr(r.axes.get(k)) for r in records if r.arch == a}) > 1}
+        for a in {r.arch for r in records}
+    }
     lines = ["| " + " | ".join(head) + " | branch of @ tokens | selected | run_dir |", "|" + "---|" * (len(head) + 3)]
     for r in records:
         d = asdict(r)
@@ -104,8 +147,10 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
         cells += [_cell(c, d[c]) for c in cols[3:]]
         if r.under_trained:
             cells[-1] += " (under-trained)"
-        lines.append("| " + " | ".join(cells) + f" | {_branch_cell(r, root)} | {'*' if r.selected else ''} | "
-                     f"{_rel(r.run_dir, root)} |")
+        lines.append(
+            "| " + " | ".join(cells) + f" | {_branch_cell(r, root)} | {'*' if r.selected else ''} | "
+            f"{_rel(r.run_dir, root)} |"
+        )
     lines += ["", compute_line(records)]
     sel = select_runs(records, select, by)
     if sel.select:
@@ -115,8 +160,13 @@ def to_markdown(records: list[RunRecord], root: str | Path = "", select: Optiona
     return "\n".join(lines) + "\n"
 
 
-def write_tables(records: list[RunRecord], root: str | Path, out: str | Path,
-                 select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY) -> tuple[Path, Path]:
+def write_tables(
+    records: list[RunRecord],
+    root: str | Path,
+    out: str | Path,
+    select: Optional[str] = DEFAULT_SELECT,
+    by: str = DEFAULT_SELECT_BY,
+) -> tuple[Path, Path]:
     """runs.csv and runs.md under `out`; best-of-grid edge warnings also go to stderr."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

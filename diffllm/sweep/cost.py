@@ -8,6 +8,7 @@ prefix is the stable run's). So per (model, axes, seed) with budgets D_1 < ... <
     scratch = f x (D_1 + ... + D_k),   branch = f x (D_k + sum_{i<k} (D_i - S(D_i) x B)).
 GPU-hours = the planner's time for those tokens (FLOPs / (GPUs x peak x MFU), the plan checked to fit in memory) x GPUs:
 runs one after another on the whole cluster."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,17 +58,27 @@ class _Costs:
         axes = tuple((k, v) for k, v in run.axes if k.startswith(COST_PREFIXES))
         key = (run.model, axes)
         if key not in self._cache:
-            composed = compose("train", [f"model={run.model}", *self.cfg.overrides,
-                                         *(f"{k}={value_text(v)}" for k, v in axes)])
+            composed = compose(
+                "train", [f"model={run.model}", *self.cfg.overrides, *(f"{k}={value_text(v)}" for k, v in axes)]
+            )
             tc = TrainConfig.from_hydra(composed)
             batch = parse_count(tc.trainer.global_batch_tokens, "trainer.global_batch_tokens")
             fpt = model_stats(tc.model, tc.data.seq_len).flops_per_token
             per_token = None
             if self.cluster:
                 c = self.cluster
-                plan = make_plan(tc.model, PlanConfig(seq_len=tc.data.seq_len, global_batch_tokens=str(batch),
-                                                      tokens=str(batch), nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-                                                      gpu=c.gpu, mfu=c.mfu))
+                plan = make_plan(
+                    tc.model,
+                    PlanConfig(
+                        seq_len=tc.data.seq_len,
+                        global_batch_tokens=str(batch),
+                        tokens=str(batch),
+                        nodes=c.nodes,
+                        gpus_per_node=c.gpus_per_node,
+                        gpu=c.gpu,
+                        mfu=c.mfu,
+                    ),
+                )
                 per_token = plan.seconds * plan.world / plan.tokens
             self._cache[key] = (fpt, batch, tc.optim, per_token)
         return self._cache[key]
@@ -101,8 +112,13 @@ def totals(cfg: SweepConfig, cluster: Optional[Cluster] = None) -> list[Total]:
 
 def render(cfg: SweepConfig, result: list[Total], cluster: Optional[Cluster]) -> str:
     """One line per mode, then the ratio: what the dry run prints."""
-    where = (f" on {cluster.nodes} x {cluster.gpus_per_node} {lookup(cluster.gpu).name} ({cluster.nodes * cluster.gpus_per_node} "
-             f"GPUs, {cluster.mfu:.0%} MFU)" if cluster else "")
+    where = (
+        f" on {cluster.nodes} x {cluster.gpus_per_node} {lookup(cluster.gpu).name} "
+        f"({cluster.nodes * cluster.gpus_per_node} "
+        f"GPUs, {cluster.mfu:.0%} MFU)"
+        if cluster
+        else ""
+    )
     lines = [f"compute of sweep {cfg.name} in both budget modes (this config: budget_mode={cfg.budget_mode}){where}:"]
     for t in result:
         line = f"  {t.mode:<8} {t.runs:>4} runs  {t.tokens:>22,} tokens  {t.flops:.4g} FLOPs"

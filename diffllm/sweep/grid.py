@@ -9,6 +9,7 @@ Budget modes (`budget_mode`): `scratch` trains every budget from scratch; `branc
 diffllm/train/branch.py). A stable run and its cooldowns are one *family*: a shard runs whole families, and a
 family's cooldowns are launched after its stable run's multirun returned (the sweep runs its commands in order,
 stable runs of a seed before their cooldowns), so a cooldown never waits on another process."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -20,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..counts import parse_count
+from ..errors import UserError
 from ..model.accounting import model_stats
 from ..model.presets import load_preset
 from ..results import kaplan_n
 from ..runs import Run as RunDir
-from ..errors import UserError
 
 JOB_MODULE = "diffllm.sweep.job"
 BUDGET_MODES = ("scratch", "branch")
@@ -75,20 +76,24 @@ class SweepConfig:
                 raise UserError(f"{where}: values must be scalars (numbers, strings, null)")
         missing = [m for m in self.models if m not in self.tokens_by_model]
         if missing and not self.tokens and not self.tokens_per_param:
-            raise UserError(f"sweep.tokens: no budget for {missing[0]} (set tokens, tokens_per_param or "
-                             f"tokens_by_model)")
-
+            raise UserError(
+                f"sweep.tokens: no budget for {missing[0]} (set tokens, tokens_per_param or tokens_by_model)"
+            )
 
     def _check_budget_mode(self, overridden: dict[str, str]) -> None:
         if self.budget_mode not in BUDGET_MODES:
             raise UserError(f"sweep.budget_mode={self.budget_mode}: expected one of {', '.join(BUDGET_MODES)}")
         for key in BRANCH_KEYS:
             if key in overridden:
-                raise UserError(f"sweep.overrides: {key} is set by the sweep itself (sweep.budget_mode=branch "
-                                 f"makes the branches); remove it")
+                raise UserError(
+                    f"sweep.overrides: {key} is set by the sweep itself (sweep.budget_mode=branch "
+                    f"makes the branches); remove it"
+                )
         if self.budget_mode == "branch" and overridden.get("optim.schedule") != "wsd":
-            raise UserError("sweep.budget_mode=branch: branches need a warmup-stable-decay schedule; put "
-                             "optim.schedule=wsd in sweep.overrides")
+            raise UserError(
+                "sweep.budget_mode=branch: branches need a warmup-stable-decay schedule; put "
+                "optim.schedule=wsd in sweep.overrides"
+            )
 
 
 def axes_for(cfg: SweepConfig, model: str) -> dict[str, list[Any]]:
@@ -162,8 +167,11 @@ def budgets(cfg: SweepConfig, model: str, vocab_size: int | None = None) -> list
             if vocab_size:
                 mc.vocab_size = vocab_size
             s = model_stats(mc)
-            n = {"total": s.total_params, "nonembedding": s.nonembedding_params,
-                 "block": kaplan_n(s, mc.tie_embeddings)}[cfg.params]
+            n = {
+                "total": s.total_params,
+                "nonembedding": s.nonembedding_params,
+                "block": kaplan_n(s, mc.tie_embeddings),
+            }[cfg.params]
             raw += [int(k * n) for k in cfg.tokens_per_param]
     step = max(cfg.round_tokens_to, 1)
     return sorted({-(-t // step) * step for t in raw})
@@ -186,17 +194,19 @@ def plan_runs(cfg: SweepConfig, sweep_dir: str | Path, mode: str | None = None) 
         axes = axes_for(cfg, m)
         ordered = [k for k in keys if k in axes]
         tokens = budgets(cfg, m)
-        for t in ([tokens[-1]] if branch else tokens):
+        for t in [tokens[-1]] if branch else tokens:
             for combo in itertools.product(*(axes[k] for k in ordered)):
                 point = tuple(zip(ordered, combo))
-                base = lambda b: root / m / token_label(b) / (axes_label(point, keys) if point else "")  # noqa: E731
+                base = lambda b: root / m / token_label(b) / (axes_label(point, keys) if point else "")  # noqa: E731, B023 - called within this iteration
                 for s in cfg.seeds_by_model.get(m, cfg.seeds):
                     if not branch:
                         runs.append(Run(m, t, s, base(t) / f"seed{s}", point))
                         continue
                     stable = Run(m, t, s, base(t) / f"seed{s}", point, branch_budgets=tuple(tokens[:-1]))
-                    runs += [stable] + [Run(m, d, s, base(d) / f"seed{s}", point, parent=stable.run_dir,
-                                            parent_tokens=t) for d in tokens[:-1]]
+                    runs += [stable] + [
+                        Run(m, d, s, base(d) / f"seed{s}", point, parent=stable.run_dir, parent_tokens=t)
+                        for d in tokens[:-1]
+                    ]
     return runs
 
 
@@ -208,20 +218,22 @@ def shard_runs(runs: list[Run], shard: str | None) -> list[Run]:
     i, _, n = str(shard).partition("/")
     if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n)):
         raise UserError(f"shard={shard}: expected i/n with 0 <= i < n, e.g. shard=0/2")
-    families = list(dict.fromkeys(r.family for r in runs))[int(i)::int(n)]
+    families = list(dict.fromkeys(r.family for r in runs))[int(i) :: int(n)]
     mine = set(families)
     return [r for r in runs if r.family in mine]
 
 
-def multirun_commands(runs: list[Run], cfg: SweepConfig, sweep_dir: str | Path,
-                      launcher_overrides: list[str]) -> list[list[str]]:
+def multirun_commands(
+    runs: list[Run], cfg: SweepConfig, sweep_dir: str | Path, launcher_overrides: list[str]
+) -> list[list[str]]:
     """One Hydra multirun per (budget, seed, axis values[, branch budgets or parent budget]) over the models that still
     need it: `model=a,b,c`; seed by seed, so a sweep cut short has whole seeds; in branch mode a seed's stable runs
     before its cooldowns (`trainer.branch_from=<the stable run of the same model>`)."""
     groups: dict[tuple, list[str]] = defaultdict(list)
     for r in runs:
         groups[(r.seed, r.parent_tokens is not None, r.tokens, r.axes, r.branch_budgets, r.parent_tokens)].append(
-            r.model)
+            r.model
+        )
     keys = axis_keys(cfg)
     root = Path(sweep_dir)
 
@@ -230,15 +242,29 @@ def multirun_commands(runs: list[Run], cfg: SweepConfig, sweep_dir: str | Path,
 
     commands = []
     for (seed, cooldown, tokens, axes, branch_budgets, parent_tokens), models in sorted(
-            groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2], repr(g[0][3]))):
+        groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2], repr(g[0][3]))
+    ):
         tag = folder(tokens, axes).replace("/", "-") + f"-seed{seed}"
         branch = [f"trainer.branch_budgets=[{','.join(map(str, branch_budgets))}]"] if branch_budgets else []
         if cooldown:
             branch = [f'trainer.branch_from="{root}/${{model.name}}/{folder(parent_tokens, axes)}/seed{seed}"']
-        commands.append([
-            sys.executable, "-m", JOB_MODULE, "--multirun", f"model={','.join(models)}", f"trainer.tokens={tokens}",
-            f"seed={seed}", f"data.seed={seed}", f'run_dir="{root}/${{model.name}}/{folder(tokens, axes)}/seed{seed}"',
-            "trainer.resume=auto", *cfg.overrides, *(f"{k}={value_text(v)}" for k, v in axes), *branch,
-            f'hydra.sweep.dir="{root}/.multirun/{tag}"', *launcher_overrides,
-        ])
+        commands.append(
+            [
+                sys.executable,
+                "-m",
+                JOB_MODULE,
+                "--multirun",
+                f"model={','.join(models)}",
+                f"trainer.tokens={tokens}",
+                f"seed={seed}",
+                f"data.seed={seed}",
+                f'run_dir="{root}/${{model.name}}/{folder(tokens, axes)}/seed{seed}"',
+                "trainer.resume=auto",
+                *cfg.overrides,
+                *(f"{k}={value_text(v)}" for k, v in axes),
+                *branch,
+                f'hydra.sweep.dir="{root}/.multirun/{tag}"',
+                *launcher_overrides,
+            ]
+        )
     return commands

@@ -2,6 +2,7 @@
 Hydra composes the train config for each job (basic launcher: one after another here; submitit_slurm: one SLURM job
 each); the job skips a finished run and otherwise trains it in a child process (`python -m diffllm.train`, or
 `torchrun` across the job's nodes/GPUs under SLURM), so a failing run cannot end the sweep and memory is returned."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
     procs = int(env.get("SLURM_GPUS_ON_NODE", "1"))
     if nodes * procs == 1:
         return [sys.executable, "-m", "diffllm.train", *overrides]
-    head = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
-                          text=True, check=True).stdout.split()[0]
+    head = subprocess.run(
+        ["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
     cfg = LaunchConfig(nodes=nodes, procs=procs, rdzv_id=env.get("SLURM_JOB_ID", "diffllm"))
     return torchrun_argv(cfg, overrides, endpoint_host=head, executable=tool("torchrun"))
 
@@ -45,7 +47,9 @@ def _job(cfg: DictConfig) -> int:
     print(f"[diffllm.sweep] {run_dir}: {'resuming' if run_dir.exists() else 'starting'}", flush=True)
     code = subprocess.call(argv)
     if code:
-        print(f"[diffllm.sweep] {run_dir}: exit code {code} (rerun the sweep to resume it)", file=sys.stderr, flush=True)
+        print(
+            f"[diffllm.sweep] {run_dir}: exit code {code} (rerun the sweep to resume it)", file=sys.stderr, flush=True
+        )
     return code
 
 

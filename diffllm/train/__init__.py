@@ -2,6 +2,7 @@
 
 Entry points: `diffllm train` / `python -m diffllm.train` (app.py); the loop is diffllm.train.loop.Trainer,
 its hooks diffllm.train.hooks."""
+
 from .config import Budget, LoggingConfig, OptimConfig, TrainConfig, TrainerConfig, plan_budget
 
 __all__ = ["Budget", "LoggingConfig", "OptimConfig", "TrainConfig", "TrainerConfig", "plan_budget"]

@@ -1,6 +1,7 @@
 """`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app, its own keys
 (TrainKeys, beside the groups' dataclasses; all named in the registry entry, diffllm/cli/registry.py) and exit codes.
 The trainer is imported when the app runs, so that composing a train config (and --help) stays light."""
+
 from __future__ import annotations
 
 import logging
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ..errors import UserError
 from ..config import hydra_app
+from ..errors import UserError
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
 EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
@@ -49,9 +50,13 @@ def _app(cfg: DictConfig) -> None:
         if not lost_peer(e):
             raise
         why = str(e).strip().splitlines()[0][-160:] if str(e).strip() else type(e).__name__
-        print(f"[diffllm.train] error: rank {os.environ.get('RANK', '0')}: a collective failed because another rank "
-              f"ended or stopped answering ({why}); its log says why; this rank stops too (exit code "
-              f"{EXIT_PEER_LOST}); relaunch to resume from the last checkpoint", file=sys.stderr, flush=True)
+        print(
+            f"[diffllm.train] error: rank {os.environ.get('RANK', '0')}: a collective failed because another rank "
+            f"ended or stopped answering ({why}); its log says why; this rank stops too (exit code "
+            f"{EXIT_PEER_LOST}); relaunch to resume from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
         code = EXIT_PEER_LOST
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -9,10 +9,12 @@ and RNG draws of the D-step run. Its checkpoint at S(D) carries weights, optimiz
 resume machinery: resume.py, state.py), and the cooldown continues with lr_at(s, D) for s >= S(D). What would break
 this is refused in one line before anything is written: another lr, warmup, schedule, batch, seed, data or model than
 the parent's (resume.py `branch_source`: config.yaml key by key), a parent that is a branch itself, a budget beyond the
-parent's, or no checkpoint at S(D). The cooldown records its origin in branch.json (diffllm.runs) and in summary.json, and starts
+parent's, or no checkpoint at S(D). The cooldown records its origin in branch.json (diffllm.runs) and in summary.json,
+and starts
 its metrics.jsonl with the parent's records up to the branch step; a relaunch resumes its own checkpoints. The
 budget arithmetic (branch points, whole steps) is diffllm/budget.py's; a launch's branching is one `BranchPlan`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ class BranchPoints(Hook):
     def __init__(self, steps: set[int]):
         self.steps = steps
 
-    def on_step_end(self, run: "View", record: dict) -> None:
+    def on_step_end(self, run: View, record: dict) -> None:
         if run.state.step in self.steps:
             run.request_save()
 
@@ -62,5 +64,7 @@ class BranchPlan:
 
     def describe(self, say: Callable[[str], None]) -> None:
         r = self.source
-        say(f"branch: from {r['parent']} at step {r['step']} ({r['tokens']:,} of its {r['parent_tokens']:,} tokens; "
-            f"parent config {r['parent_config_hash']}): the cooldown starts here")
+        say(
+            f"branch: from {r['parent']} at step {r['step']} ({r['tokens']:,} of its {r['parent_tokens']:,} tokens; "
+            f"parent config {r['parent_config_hash']}): the cooldown starts here"
+        )

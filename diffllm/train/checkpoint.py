@@ -6,6 +6,7 @@ Layout: `step<N>/` (a DeepSpeed tag folder plus our `meta.json`), `latest` (the 
 only when every rank has finished writing does rank 0 publish it (diffllm.runs: Run.publish renames it and then
 replaces `latest` atomically), so a save killed half-way leaves `latest` pointing at the previous complete checkpoint.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import UserError
 from ..runs import Checkpoint, Run, damaged_checkpoint
 from .dist import barrier, rank
-from ..errors import UserError
 
 
 class CheckpointManager:
@@ -61,13 +62,28 @@ class CheckpointManager:
         if rank() == 0 and not (res.dir / out).is_dir():
             tmp = res.dir / f"tmp-{out}"
             shutil.rmtree(tmp, ignore_errors=True)
-            cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--inject_missing_state",
-                   "--num_extract_workers", "1", "--num_merge_workers", "1",
-                   "--input_folder", str(res.dir / res.tag), "--output_folder", str(tmp)]
-            print(f"checkpoint: converting {res.dir / res.tag} to a universal checkpoint (world size changed)", flush=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "deepspeed.checkpoint.ds_to_universal",
+                "--inject_missing_state",
+                "--num_extract_workers",
+                "1",
+                "--num_merge_workers",
+                "1",
+                "--input_folder",
+                str(res.dir / res.tag),
+                "--output_folder",
+                str(tmp),
+            ]
+            print(
+                f"checkpoint: converting {res.dir / res.tag} to a universal checkpoint (world size changed)", flush=True
+            )
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
-                raise RuntimeError(f"ds_to_universal failed on {res.dir / res.tag}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"ds_to_universal failed on {res.dir / res.tag}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+                )
             Run(res.dir.parent).publish_universal(res, tmp)
         barrier()
         return out
@@ -84,7 +100,10 @@ def set_rng_state(states: list[dict], my_rank: int) -> None:
     """Restore this rank's generators from the saving run's per-rank states; a rank the saving run did not have
     keeps its fresh seed, which is said, not hidden."""
     if my_rank >= len(states):
-        warnings.warn(f"rank {my_rank}: the checkpoint holds RNG states of {len(states)} ranks; this rank keeps its seed")
+        warnings.warn(
+            f"rank {my_rank}: the checkpoint holds RNG states of {len(states)} ranks; this rank keeps its seed",
+            stacklevel=2,
+        )
         return
     s = states[my_rank]
     random.setstate(s["python"])

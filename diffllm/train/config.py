@@ -1,5 +1,6 @@
 """Typed configs of the trainer (`trainer`, `optim`, `logging` groups) and `TrainConfig`, all of them together (the
 token-budget arithmetic is diffllm/budget.py's). A field's role on resume is its metadata (`resume`: see ROLES)."""
+
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field
@@ -37,6 +38,7 @@ def branch_free(default: Any = MISSING) -> Any:
     """A field of role branch (see ROLES)."""
     return field(default=default, metadata=BRANCH)
 
+
 PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -47,7 +49,8 @@ SPIKE_ACTIONS = ("log", "skip", "stop")
 @dataclass
 class EvalConfig:
     """In-loop evaluation (`trainer.eval`, run by diffllm/train/eval_hook.py): diffllm/eval's perplexity / bits per
-    byte on extra data configs, multi-needle retrieval and associative-recall accuracy, every `every` steps and/or after the last step.
+    byte on extra data configs, multi-needle retrieval and associative-recall accuracy, every `every` steps and/or
+    after the last step.
     Off by default; on when `every` > 0 or `at_end`, with at least one measure chosen."""
 
     every: int = 0  # steps between evaluations (0: none during training)
@@ -94,18 +97,31 @@ class EvalConfig:
             if not isinstance(name, str) or find_config("data", name) is None:
                 options = group_options("data")
                 near = difflib.get_close_matches(str(name), options, n=1, cutoff=0.5)
-                bad("ppl_data", f"unknown data config {name!r}" + (f" (did you mean {near[0]}?)" if near else
-                                                                    f" (options: {', '.join(options)})"))
+                bad(
+                    "ppl_data",
+                    f"unknown data config {name!r}"
+                    + (f" (did you mean {near[0]}?)" if near else f" (options: {', '.join(options)})"),
+                )
         if self.needle_n:
             from ..eval.needle import NeedleTask
 
             try:
-                NeedleTask(mode=self.needle_mode, n_needles=list(self.needle_n), queries=self.needle_queries,
-                           depths=list(self.needle_depths), trials=self.needle_trials).validate()
+                NeedleTask(
+                    mode=self.needle_mode,
+                    n_needles=list(self.needle_n),
+                    queries=self.needle_queries,
+                    depths=list(self.needle_depths),
+                    trials=self.needle_trials,
+                ).validate()
             except ValueError as e:  # its keys are NeedleTask's: name ours
                 key, _, why = str(e).partition("=")
-                names = {"n_needles": "needle_n", "depths": "needle_depths", "queries": "needle_queries",
-                         "trials": "needle_trials", "mode": "needle_mode"}
+                names = {
+                    "n_needles": "needle_n",
+                    "depths": "needle_depths",
+                    "queries": "needle_queries",
+                    "trials": "needle_trials",
+                    "mode": "needle_mode",
+                }
                 raise UserError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
         if self.recall_n:
             from ..eval.recall import RecallTask
@@ -117,8 +133,11 @@ class EvalConfig:
                 names = {"pairs": "recall_n", "length": "recall_length", "gap": "recall_gaps"}
                 raise UserError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
         if self.on and not (self.ppl_data or self.needle_n or self.recall_n):
-            bad("every" if self.every else "at_end", "in-loop evaluation is on but measures nothing: set "
-                "trainer.eval.ppl_data=[<data config>], trainer.eval.needle_n=[1,2] and/or trainer.eval.recall_n=[2,4]")
+            bad(
+                "every" if self.every else "at_end",
+                "in-loop evaluation is on but measures nothing: set "
+                "trainer.eval.ppl_data=[<data config>], trainer.eval.needle_n=[1,2] and/or trainer.eval.recall_n=[2,4]",
+            )
 
 
 @dataclass
@@ -175,7 +194,8 @@ class FaultsConfig:
 @dataclass
 class TrainerConfig:
     tokens: Tokens = branch_free(524288)  # training budget; the run stops exactly here
-    round_tokens: bool = operational(False)  # round a budget that is not a whole number of steps up to one (with a note)
+    # round a budget that is not a whole number of steps up to one (with a note)
+    round_tokens: bool = operational(False)
     global_batch_tokens: Tokens = 4096  # tokens per optimizer step, all ranks and micro-batches together
     micro_batch_size: int = branch_free(8)  # sequences per rank per forward/backward
     zero_stage: int = branch_free(2)  # DeepSpeed ZeRO stage 0-3
@@ -191,12 +211,17 @@ class TrainerConfig:
     save_every_steps: int = operational(32)  # 0: no step-based saves
     save_every_minutes: float = operational(10.0)  # 0: no time-based saves
     keep_last: int = operational(2)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
-    resume: str = operational("auto")  # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
-    branch_budgets: list = operational(factory=list)  # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
-    branch_from: Optional[str] = branch_free(None)  # a WSD run directory: start this run (its own budget) from its branch checkpoint
+    # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
+    resume: str = operational("auto")
+    # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
+    branch_budgets: list = operational(factory=list)
+    # a WSD run directory: start this run (its own budget) from its branch checkpoint
+    branch_from: Optional[str] = branch_free(None)
     max_nonfinite_in_a_row: int = branch_free(5)  # stop after this many consecutive skipped (non-finite) steps
     dist_timeout_minutes: float = operational(10.0)  # a collective waiting longer than this ends the job
-    stall_timeout_s: float = operational(900.0)  # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line naming the phase, thread stacks, exit code 5; 0 = off
+    # no progress in a step phase (data, forward/backward, all-reduce, optimizer, validation) for this long: one line
+    # naming the phase, thread stacks, exit code 5; 0 = off
+    stall_timeout_s: float = operational(900.0)
     deepspeed: dict = field(default_factory=dict)  # raw DeepSpeed keys, merged over the generated config
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # fault injection for tests (off by default)
     eval: EvalConfig = operational(factory=EvalConfig)  # in-loop evaluation (off by default)
@@ -231,8 +256,10 @@ class TrainerConfig:
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")
         if self.branch_from is not None and self.resume not in ("auto", "none"):
-            bad("branch_from", f"a branch starts from its parent's checkpoint, not trainer.resume={self.resume}: drop "
-                "one of the two")
+            bad(
+                "branch_from",
+                f"a branch starts from its parent's checkpoint, not trainer.resume={self.resume}: drop one of the two",
+            )
         if not isinstance(self.branch_budgets, (list, tuple)):
             bad("branch_budgets", f"expected a list of token budgets like [0.5M, 1M], got {self.branch_budgets!r}")
         for i, b in enumerate(self.branch_budgets):
@@ -267,8 +294,10 @@ class OptimConfig:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             bad("betas", f"expected two values in [0, 1), got {self.betas}")
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            bad("warmup_steps" if self.warmup_steps < 0 else "grad_clip" if self.grad_clip < 0 else "weight_decay",
-                "must be >= 0")
+            bad(
+                "warmup_steps" if self.warmup_steps < 0 else "grad_clip" if self.grad_clip < 0 else "weight_decay",
+                "must be >= 0",
+            )
         if not 0.0 <= self.decay_fraction <= 1.0:
             bad("decay_fraction", f"must lie in [0, 1], got {self.decay_fraction}")
 
@@ -298,8 +327,8 @@ class TrainConfig:
     trainer: TrainerConfig
     optim: OptimConfig
     logging: LoggingConfig = operational()
-    model: "ModelConfig"
-    data: "DataConfig"
+    model: ModelConfig
+    data: DataConfig
     seed: int = 1234
     run_dir: str = operational("runs/run")
 
@@ -310,15 +339,21 @@ class TrainConfig:
         return {**groups, "seed": self.seed, "run_dir": self.run_dir}
 
     @classmethod
-    def from_hydra(cls, cfg: "DictConfig") -> "TrainConfig":
+    def from_hydra(cls, cfg: DictConfig) -> TrainConfig:
         """Each group built and validated into its dataclass (a bad key or value is a one-line ValueError)."""
         from ..config import build
         from ..data import DataConfig
         from ..model import ModelConfig
 
-        out = cls(trainer=build(TrainerConfig, cfg.trainer, "trainer"), optim=build(OptimConfig, cfg.optim, "optim"),
-                  logging=build(LoggingConfig, cfg.logging, "logging"), model=build(ModelConfig, cfg.model, "model"),
-                  data=build(DataConfig, cfg.data, "data"), seed=int(cfg.seed), run_dir=str(cfg.run_dir))
+        out = cls(
+            trainer=build(TrainerConfig, cfg.trainer, "trainer"),
+            optim=build(OptimConfig, cfg.optim, "optim"),
+            logging=build(LoggingConfig, cfg.logging, "logging"),
+            model=build(ModelConfig, cfg.model, "model"),
+            data=build(DataConfig, cfg.data, "data"),
+            seed=int(cfg.seed),
+            run_dir=str(cfg.run_dir),
+        )
         for c in (out.trainer, out.optim, out.logging):
             c.validate()
         return out

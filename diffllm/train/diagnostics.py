@@ -4,7 +4,8 @@ records that are logged (metrics.jsonl, W&B, the progress line):
     <key>/<i>, <key>_min     each value the variant reports per layer from its parameters (`report()`; Diff V1:
                              lambda/<i>, lambda_min), read after the step's update, and its min over layers
     <key>/<i>                each forward-side value the variant probes (`probes()`; Diff V2: lambda_mean/<i>, the
-                             mean of sigmoid(lambda_proj(x)) over the step's tokens and heads), from the training forward
+                             mean of sigmoid(lambda_proj(x)) over the step's tokens and heads), from the training
+                             forward
     attn_rms/<i>             RMS of each block's attention output, sqrt(mean(out^2)), from the training forward
     act_max/<i>              the largest |activation| of each block's output (the residual stream after the block),
                              max over the step's micro-batches and ranks
@@ -26,6 +27,7 @@ gradient (about one all-reduce of the gradients per logged step). Reading the re
 attention modules' own parameters (Diff: the few lambda vectors) on every rank (a collective): every rank calls
 `collect` at the same steps, as it calls every hook.
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,21 +78,27 @@ class Diagnostics:
             return
         if self.compiled:
             if not self.noted_compiled:
-                self.say("note: attn_rms and the variant's probes (Diff V2: lambda_mean) are not logged: hooks inside torch.compile'd blocks "
-                         "(trainer.compile=true) are not reliably traced")
+                self.say(
+                    "note: attn_rms and the variant's probes (Diff V2: lambda_mean) are not logged: hooks inside "
+                    "torch.compile'd blocks "
+                    "(trainer.compile=true) are not reliably traced"
+                )
                 self.noted_compiled = True
             return
         self.sums, self.counts, self.maxes, self.grad_norms = {}, {}, {}, {}
         for i, attn in enumerate(self.attns):
             self.handles.append(attn.register_forward_hook(functools.partial(self._keep, f"attn_rms/{i}", rms)))
             if not self.zero3:
-                self.handles.append(attn.register_forward_hook(functools.partial(self._logits, f"attn_logit_max/{i}"),
-                                                               with_kwargs=True))
+                self.handles.append(
+                    attn.register_forward_hook(functools.partial(self._logits, f"attn_logit_max/{i}"), with_kwargs=True)
+                )
         for i, block in enumerate(self.blocks):
             self.handles.append(block.register_forward_hook(functools.partial(self._max, f"act_max/{i}")))
         if self.zero3 and not self.noted_zero3:
-            self.say("note: attn_logit_max is not logged under ZeRO-3 (recomputing q and k outside the attention "
-                     "module's forward would disturb ZeRO-3's parameter prefetch)")
+            self.say(
+                "note: attn_logit_max is not logged under ZeRO-3 (recomputing q and k outside the attention "
+                "module's forward would disturb ZeRO-3's parameter prefetch)"
+            )
             self.noted_zero3 = True
         for i, attn in enumerate(self.attns):
             for key, (module, fn) in attn.probes().items():
@@ -124,9 +132,9 @@ class Diagnostics:
         top = 0.0
         with torch.no_grad():
             for b in range(x.shape[0]):  # one sequence at a time: (H, T, T) scores, not (B, H, T, T)
-                rows = (cos[b:b + 1], sin[b:b + 1]) if cos.dim() == 3 else (cos, sin)
+                rows = (cos[b : b + 1], sin[b : b + 1]) if cos.dim() == 3 else (cos, sin)
                 seen = causal if docs is None else docs.mask[b, 0]  # (T, T) True = attended
-                scores, _ = module.scores(x[b:b + 1], *rows)  # (1, Hq, T, T): every softmax map, fp32
+                scores, _ = module.scores(x[b : b + 1], *rows)  # (1, Hq, T, T): every softmax map, fp32
                 top = max(top, float(scores.abs()[..., seen].max()))
         self.maxes[key] = top
 

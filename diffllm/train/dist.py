@@ -1,4 +1,5 @@
 """Process-group setup (torchrun, the deepspeed launcher, or a plain single process) and the few collectives we use."""
+
 from __future__ import annotations
 
 import importlib

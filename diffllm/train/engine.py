@@ -1,4 +1,6 @@
-"""The DeepSpeed side: its config generated from ours, and the model built and wrapped (ZeRO, checkpointing, compile)."""
+"""The DeepSpeed side: its config generated from ours, and the model built and wrapped (ZeRO, checkpointing,
+compile)."""
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +30,9 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def deepspeed_config(trainer: TrainerConfig, opt: OptimConfig, budget: Budget, precision: str,
-                     load_universal: bool = False) -> dict:
+def deepspeed_config(
+    trainer: TrainerConfig, opt: OptimConfig, budget: Budget, precision: str, load_universal: bool = False
+) -> dict:
     """Our config -> DeepSpeed's. `trainer.deepspeed` (raw DeepSpeed keys) is merged over the result, last."""
     zero: dict = {"stage": trainer.zero_stage}
     if trainer.offload_optimizer:
@@ -79,8 +82,15 @@ def build_model(cfg: ModelConfig, ds_config: dict, seed: int, weights: Optional[
     return model
 
 
-def build_engine(cfg: ModelConfig, trainer: TrainerConfig, opt: OptimConfig, ds_config: dict, seed: int,
-                 gate: UpdateGate, weights: Optional[dict] = None):
+def build_engine(
+    cfg: ModelConfig,
+    trainer: TrainerConfig,
+    opt: OptimConfig,
+    ds_config: dict,
+    seed: int,
+    gate: UpdateGate,
+    weights: Optional[dict] = None,
+):
     """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it, which asks
     `gate` whether to drop each update."""
     import deepspeed

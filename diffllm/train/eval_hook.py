@@ -14,6 +14,7 @@ that step. Every rank runs every forward (ZeRO-3 gathers parameters collectively
 only rank 0 writes. Nothing here draws from the global RNGs (they are forked around the evaluation all the same) or
 touches the training data stream; the model runs in eval mode without gradients and goes back to train mode.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,13 +22,13 @@ from typing import Mapping, Optional
 
 import torch
 
+from ..errors import UserError
 from ..eval.needle import NeedleTask, haystack_tokens, needle_accuracy, task_prompts
 from ..eval.ppl import perplexity, score_sets
 from ..eval.recall import RecallTask, recall_accuracy
 from ..eval.recall import task_prompts as recall_prompts
 from .config import EvalConfig
 from .hooks import Hook, View
-from ..errors import UserError
 
 
 class _Forward:
@@ -62,8 +63,16 @@ class InLoopEval(Hook):
         if self.seq_len > model_len:
             raise UserError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
         for name in c.ppl_data:  # what `diffllm eval ppl data=<name>` scores: held-out windows or whole sources
-            sets = score_sets(None, name, self.tok, self.seq_len, c.batch_size, c.ppl_max_tokens,
-                              doc_mask=self.doc_mask, restart_positions=self.restart_positions)
+            sets = score_sets(
+                None,
+                name,
+                self.tok,
+                self.seq_len,
+                c.batch_size,
+                c.ppl_max_tokens,
+                doc_mask=self.doc_mask,
+                restart_positions=self.restart_positions,
+            )
             for s in sets:
                 key = name if len(sets) == 1 else f"{name}/{s.name}"
                 self.ppl_sets[key] = ([b.to(view.device) for b in s.batches], s.n_bytes)
@@ -71,9 +80,16 @@ class InLoopEval(Hook):
             length = c.needle_length or self.seq_len
             if length > model_len:
                 raise UserError(f"trainer.eval.needle_length={length}: longer than the model's context ({model_len})")
-            self.needle = NeedleTask(mode=c.needle_mode, n_needles=list(c.needle_n), queries=c.needle_queries,
-                                     depths=list(c.needle_depths), lengths=[length], trials=c.needle_trials,
-                                     seed=c.needle_seed, batch_size=c.batch_size)
+            self.needle = NeedleTask(
+                mode=c.needle_mode,
+                n_needles=list(c.needle_n),
+                queries=c.needle_queries,
+                depths=list(c.needle_depths),
+                lengths=[length],
+                trials=c.needle_trials,
+                seed=c.needle_seed,
+                batch_size=c.batch_size,
+            )
             if c.needle_mode == "text":  # real text: the run's own held-out documents
                 self.haystack = haystack_tokens(self.run_config, None, self.tok, 4 * length)
             try:  # prompts that cannot be built fail now, not after the first `every` steps
@@ -81,12 +97,21 @@ class InLoopEval(Hook):
             except ValueError as e:
                 raise UserError(f"trainer.eval.needle_length={length}: {str(e).removeprefix('lengths: ')}") from None
         if c.recall_n:  # no bootstrap in the loop: the curve is the accuracies
-            self.recall = RecallTask(n=list(c.recall_n), gaps=list(c.recall_gaps), lengths=[c.recall_length],
-                                     trials=c.recall_trials, seed=c.recall_seed, batch_size=c.batch_size, bootstrap=0)
+            self.recall = RecallTask(
+                n=list(c.recall_n),
+                gaps=list(c.recall_gaps),
+                lengths=[c.recall_length],
+                trials=c.recall_trials,
+                seed=c.recall_seed,
+                batch_size=c.batch_size,
+                bootstrap=0,
+            )
             try:
                 recall_prompts(self.recall, self.tok, model_len)
             except ValueError as e:
-                raise UserError(f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}") from None
+                raise UserError(
+                    f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}"
+                ) from None
 
     def on_step_end(self, view: View, record: Mapping) -> None:
         c, step = self.cfg, view.state.step
@@ -125,8 +150,11 @@ class InLoopEval(Hook):
 
 def eval_line(rec: dict) -> str:
     """`eval step 32: shakespeare loss 5.1234 bpb 1.8765 | needle n1 0.50 n2 0.25 | recall n2 0.50 | 3.1 s`."""
-    parts = [f"{k[len('eval/ppl/'):-len('/loss')]} loss {v:.4f} bpb {rec[k[:-len('loss')] + 'bpb']:.4f}"
-             for k, v in rec.items() if k.startswith("eval/ppl/") and k.endswith("/loss")]
+    parts = [
+        f"{k[len('eval/ppl/') : -len('/loss')]} loss {v:.4f} bpb {rec[k[: -len('loss')] + 'bpb']:.4f}"
+        for k, v in rec.items()
+        if k.startswith("eval/ppl/") and k.endswith("/loss")
+    ]
     for task in ("needle", "recall"):
         accs = [f"{k.split('/')[2]} {v:.2f}" for k, v in rec.items() if k.startswith(f"eval/{task}/n")]
         if accs:

@@ -1,5 +1,6 @@
 """Fault injection (`trainer.faults`), a hook: the failures that the watchdog, non-finite, spike and signal tests need,
 made at chosen steps (on rank 0, or on every rank for a spike), outside the step body."""
+
 from __future__ import annotations
 
 import threading

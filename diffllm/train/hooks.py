@@ -20,6 +20,7 @@ Every rank calls every hook at the same points, so a hook may run collectives (f
 all-reduce); work that only rank 0 must do checks `view.rank == 0`. A hook must not draw from the global RNGs
 (python, numpy, torch) during training: the checkpointed RNG states would then differ from an uninterrupted run's.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,11 +49,11 @@ MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss`
 class View:
     """What a hook sees of the run (the Trainer makes one after setup; a test makes its own)."""
 
-    state: "TrainState"  # the counters: step (done so far), tokens, ...
-    budget: "Budget"
+    state: TrainState  # the counters: step (done so far), tokens, ...
+    budget: Budget
     rank: int
     world_size: int
-    run: "Run"  # the run directory
+    run: Run  # the run directory
     model: Callable[[], Any]  # the DeepSpeed engine (its .module: the DecoderLM)
     log: Callable[[dict], None]  # a record of its own (rank 0 writes it, after the step's record)
     request_save: Callable[..., None]  # request_save(agree=False)
@@ -63,7 +64,7 @@ class View:
     failing: Callable[[], bool] = lambda: False  # too many non-finite steps in a row: the loop stops after this step
 
 
-def lm_loss(model, batch: "Batch", reduction: str = "mean") -> torch.Tensor:
+def lm_loss(model, batch: Batch, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32 (float64 logits stay float64): the
     one loss of training and validation. With document ids the model attends within documents. With a loss mask
     (data.loss_on=marked) only the marked targets count: their sum, or for "mean" their sum / their count (0 for
@@ -150,7 +151,7 @@ class Validation:
     named lists of Batches; the main one is "val". The loss is per counted target token (with data.loss_on=marked:
     the marked ones)."""
 
-    def __init__(self, sets: dict[str, list["Batch"]], every: int):
+    def __init__(self, sets: dict[str, list[Batch]], every: int):
         self.sets, self.every = sets, every
 
     def due(self, view: View) -> bool:
@@ -162,12 +163,14 @@ class Validation:
         losses = {name: self.evaluate(view, batches) for name, batches in self.sets.items()}
         main = losses.get(MAIN_VAL, next(iter(losses.values())))
         view.state.last_val_loss = main
-        view.say(f"step {view.state.step}: val_loss {main:.4f}" + "".join(
-            f", {name} {v:.4f}" for name, v in losses.items() if name != MAIN_VAL))
+        view.say(
+            f"step {view.state.step}: val_loss {main:.4f}"
+            + "".join(f", {name} {v:.4f}" for name, v in losses.items() if name != MAIN_VAL)
+        )
         return losses
 
     @torch.no_grad()
-    def evaluate(self, view: View, batches: list["Batch"]) -> float:
+    def evaluate(self, view: View, batches: list[Batch]) -> float:
         """Mean token loss over `batches`, split over ranks. Every rank runs the same number of forwards (ZeRO-3
         gathers parameters collectively), padding with a zero-weight batch where its share is short."""
         engine, r, ws = view.model(), view.rank, view.world_size
@@ -227,10 +230,15 @@ class StepMetrics(Hook):
         finite = [x for x in self.window_losses if x is not None]
         tokens_per_s = len(self.window_losses) * b.global_batch_tokens / max(self.window_t, 1e-9)
         self.window_t, self.window_losses = 0.0, []
-        out = dict(loss_mean=sum(finite) / len(finite) if finite else None, tokens_per_s=tokens_per_s,
-                   mfu=mfu(tokens_per_s / view.world_size, self.flops_per_token, self.peak),
-                   skipped_steps=s.skipped_steps, spikes=s.spikes.spikes, time=round(time.time(), 3),
-                   elapsed_s=round(view.elapsed(), 3))
+        out = dict(
+            loss_mean=sum(finite) / len(finite) if finite else None,
+            tokens_per_s=tokens_per_s,
+            mfu=mfu(tokens_per_s / view.world_size, self.flops_per_token, self.peak),
+            skipped_steps=s.skipped_steps,
+            spikes=s.spikes.spikes,
+            time=round(time.time(), 3),
+            elapsed_s=round(view.elapsed(), 3),
+        )
         if record["loss"] is None:
             out["nonfinite"] = True
         return out

@@ -3,6 +3,7 @@ preemption, non-finite steps and spikes. The step is step.py's `Step`; what happ
 metrics, diagnostics, in-loop evaluation, fault injection, save timing, branch points, a user's own) are hooks that see
 a `View` (hooks.py) and return what they add to the step's record, which one writer logs last (metrics.py); where a
 run continues from is resume.py's plan; what a checkpoint holds is state.py's Resumable; every save is `save`'s."""
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,10 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
         if self.run_obj.dir != self.run_dir:
-            raise UserError(f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
-                            f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?")
+            raise UserError(
+                f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
+                f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?"
+            )
         self.state, self.asks, self.spikes = TrainState(), Asks(StopFlag()), SpikeGuard(cfg.trainer.spikes)
         self.watchdog = Watchdog(cfg.trainer.stall_timeout_s, rank=int(os.environ.get("RANK", "0")))
         self.saved_step = -1
@@ -85,8 +88,10 @@ class Trainer:
             self.state = TrainState.from_dict(plan.saved["train_state"])
             if self.rank == 0:
                 self.run_obj.remove_partial()  # saves that never completed (never published) are no part of it
-            say(f"{plan.checkpoint.path}: the finished run's last checkpoint (step {self.state.step}, "
-                f"{self.state.tokens:,} tokens; summary.json)")
+            say(
+                f"{plan.checkpoint.path}: the finished run's last checkpoint (step {self.state.step}, "
+                f"{self.state.tokens:,} tokens; summary.json)"
+            )
             return plan
         tok, data, trainer = plan.tokenizer, cfg.data, cfg.trainer
         self.stats = model_stats(cfg.model, data.seq_len)
@@ -97,8 +102,16 @@ class Trainer:
         if len(resolve_sources(data, val=True)) > 1:  # several held-out sources: a loss for each as well
             sets.update(build_val_sets(data, tok, batch, n_val))
         self.validation = Validation(sets, trainer.val_every)
-        self.resumable = Resumable(self.state, self.loader, cfg.resolved, cfg.model, self.ws, trainer.zero_stage,
-                                   cfg.optim.schedule, self.budget.steps)
+        self.resumable = Resumable(
+            self.state,
+            self.loader,
+            cfg.resolved,
+            cfg.model,
+            self.ws,
+            trainer.zero_stage,
+            cfg.optim.schedule,
+            self.budget.steps,
+        )
         if plan.saved is not None:
             self.resumable.check(plan.saved)  # e.g. a world size its data streams cannot take: before any write
         if self.rank == 0:
@@ -108,10 +121,20 @@ class Trainer:
         barrier()
         self.ckpt = CheckpointManager(self.run_dir, trainer.keep_last, plan.branches.pinned_tags())
         ds_config = deepspeed_config(trainer, cfg.optim, self.budget, self.precision, plan.universal)
-        self.engine, optimizer = build_engine(cfg.model, trainer, cfg.optim, ds_config, cfg.seed, UpdateGate(),
-                                              plan.weights)
-        self.step = Step(self.engine, optimizer, self.loader, self.spikes, self.budget, cfg.optim, trainer.zero_stage,
-                         self.device, self.watchdog)
+        self.engine, optimizer = build_engine(
+            cfg.model, trainer, cfg.optim, ds_config, cfg.seed, UpdateGate(), plan.weights
+        )
+        self.step = Step(
+            self.engine,
+            optimizer,
+            self.loader,
+            self.spikes,
+            self.budget,
+            cfg.optim,
+            trainer.zero_stage,
+            self.device,
+            self.watchdog,
+        )
         if plan.checkpoint is not None:
             self.load(plan)
         else:
@@ -119,17 +142,35 @@ class Trainer:
         if self.rank == 0:  # a self-contained run directory: config and tokenizer
             self.run_obj.write_tokenizer(tok.tk.to_str())
             self.run_obj.write_config(cfg.resolved)
-        self.view = View(self.state, self.budget, self.rank, self.ws, self.run_obj, model=lambda: self.engine,
-                         log=self.log, request_save=self.asks.request_save, say=say, device=self.device,
-                         beat=self.watchdog.beat, elapsed=self.elapsed, failing=lambda: self.failing)
+        self.view = View(
+            self.state,
+            self.budget,
+            self.rank,
+            self.ws,
+            self.run_obj,
+            model=lambda: self.engine,
+            log=self.log,
+            request_save=self.asks.request_save,
+            say=say,
+            device=self.device,
+            beat=self.watchdog.beat,
+            elapsed=self.elapsed,
+            failing=lambda: self.failing,
+        )
         peak = cfg.logging.peak_tflops or peak_tflops(device_name())
-        built_in = [Summary(), StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
-                    DiagnosticsHook(trainer.log_every), *eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved),
-                    *fault_hooks(trainer.faults), Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
-                    *plan.branches.hooks()]
+        built_in = [
+            Summary(),
+            StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
+            DiagnosticsHook(trainer.log_every),
+            *eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved),
+            *fault_hooks(trainer.faults),
+            Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
+            *plan.branches.hooks(),
+        ]
         self.hooks = Hooks([*built_in, *self.extra_hooks], self.view)
-        self.writer = MetricsWriter(self.rank, trainer.log_every, self.budget.steps, self.budget.tokens,
-                                    self.budget.global_batch_tokens)
+        self.writer = MetricsWriter(
+            self.rank, trainer.log_every, self.budget.steps, self.budget.tokens, self.budget.global_batch_tokens
+        )
         return plan
 
     def load(self, plan: ResumePlan) -> None:
@@ -140,8 +181,12 @@ class Trainer:
         self.resumable.restore(saved, self.rank)  # raises, naming the problem, if the data cannot resume exactly
         self.state = self.resumable.state
         res = plan.checkpoint
-        how = (f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.zero_stage} -> "
-               f"{self.cfg.trainer.zero_stage})" if plan.universal else "checkpoint")
+        how = (
+            f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.zero_stage} -> "
+            f"{self.cfg.trainer.zero_stage})"
+            if plan.universal
+            else "checkpoint"
+        )
         say(f"resumed from {how} {res.dir / tag}: step {self.state.step}, {self.state.tokens:,} tokens")
         if plan.branches.source is not None:  # its own run: its own W&B run, not the parent's
             self.state.wandb_id = all_gather_object(new_run_id())[0]
@@ -168,8 +213,10 @@ class Trainer:
         self.hooks.call("on_save", tag)
 
     def say_at_budget(self) -> None:
-        say(f"the run is already at its budget ({self.budget.tokens:,} tokens): raise trainer.tokens to train on, or "
-            f"trainer.resume=none to start afresh")
+        say(
+            f"the run is already at its budget ({self.budget.tokens:,} tokens): raise trainer.tokens to train on, or "
+            f"trainer.resume=none to start afresh"
+        )
 
     # ----- the run -----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -203,8 +250,9 @@ class Trainer:
 
     def loop(self) -> int:
         b, s = self.budget, self.state
-        self.writer.open(self.run_dir, s.step, lambda: open_wandb(self.cfg.logging, self.run_dir, s.wandb_id,
-                                                                  self.cfg.resolved), say)
+        self.writer.open(
+            self.run_dir, s.step, lambda: open_wandb(self.cfg.logging, self.run_dir, s.wandb_id, self.cfg.resolved), say
+        )
         self.validate(record=s.step == 0)  # a resumed run's step was validated and recorded before
         self.hooks.call("on_start")
         self.writer.flush()
@@ -246,13 +294,21 @@ class Trainer:
             self.hooks.call("on_finish", summary_of(self.cfg, self.budget, self.stats, self.precision, s, self.run_obj))
         elif code == EXIT_NONFINITE:
             last = self.run_obj.latest()
-            say(f"error: {s.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (step {s.step}); "
+            say(
+                f"error: {s.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (step {s.step}); "
                 f"stopping (trainer.max_nonfinite_in_a_row={t.max_nonfinite_in_a_row}); the last "
-                f"checkpoint: {last.path if last else 'none'} (exit code {EXIT_NONFINITE})", error=True)
+                f"checkpoint: {last.path if last else 'none'} (exit code {EXIT_NONFINITE})",
+                error=True,
+            )
         elif code == EXIT_SPIKES:
             saved = self.ckpt.dir / f"step{s.step}"
-            say(f"error: {self.spikes.stopping()} at step {s.step}; stopping after saving {saved} (exit code "
-                f"{EXIT_SPIKES}); relaunch to continue past the spike", error=True)
+            say(
+                f"error: {self.spikes.stopping()} at step {s.step}; stopping after saving {saved} (exit code "
+                f"{EXIT_SPIKES}); relaunch to continue past the spike",
+                error=True,
+            )
         else:
-            say(f"stopped by {self.asks.stop.received or 'a signal on another rank'} at step {s.step}; "
-                f"relaunch the same command to continue (exit code {EXIT_PREEMPTED})")
+            say(
+                f"stopped by {self.asks.stop.received or 'a signal on another rank'} at step {s.step}; "
+                f"relaunch the same command to continue (exit code {EXIT_PREEMPTED})"
+            )

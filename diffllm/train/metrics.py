@@ -1,5 +1,6 @@
 """Honest throughput metrics: dense bf16 peaks looked up by device name, MFU, the progress line, and the one writer of
 metrics.jsonl and W&B (MetricsWriter)."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,11 @@ from ..runs import METRICS_FILE, Run
 
 
 def device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") == "cuda" else "cpu"
+    return (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") == "cuda"
+        else "cpu"
+    )
 
 
 def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak: Optional[float]) -> Optional[float]:
@@ -43,9 +48,11 @@ def progress_line(rec: dict, steps: int, budget_tokens: int, eta_s: float) -> st
     skipped = f" | skipped {rec['skipped_steps']}" if rec.get("skipped_steps") else ""
     lam = f" | λmin {rec['lambda_min']:.3f}" if rec.get("lambda_min") is not None else ""
     spike = f" | SPIKE {rec['spike']} (spikes {rec['spikes']})" if rec.get("spike") else ""
-    return (f"step {rec['step']}/{steps} | tokens {human(rec['tokens'])}/{human(budget_tokens)} | loss {loss} | "
-            f"lr {rec['lr']:.3e} | gnorm {gnorm} | {human(rec['tokens_per_s'])} tok/s | MFU {util} | "
-            f"ETA {duration(eta_s)}{skipped}{spike}{lam}")
+    return (
+        f"step {rec['step']}/{steps} | tokens {human(rec['tokens'])}/{human(budget_tokens)} | loss {loss} | "
+        f"lr {rec['lr']:.3e} | gnorm {gnorm} | {human(rec['tokens_per_s'])} tok/s | MFU {util} | "
+        f"ETA {duration(eta_s)}{skipped}{spike}{lam}"
+    )
 
 
 def finite_or_none(x: Optional[float]) -> Optional[float]:

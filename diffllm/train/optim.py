@@ -1,5 +1,6 @@
 """AdamW with decay/no-decay parameter groups, and a step that is skipped on every rank when gradients are non-finite
 or its UpdateGate drops the update (a non-finite loss, a spike)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout)
 checkpoint's architecture and ZeRO layout, a finished run's config, a branch's config against its parent's, the run's
 own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
 (a finished run is never changed, at any world size)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,9 +59,11 @@ def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
     if own is not None and ((run.config() or {}).get("trainer") or {}).get("resume") == mode:
         return own  # this run was started from `mode` by the same command: continue it
     have = ", ".join(p.name for p in run.files())
-    raise UserError(f"trainer.resume={mode}: run_dir={run.dir} already holds another run ({have}); continuing a "
-                     f"checkpoint of another run there would mix the two: use a new run_dir (or move run_dir's files "
-                     f"away first)")
+    raise UserError(
+        f"trainer.resume={mode}: run_dir={run.dir} already holds another run ({have}); continuing a "
+        f"checkpoint of another run there would mix the two: use a new run_dir (or move run_dir's files "
+        f"away first)"
+    )
 
 
 def check_model(ckpt: Checkpoint, model_cfg: ModelConfig) -> None:
@@ -69,8 +72,10 @@ def check_model(ckpt: Checkpoint, model_cfg: ModelConfig) -> None:
     saved, ours, runtime = ckpt.meta.get("model", {}), asdict(model_cfg), keys_with(model_cfg, "kept", "label")
     for key in sorted(set(saved) | set(ours)):
         if key not in runtime and saved.get(key) != ours.get(key):
-            raise UserError(f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
-                             f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh")
+            raise UserError(
+                f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
+                f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh"
+            )
 
 
 def needs_universal(ckpt: Checkpoint, world_size: int, zero_stage: int) -> bool:
@@ -80,8 +85,10 @@ def needs_universal(ckpt: Checkpoint, world_size: int, zero_stage: int) -> bool:
     if saved == (world_size, zero_stage):
         return False
     if saved[1] == 0:
-        raise UserError(f"trainer.zero_stage: {ckpt.path} was saved with ZeRO-0 on {saved[0]} rank(s), which cannot "
-                         f"be resharded; resume it with trainer.zero_stage=0 on {saved[0]} rank(s)")
+        raise UserError(
+            f"trainer.zero_stage: {ckpt.path} was saved with ZeRO-0 on {saved[0]} rank(s), which cannot "
+            f"be resharded; resume it with trainer.zero_stage=0 on {saved[0]} rank(s)"
+        )
     return True
 
 
@@ -98,38 +105,51 @@ def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...]) -> list[str]:
     """`key (old -> new)` for every config key that differs, but those under `ignore`."""
     old, new = flatten(saved), flatten(now)
     skip = lambda k: any(k == i or k.startswith(i + ".") for i in ignore)  # noqa: E731
-    return [f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in sorted(set(old) | set(new))
-            if not skip(k) and old.get(k) != new.get(k)]
+    return [
+        f"{k} ({old.get(k)!r} -> {new.get(k)!r})"
+        for k in sorted(set(old) | set(new))
+        if not skip(k) and old.get(k) != new.get(k)
+    ]
 
 
-def check_finished_unchanged(run: Run, saved_config: dict, cfg: "TrainConfig") -> None:
+def check_finished_unchanged(run: Run, saved_config: dict, cfg: TrainConfig) -> None:
     """A finished run's result is final: relaunching it with a different config (operational keys aside) is an
     error naming the keys."""
     changed = changed_keys(saved_config, cfg.resolved, keys_with(cfg, "operational"))
     if changed:
-        raise UserError(f"run_dir={run.dir} holds a finished run (summary.json) whose config differs: "
-                         f"{'; '.join(changed)}; its result is not rewritten: use another run_dir, or "
-                         f"trainer.resume=none to train afresh there")
+        raise UserError(
+            f"run_dir={run.dir} holds a finished run (summary.json) whose config differs: "
+            f"{'; '.join(changed)}; its result is not rewritten: use another run_dir, or "
+            f"trainer.resume=none to train afresh there"
+        )
 
 
 def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> None:
     """A tokenizer passed with data.tokenizer.path must be the one the run was trained with."""
     if configured is not None and configured.fingerprint != kept.fingerprint:
-        raise UserError(f"data.tokenizer.path={configured_path}: not the tokenizer this run was trained with "
-                         f"({kept.origin}, vocab {kept.vocab_size}); a resumed run keeps its own tokenizer: drop "
-                         f"data.tokenizer.path, or use another run_dir")
+        raise UserError(
+            f"data.tokenizer.path={configured_path}: not the tokenizer this run was trained with "
+            f"({kept.origin}, vocab {kept.vocab_size}); a resumed run keeps its own tokenizer: drop "
+            f"data.tokenizer.path, or use another run_dir"
+        )
 
 
 def note_changes(saved: dict, config: dict, say: Callable[[str], None]) -> None:
     """A resumed run may change its budget, learning rate, schedule or data: each change is said, not refused."""
-    for group, key in (("trainer", "tokens"), ("trainer", "global_batch_tokens"), ("optim", "lr"),
-                       ("optim", "schedule"), ("optim", "warmup_steps"), ("data", "name")):
+    for group, key in (
+        ("trainer", "tokens"),
+        ("trainer", "global_batch_tokens"),
+        ("optim", "lr"),
+        ("optim", "schedule"),
+        ("optim", "warmup_steps"),
+        ("data", "name"),
+    ):
         old, new = saved.get(group, {}).get(key), config[group].get(key)
         if old != new:
             say(f"note: {group}.{key} changed since the checkpoint ({old} -> {new}); the run continues with {new}")
 
 
-def check_prefix(parent: dict, cfg: "TrainConfig", src: str) -> None:
+def check_prefix(parent: dict, cfg: TrainConfig, src: str) -> None:
     """The first config key (sorted) that differs from the parent's, the keys a branch may set otherwise (roles
     operational and branch: they change neither what was computed before the branch point nor how) aside: a one-line
     error."""
@@ -139,13 +159,16 @@ def check_prefix(parent: dict, cfg: "TrainConfig", src: str) -> None:
     changed = changed_keys(parent, cfg.resolved, free)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise UserError(f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
-                         f"branch shares its parent's schedule, data and model up to the branch point: use the "
-                         f"parent's value, or train from scratch")
+        raise UserError(
+            f"trainer.branch_from={src}: {changed[0]} differs from the parent run's config{more}; a "
+            f"branch shares its parent's schedule, data and model up to the branch point: use the "
+            f"parent's value, or train from scratch"
+        )
 
 
-def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
-                  steps: int) -> tuple[Optional[Checkpoint], Optional[dict]]:
+def branch_source(
+    cfg: TrainConfig, run: Run, own: Optional[Checkpoint], steps: int
+) -> tuple[Optional[Checkpoint], Optional[dict]]:
     """Where a launch with trainer.branch_from starts -> (checkpoint, branch record). `own`: run_dir's latest
     checkpoint (trainer.resume=auto): a relaunched branch resumes it (record None). Otherwise the parent's
     checkpoint at S(steps) and the record for branch.json: parent, step, tokens, parent_config_hash."""
@@ -154,36 +177,50 @@ def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
     if own is not None:
         kept = run.branch()
         if kept is None or Path(kept["parent"]).resolve() != parent.dir.resolve():
-            raise UserError(f"trainer.branch_from={src}: run_dir={run.dir} already holds another run ("
-                             f"{'a branch of ' + kept['parent'] if kept else 'not a branch'}); use a new run_dir")
+            raise UserError(
+                f"trainer.branch_from={src}: run_dir={run.dir} already holds another run ("
+                f"{'a branch of ' + kept['parent'] if kept else 'not a branch'}); use a new run_dir"
+            )
         return own, None
     if parent.dir.resolve() == run.dir.resolve():
-        raise UserError(f"trainer.branch_from={src}: the branch's own run_dir; a branch is its own run: use "
-                         f"another run_dir")
+        raise UserError(
+            f"trainer.branch_from={src}: the branch's own run_dir; a branch is its own run: use another run_dir"
+        )
     pconf = parent.config() if parent.dir.is_dir() else None
     if pconf is None:
-        raise UserError(f"trainer.branch_from={src}: not a run directory (no config.yaml); pass the run_dir of a "
-                         f"WSD run")
+        raise UserError(
+            f"trainer.branch_from={src}: not a run directory (no config.yaml); pass the run_dir of a WSD run"
+        )
     if (pconf.get("trainer") or {}).get("branch_from"):
-        raise UserError(f"trainer.branch_from={src}: a branch itself (of {pconf['trainer']['branch_from']}); branch "
-                         f"from that run")
+        raise UserError(
+            f"trainer.branch_from={src}: a branch itself (of {pconf['trainer']['branch_from']}); branch from that run"
+        )
     if cfg.optim.schedule != "wsd":
         raise UserError(f"trainer.branch_from={src}: needs optim.schedule=wsd (got {cfg.optim.schedule})")
     check_prefix(pconf, cfg, src)
     batch = parse_count(cfg.trainer.global_batch_tokens, "trainer.global_batch_tokens")
     parent_steps = -(-parse_count(pconf["trainer"]["tokens"], "trainer.tokens") // batch)
     if steps > parent_steps:
-        raise UserError(f"trainer.tokens={cfg.trainer.tokens}: beyond the budget of trainer.branch_from={src} "
-                         f"({steps} > {parent_steps} steps); a branch decays before its parent does")
+        raise UserError(
+            f"trainer.tokens={cfg.trainer.tokens}: beyond the budget of trainer.branch_from={src} "
+            f"({steps} > {parent_steps} steps); a branch decays before its parent does"
+        )
     check_after_warmup(steps, cfg.optim, "trainer.tokens", cfg.trainer.tokens)
     step = decay_start(steps, cfg.optim)
     if step not in parent.steps():
         have = ", ".join(map(str, parent.steps())) or "none"
-        raise UserError(f"trainer.branch_from={src}: no checkpoint at step {step}, where a budget of "
-                         f"{steps * batch} tokens begins to decay (its checkpoints: steps {have}); train the parent "
-                         f"with {steps * batch} in trainer.branch_budgets")
-    record = {"parent": str(parent.dir.resolve()), "step": step, "tokens": step * batch,
-              "parent_tokens": parent_steps * batch, "parent_config_hash": config_hash(pconf)}
+        raise UserError(
+            f"trainer.branch_from={src}: no checkpoint at step {step}, where a budget of "
+            f"{steps * batch} tokens begins to decay (its checkpoints: steps {have}); train the parent "
+            f"with {steps * batch} in trainer.branch_budgets"
+        )
+    record = {
+        "parent": str(parent.dir.resolve()),
+        "step": step,
+        "tokens": step * batch,
+        "parent_tokens": parent_steps * batch,
+        "parent_config_hash": config_hash(pconf),
+    }
     return parent.checkpoint(step), record
 
 
@@ -191,7 +228,7 @@ def branch_source(cfg: "TrainConfig", run: Run, own: Optional[Checkpoint],
 class ResumePlan:
     """Where this launch starts, decided on every rank alike before the engine is built."""
 
-    config: "TrainConfig"  # what is trained: the launch's config with what resume decided (vocabulary, init_from)
+    config: TrainConfig  # what is trained: the launch's config with what resume decided (vocabulary, init_from)
     checkpoint: Optional[Checkpoint]  # the checkpoint to load; None: a fresh start at step 0
     universal: bool  # load it through DeepSpeed's universal format (the world size or ZeRO stage changed)
     weights: Optional[dict]  # model.init_from on a new run: its weights
@@ -201,8 +238,9 @@ class ResumePlan:
     finished: bool = False  # run_dir holds a finished run at this budget: nothing is built, loaded or written
 
 
-def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, budget: Budget,
-                say: Callable[[str], None]) -> ResumePlan:
+def plan_resume(
+    cfg: TrainConfig, run: Run, rank: int, world_size: int, budget: Budget, say: Callable[[str], None]
+) -> ResumePlan:
     """The launch's plan for `budget`. A fresh start's old files are moved aside by rank 0 (after every rank found
     no checkpoint); a resume writes nothing here: whether the run is finished (then its config must be unchanged) is
     decided from its summary.json and checkpoint, before any universal conversion or write. The plan's `config` is
@@ -217,32 +255,42 @@ def plan_resume(cfg: "TrainConfig", run: Run, rank: int, world_size: int, budget
         ckpt, source = branch_source(cfg, run, ckpt, steps)
     if ckpt is None or source is not None:
         if rank == 0:
-            run.move_aside("trainer.resume=none" if mode == "none" else "a new branch" if source else
-                           "no checkpoint to resume from")
+            run.move_aside(
+                "trainer.resume=none"
+                if mode == "none"
+                else "a new branch"
+                if source
+                else "no checkpoint to resume from"
+            )
         barrier()
     cfg, weights = init_from(cfg, run, ckpt, say)
     tok = tokenizer(cfg, run, ckpt, rank)
     if cfg.model.init_from is None:
         cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size))
     elif tok.vocab_size > cfg.model.padded_vocab_size:
-        raise UserError(f"model.init_from={cfg.model.init_from}: its embedding has {cfg.model.padded_vocab_size} "
-                        f"rows, the tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)")
+        raise UserError(
+            f"model.init_from={cfg.model.init_from}: its embedding has {cfg.model.padded_vocab_size} "
+            f"rows, the tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)"
+        )
     plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source))
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
-        raise UserError(f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
-                         f"from them with model.init_from={ckpt.dir.parent} and another run_dir")
+        raise UserError(
+            f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
+            f"from them with model.init_from={ckpt.dir.parent} and another run_dir"
+        )
     if run.is_finished() and ckpt.step >= steps:
         check_finished_unchanged(run, saved["config"], cfg)
         return replace(plan, saved=saved, finished=True)
     return replace(plan, universal=needs_universal(ckpt, world_size, cfg.trainer.zero_stage), saved=saved)
 
 
-def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint],
-              say: Callable[[str], None]) -> tuple["TrainConfig", Optional[dict]]:
+def init_from(
+    cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], say: Callable[[str], None]
+) -> tuple[TrainConfig, Optional[dict]]:
     """model.init_from -> (the config with the pretrained architecture, its weights or None): the architecture (all
     but the kept keys) and name are the pretrained model's; a new run also takes its weights and, unless
     data.tokenizer.path is set, its tokenizer (choose_tokenizer). A relaunch resumes its own checkpoints as any run
@@ -261,12 +309,14 @@ def init_from(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint],
     data = cfg.data
     if data.tokenizer.path is None and tok_file is not None:
         data = replace(data, tokenizer=replace(data.tokenizer, path=str(tok_file)))
-    say(f"model.init_from={src}: {pretrained.arch}, {pretrained.n_layers} layers, d_model {pretrained.d_model}, vocab "
-        f"{pretrained.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {data.tokenizer.path}")
+    say(
+        f"model.init_from={src}: {pretrained.arch}, {pretrained.n_layers} layers, d_model {pretrained.d_model}, vocab "
+        f"{pretrained.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {data.tokenizer.path}"
+    )
     return replace(cfg, model=model, data=data), weights
 
 
-def tokenizer(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], rank: int):
+def tokenizer(cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], rank: int):
     """The run's tokenizer (choose_tokenizer decides which): a kept one is loaded and checked against the config
     (a changed data.tokenizer setting or another data.tokenizer.path is refused); otherwise the configured one (the
     default BPE: trained once, by rank 0, and cached)."""
@@ -279,11 +329,18 @@ def tokenizer(cfg: "TrainConfig", run: Run, ckpt: Optional[Checkpoint], rank: in
         now = asdict(tok_cfg)
         changed = changed_keys(saved, now, ignore=keys_with(tok_cfg, "operational")) if saved else []
         if changed:
-            raise UserError(f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
-                             f"a resumed run keeps its own {kept}: use another run_dir for a new tokenizer")
+            raise UserError(
+                f"data.tokenizer: this run was trained with another tokenizer ({'; '.join(changed)}); "
+                f"a resumed run keeps its own {kept}: use another run_dir for a new tokenizer"
+            )
         tok = load_tokenizer(str(kept), tok_cfg.eos_token)
-        check_same_tokenizer(tok, tok_cfg.path, load_tokenizer(tok_cfg.path, tok_cfg.eos_token)
-                             if tok_cfg.path and Path(tok_cfg.path).resolve() != kept.resolve() else None)
+        check_same_tokenizer(
+            tok,
+            tok_cfg.path,
+            load_tokenizer(tok_cfg.path, tok_cfg.eos_token)
+            if tok_cfg.path and Path(tok_cfg.path).resolve() != kept.resolve()
+            else None,
+        )
         return tok
     if rank == 0:
         tok = ensure_tokenizer(cfg.data)

@@ -2,6 +2,7 @@
 
 A pure function needs no state of its own: the step counter in the checkpoint is the whole schedule state.
 """
+
 from __future__ import annotations
 
 import math

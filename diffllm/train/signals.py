@@ -1,5 +1,6 @@
 """Preemption: SIGTERM/SIGINT/SIGUSR1 (what SLURM and Ctrl-C send) only raise a flag; the loop finishes its step,
 saves a checkpoint and exits with EXIT_PREEMPTED. A second Ctrl-C stops at once."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ class StopFlag:
         self.received: Optional[str] = None
         self._previous: dict = {}
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -35,6 +36,9 @@ class StopFlag:
             return  # rank 0 speaks for the job
         # os.write, not print: a handler may interrupt a print, and print is not reentrant
         try:
-            os.write(2, f"\n[diffllm.train] {name} received: finishing this step, saving a checkpoint, then exiting\n".encode())
+            os.write(
+                2,
+                f"\n[diffllm.train] {name} received: finishing this step, saving a checkpoint, then exiting\n".encode(),
+            )
         except OSError:  # stderr closed (a killed pipe): the save matters more than the message
             pass

@@ -18,6 +18,7 @@ DeepSpeed's step, after it computed the (all-reduced) norm and before it calls t
 group. The decision is therefore made inside the optimizer step, through the UpdateGate (optim.py) that SkipStepAdamW
 was built with, on every stage alike.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,7 @@ def judge(cfg: SpikesConfig, h: SpikeHistory, loss: float, grad_norm: Optional[f
     finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
     zs, spiked, enters = [], [], []
     for x, values, z_max in ((loss, h.losses, cfg.z_loss), (grad_norm, h.norms, cfg.z_grad)):
-        window = values[-cfg.window:]  # a relaunch may have made trainer.spikes.window smaller
+        window = values[-cfg.window :]  # a relaunch may have made trainer.spikes.window smaller
         ms = mean_std(window) if finite and x is not None and z_max and len(window) >= cfg.warmup else None
         z = (x - ms[0]) / ms[1] if ms is not None and ms[1] > 0 else None
         spike = z is not None and z > z_max
@@ -81,9 +82,9 @@ def remember(cfg: SpikesConfig, h: SpikeHistory, v: Verdict, dropped: bool) -> N
     """The step's values join the windows (finite steps only; spikes clipped) and the counts move."""
     loss, norm = v.enters
     if loss is not None:
-        h.losses = (h.losses + [loss])[-cfg.window:]
+        h.losses = (h.losses + [loss])[-cfg.window :]
     if norm is not None:
-        h.norms = (h.norms + [norm])[-cfg.window:]
+        h.norms = (h.norms + [norm])[-cfg.window :]
         h.max_grad_norm = v.grad_norm if h.max_grad_norm is None else max(h.max_grad_norm, v.grad_norm)
     h.spikes += bool(v.what)
     h.skipped += dropped
@@ -135,6 +136,8 @@ class SpikeGuard:
         if self.cfg.action == "stop" and self.dropped:
             return "a spike (trainer.spikes.action=stop)"
         if self.h is not None and self.h.skips_in_a_row >= self.cfg.max_consecutive_skips and self.dropped:
-            return (f"{self.h.skips_in_a_row} spikes skipped in a row (trainer.spikes.max_consecutive_skips="
-                    f"{self.cfg.max_consecutive_skips})")
+            return (
+                f"{self.h.skips_in_a_row} spikes skipped in a row (trainer.spikes.max_consecutive_skips="
+                f"{self.cfg.max_consecutive_skips})"
+            )
         return None

@@ -1,5 +1,6 @@
 """Everything a resume needs besides DeepSpeed's own files, saved and loaded in one place (`Resumable`): the counters
 (`TrainState`), every rank's data-loader and RNG states, the resolved config, and the checkpoint's meta.json."""
+
 from __future__ import annotations
 
 import time
@@ -30,7 +31,7 @@ class TrainState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainState":
+    def from_dict(cls, d: dict) -> TrainState:
         d = {"loss_tokens": d["tokens"], **d}  # checkpoints from before loss masks counted every target
         return cls(**{**d, "spikes": SpikeHistory(**d.get("spikes", {}))})  # before spike tests: an empty window
 
@@ -41,26 +42,48 @@ class Resumable:
     schedule position) and `meta()` (meta.json: what diffllm.runs reads without torch: step, tokens, world size,
     ZeRO stage, the model config). `restore()` puts a checkpoint's client state back."""
 
-    def __init__(self, state: TrainState, loader, config: dict, model_cfg, world_size: int, zero_stage: int,
-                 schedule: str, total_steps: int):
+    def __init__(
+        self,
+        state: TrainState,
+        loader,
+        config: dict,
+        model_cfg,
+        world_size: int,
+        zero_stage: int,
+        schedule: str,
+        total_steps: int,
+    ):
         self.state, self.loader, self.config, self.model_cfg = state, loader, config, model_cfg
-        self.world_size, self.zero_stage, self.schedule, self.total_steps = world_size, zero_stage, schedule, total_steps
+        self.world_size, self.zero_stage, self.schedule, self.total_steps = (
+            world_size,
+            zero_stage,
+            schedule,
+            total_steps,
+        )
 
     def client_state(self) -> dict:
         """Collective (every rank's loader and RNG states are gathered)."""
-        return {"diffllm": {
-            "train_state": self.state.to_dict(),
-            "data": all_gather_object(self.loader.state_dict()),  # every rank's view; the loader restores from all
-            "rng": all_gather_object(rng_state()),
-            "config": self.config,
-            "world_size": self.world_size,
-            "schedule": {"name": self.schedule, "step": self.state.step, "total_steps": self.total_steps},
-        }}
+        return {
+            "diffllm": {
+                "train_state": self.state.to_dict(),
+                "data": all_gather_object(self.loader.state_dict()),  # every rank's view; the loader restores from all
+                "rng": all_gather_object(rng_state()),
+                "config": self.config,
+                "world_size": self.world_size,
+                "schedule": {"name": self.schedule, "step": self.state.step, "total_steps": self.total_steps},
+            }
+        }
 
     def meta(self) -> dict:
         s = self.state
-        return {"step": s.step, "tokens": s.tokens, "world_size": self.world_size, "zero_stage": self.zero_stage,
-                "saved_at": time.time(), "model": asdict(self.model_cfg)}
+        return {
+            "step": s.step,
+            "tokens": s.tokens,
+            "world_size": self.world_size,
+            "zero_stage": self.zero_stage,
+            "saved_at": time.time(),
+            "model": asdict(self.model_cfg),
+        }
 
     @staticmethod
     def saved(client: dict) -> Optional[dict]:

@@ -1,4 +1,5 @@
 """Weights & Biases: online with a key, offline (files under run_dir/wandb) without one, the same run id on resume."""
+
 from __future__ import annotations
 
 import netrc
@@ -44,8 +45,9 @@ def reachable(url: str, timeout: float) -> bool:
     fails here at once, instead of in wandb.init after its own 90 s.)"""
     u = urlparse(url)
     try:
-        with socket.create_connection((u.hostname or "api.wandb.ai", u.port or (443 if u.scheme == "https" else 80)),
-                                      timeout=timeout):
+        with socket.create_connection(
+            (u.hostname or "api.wandb.ai", u.port or (443 if u.scheme == "https" else 80)), timeout=timeout
+        ):
             return True
     except OSError:
         return False
@@ -59,8 +61,16 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_id: str, config: dict):
         return None
     import wandb
 
-    kwargs = dict(project=cfg.project, entity=cfg.entity, name=cfg.name or Path(run_dir).resolve().name,
-                  tags=list(cfg.tags), id=run_id, resume="allow", dir=str(run_dir), config=config)
+    kwargs = dict(
+        project=cfg.project,
+        entity=cfg.entity,
+        name=cfg.name or Path(run_dir).resolve().name,
+        tags=list(cfg.tags),
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        config=config,
+    )
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     quiet = wandb.Settings(quiet=True)  # our progress line already says it all
     if mode == "online":
@@ -68,8 +78,9 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_id: str, config: dict):
         if not reachable(url, min(cfg.online_timeout_s, 10.0)):
             return _offline(wandb, kwargs, f"{url} is not reachable")
         try:
-            return wandb.init(mode="online", settings=wandb.Settings(quiet=True, init_timeout=cfg.online_timeout_s),
-                              **kwargs)
+            return wandb.init(
+                mode="online", settings=wandb.Settings(quiet=True, init_timeout=cfg.online_timeout_s), **kwargs
+            )
         except Exception as e:  # noqa: BLE001 - any failure to reach W&B must not cost the training run
             wandb.teardown()  # the failed start still holds the run id in wandb's service: offline would be refused
             return _offline(wandb, kwargs, f"the online start failed ({type(e).__name__}: {str(e).splitlines()[0]})")
@@ -77,6 +88,10 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_id: str, config: dict):
 
 
 def _offline(wandb, kwargs: dict, why: str):
-    print(f"[diffllm.train] W&B: {why}; logging offline to {kwargs['dir']}/wandb with run id {kwargs['id']} "
-          f"(upload later: wandb sync)", file=sys.stderr, flush=True)
+    print(
+        f"[diffllm.train] W&B: {why}; logging offline to {kwargs['dir']}/wandb with run id {kwargs['id']} "
+        f"(upload later: wandb sync)",
+        file=sys.stderr,
+        flush=True,
+    )
     return wandb.init(mode="offline", settings=wandb.Settings(quiet=True), **kwargs)

@@ -11,6 +11,7 @@ then every thread's stack (faulthandler) to stderr, and ends the process with ex
 torchrun / Slurm / the launcher see a failed rank, stop the others, and can restart the job from its last checkpoint.
 The exit is immediate (os._exit: the stuck thread cannot run atexit handlers); DataLoader workers and their
 forkserver leave by themselves once their parent is gone."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -27,8 +28,13 @@ class Watchdog:
     """`Watchdog(timeout_s, rank).start()`; `beat(phase)` on progress; `stop()` at the end. timeout_s <= 0 disables it.
     `on_stall(phase, seconds)` replaces the default action (report and exit) - for embedding, not for the trainer."""
 
-    def __init__(self, timeout_s: float, rank: int = 0, on_stall: Optional[Callable[[str, float], None]] = None,
-                 key: str = "trainer.stall_timeout_s"):
+    def __init__(
+        self,
+        timeout_s: float,
+        rank: int = 0,
+        on_stall: Optional[Callable[[str, float], None]] = None,
+        key: str = "trainer.stall_timeout_s",
+    ):
         self.timeout_s, self.rank, self.key = float(timeout_s), rank, key
         self.on_stall = on_stall or self._report_and_exit
         self._lock = threading.Lock()
@@ -40,7 +46,7 @@ class Watchdog:
     def enabled(self) -> bool:
         return self.timeout_s > 0
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         if self.enabled and self._thread is None:
             self._last = time.monotonic()
             self._thread = threading.Thread(target=self._watch, name="diffllm-watchdog", daemon=True)
@@ -58,7 +64,7 @@ class Watchdog:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "Watchdog":
+    def __enter__(self) -> Watchdog:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
@@ -79,9 +85,11 @@ class Watchdog:
         except Exception:  # noqa: BLE001 - a broken stdout must not stop the exit
             pass
         err = sys.__stderr__
-        err.write(f"[diffllm.train] error: no progress for {idle:.0f} s in {phase} (rank {self.rank}; limit "
-                  f"{self._allow:g} s, {self.key}); stacks of all threads follow; exiting with code {STALL_EXIT_CODE} "
-                  "so the launcher stops the job and can restart it from the last checkpoint\n")
+        err.write(
+            f"[diffllm.train] error: no progress for {idle:.0f} s in {phase} (rank {self.rank}; limit "
+            f"{self._allow:g} s, {self.key}); stacks of all threads follow; exiting with code {STALL_EXIT_CODE} "
+            "so the launcher stops the job and can restart it from the last checkpoint\n"
+        )
         err.flush()
         try:
             faulthandler.dump_traceback(file=err, all_threads=True)

@@ -1,4 +1,5 @@
 """CLI-test helpers: run `diffllm ...` in this process (its output, error output and exit code), from a given folder."""
+
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,6 @@
 """Bad input is one line on stderr with the nearest valid names, exit code 2, no traceback: unknown keys, unknown
 config-group options, wrong types, unknown commands. Hydra's own grammar and multirun keep working."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,41 +16,61 @@ TYPO = "diffllm train: error: unknown key trainer.zero_stag (did you mean traine
 NOT_INT = "Value '{}' of type 'str' could not be converted to Integer"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "trainer.zero_stag=2"], TYPO),
-    (["train", "traner.zero_stage=2"],
-     "diffllm train: error: unknown key traner.zero_stage (did you mean trainer.zero_stage?)"),
-    (["train", "zero_stage=2"], "diffllm train: error: unknown key zero_stage (did you mean trainer.zero_stage?)"),
-    (["info", "model.lamda_init=0.5"],
-     "diffllm info: error: unknown key model.lamda_init (did you mean model.lambda_init?)"),
-    (["train", "trainer.zero_stage=abc"], "diffllm train: error: trainer.zero_stage: " + NOT_INT.format("abc")),
-    (["train", "trainer.zero_stage=7"], "diffllm train: error: trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
-    (["tokenizer", "train", "data.tokenizer.min_frequency=often"],
-     "diffllm tokenizer train: error: data.tokenizer.min_frequency: " + NOT_INT.format("often")),
-    # a command's own keys are typed too (they once reached int() inside the command as plain text)
-    (["info", "seq_len=abc"], "diffllm info: error: seq_len: " + NOT_INT.format("abc")),
-    (["data", "prepare", "workers=abc"], "diffllm data prepare: error: workers: " + NOT_INT.format("abc")),
-    (["tokenizer", "train", "bench_chars=lots"],
-     "diffllm tokenizer train: error: bench_chars: " + NOT_INT.format("lots")),
-    (["sweep", "dry_run=true", "nodes=two"], "diffllm sweep: error: nodes: " + NOT_INT.format("two")),
-    (["export", "run=runs/x"], "diffllm export: error: out= is required (e.g. diffllm export run=runs/diff-tiny "
-                               "out=hf/diff-tiny)"),
-    (["eval", "ppl", "run=runs/x", "batch_size=many"],
-     "diffllm eval ppl: error: ppl.batch_size: " + NOT_INT.format("many")),
-    (["trian"], "diffllm: error: unknown command 'trian' (did you mean train?)"),
-    (["tokenizer", "trian"], "diffllm: error: unknown command 'tokenizer trian' (did you mean tokenizer train?)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "trainer.zero_stag=2"], TYPO),
+        (
+            ["train", "traner.zero_stage=2"],
+            "diffllm train: error: unknown key traner.zero_stage (did you mean trainer.zero_stage?)",
+        ),
+        (["train", "zero_stage=2"], "diffllm train: error: unknown key zero_stage (did you mean trainer.zero_stage?)"),
+        (
+            ["info", "model.lamda_init=0.5"],
+            "diffllm info: error: unknown key model.lamda_init (did you mean model.lambda_init?)",
+        ),
+        (["train", "trainer.zero_stage=abc"], "diffllm train: error: trainer.zero_stage: " + NOT_INT.format("abc")),
+        (["train", "trainer.zero_stage=7"], "diffllm train: error: trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
+        (
+            ["tokenizer", "train", "data.tokenizer.min_frequency=often"],
+            "diffllm tokenizer train: error: data.tokenizer.min_frequency: " + NOT_INT.format("often"),
+        ),
+        # a command's own keys are typed too (they once reached int() inside the command as plain text)
+        (["info", "seq_len=abc"], "diffllm info: error: seq_len: " + NOT_INT.format("abc")),
+        (["data", "prepare", "workers=abc"], "diffllm data prepare: error: workers: " + NOT_INT.format("abc")),
+        (
+            ["tokenizer", "train", "bench_chars=lots"],
+            "diffllm tokenizer train: error: bench_chars: " + NOT_INT.format("lots"),
+        ),
+        (["sweep", "dry_run=true", "nodes=two"], "diffllm sweep: error: nodes: " + NOT_INT.format("two")),
+        (
+            ["export", "run=runs/x"],
+            "diffllm export: error: out= is required (e.g. diffllm export run=runs/diff-tiny out=hf/diff-tiny)",
+        ),
+        (
+            ["eval", "ppl", "run=runs/x", "batch_size=many"],
+            "diffllm eval ppl: error: ppl.batch_size: " + NOT_INT.format("many"),
+        ),
+        (["trian"], "diffllm: error: unknown command 'trian' (did you mean train?)"),
+        (["tokenizer", "trian"], "diffllm: error: unknown command 'tokenizer trian' (did you mean tokenizer train?)"),
+    ],
+)
 def test_one_line_errors_exit_2(diffllm, argv, message):
     res = diffllm(*argv)
     assert (res.code, res.err) == (2, message + "\n")
 
 
-@pytest.mark.parametrize("argv, closest", [
-    (["train", "model=difff-tiny"], "diffllm train: error: unknown model=difff-tiny (closest: diff-tiny, "),
-    (["plan", "model=difff-tiny"], "diffllm plan: error: unknown model=difff-tiny (closest: diff-tiny, "),
-    (["train", "trainer=gpu-big"],
-     "diffllm train: error: unknown trainer=gpu-big (options: cpu, paper-3b, paper-scaling;"),
-])
+@pytest.mark.parametrize(
+    "argv, closest",
+    [
+        (["train", "model=difff-tiny"], "diffllm train: error: unknown model=difff-tiny (closest: diff-tiny, "),
+        (["plan", "model=difff-tiny"], "diffllm plan: error: unknown model=difff-tiny (closest: diff-tiny, "),
+        (
+            ["train", "trainer=gpu-big"],
+            "diffllm train: error: unknown trainer=gpu-big (options: cpu, paper-3b, paper-scaling;",
+        ),
+    ],
+)
 def test_unknown_option_lists_the_closest(diffllm, argv, closest):
     res = diffllm(*argv)
     assert res.code == 2 and res.err.startswith(closest) and res.err.count("\n") == 1, res.err
@@ -61,16 +82,25 @@ def test_hydra_composition_error_raised_inside_the_app(diffllm):
     assert res.code == 2 and res.err.startswith("diffllm info: error: unknown model=difff-tiny (closest: diff-tiny")
 
 
-@pytest.mark.parametrize("module, argv, message", [
-    ("diffllm.cli", ["train", "trainer.zero_stag=2"], TYPO),
-    ("diffllm.train", ["-m", "trainer.zero_stag=2,3"], TYPO),
-    # train's own keys are typed (seed=abc reached int() in the trainer: a traceback, or in this process os._exit)
-    ("diffllm.cli", ["train", "seed=abc"], "diffllm train: error: seed: " + NOT_INT.format("abc")),
-])
+@pytest.mark.parametrize(
+    "module, argv, message",
+    [
+        ("diffllm.cli", ["train", "trainer.zero_stag=2"], TYPO),
+        ("diffllm.train", ["-m", "trainer.zero_stag=2,3"], TYPO),
+        # train's own keys are typed (seed=abc reached int() in the trainer: a traceback, or in this process os._exit)
+        ("diffllm.cli", ["train", "seed=abc"], "diffllm train: error: seed: " + NOT_INT.format("abc")),
+    ],
+)
 def test_processes_print_one_line(module, argv, message, tmp_path):
     """A real process: nothing but the one line, exit code 2 (also `python -m diffllm.train`, multirun)."""
-    done = subprocess.run([sys.executable, "-m", module, *argv], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**_env(), "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "PYTHONPATH": str(REPO)},
+    )
     assert (done.returncode, done.stderr, done.stdout) == (2, message + "\n", "")
 
 
@@ -88,9 +118,15 @@ def test_multirun_and_hydra_grammar_still_work(diffllm, tmp_path, monkeypatch):
     res = diffllm("info", "-m", "model=diff-tiny,transformer-tiny", "model.n_layers=2")
     assert res.code == 0 and "preset               diff-tiny (diff: Diff Transformer)" in res.out
     assert "preset               transformer-tiny (transformer: Transformer)" in res.out
-    cfg = compose("train", ["+trainer.deepspeed.steps_per_print=7", "logging.tags=[a,b]",
-                            "~trainer.faults.nan_at_steps",
-                            "+model.lambda_init=0.5"])  # `+` on a field that now always exists still works
+    cfg = compose(
+        "train",
+        [
+            "+trainer.deepspeed.steps_per_print=7",
+            "logging.tags=[a,b]",
+            "~trainer.faults.nan_at_steps",
+            "+model.lambda_init=0.5",
+        ],
+    )  # `+` on a field that now always exists still works
     assert cfg.trainer.deepspeed.steps_per_print == 7 and list(cfg.logging.tags) == ["a", "b"]
     assert "nan_at_steps" not in cfg.trainer.faults
     assert cfg.model.lambda_init == 0.5
@@ -113,17 +149,26 @@ main(sys.argv[1:])
 
 
 @pytest.mark.parametrize("full_error", ["", "1"])
-@pytest.mark.parametrize("module, attr, argv", [
-    ("diffllm.train.loop", "Trainer", ["train", "trainer.tokens=4096"]),
-    ("diffllm.model.info", "model_stats", ["info"]),
-    ("diffllm.eval.ppl", "run_ppl", ["eval", "ppl", "run=runs/none"]),
-])
+@pytest.mark.parametrize(
+    "module, attr, argv",
+    [
+        ("diffllm.train.loop", "Trainer", ["train", "trainer.tokens=4096"]),
+        ("diffllm.model.info", "model_stats", ["info"]),
+        ("diffllm.eval.ppl", "run_ppl", ["eval", "ppl", "run=runs/none"]),
+    ],
+)
 def test_a_bug_keeps_its_traceback(module, attr, argv, full_error, tmp_path):
     """A ValueError that is no UserError (a bug inside a command's body) is not reported as bad input: a traceback
     naming it, an exit code other than 2, with or without HYDRA_FULL_ERROR=1."""
     env = {**_env(), "PYTHONPATH": str(REPO), **({"HYDRA_FULL_ERROR": full_error} if full_error else {})}
-    done = subprocess.run([sys.executable, "-c", BUG.format(module=module, attr=attr), *argv], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", BUG.format(module=module, attr=attr), *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode not in (0, 2), done.stderr
     assert "Traceback (most recent call last)" in done.stderr, done.stderr
     assert "ValueError: injected bug: not the user's fault" in done.stderr, done.stderr

@@ -1,5 +1,6 @@
 """Every command answers --help/-h (and `diffllm help <command>`) with its keys, defaults, meanings and examples; the
 top level lists every command; the meanings come from the config files' and dataclasses' own comments."""
+
 from __future__ import annotations
 
 import sys
@@ -11,12 +12,32 @@ from diffllm.cli.registry import COMMANDS
 # Main keys each command's help must show with its default (key=default).
 MAIN_KEYS = {
     "info": ["model=diff-tiny", "all=false", "seq_len=null", "model.d_model=128"],
-    "tokenizer train": ["data=shakespeare", "out=null", "data.tokenizer.vocab_size=8192", "data.tokenizer.min_frequency=2"],
+    "tokenizer train": [
+        "data=shakespeare",
+        "out=null",
+        "data.tokenizer.vocab_size=8192",
+        "data.tokenizer.min_frequency=2",
+    ],
     "data prepare": ["data=shakespeare", "out=prepared/${data.name}", "workers=1", "data.tokenize_chars=1048576"],
-    "train": ["model=diff-tiny", "trainer=cpu", "run_dir=runs/${model.name}", "trainer.zero_stage=2",
-              "model.lambda_init=null", "model.attn_backend=sdpa", "data.prepared_dir=null", "optim.lr=0.003"],
+    "train": [
+        "model=diff-tiny",
+        "trainer=cpu",
+        "run_dir=runs/${model.name}",
+        "trainer.zero_stage=2",
+        "model.lambda_init=null",
+        "model.attn_backend=sdpa",
+        "data.prepared_dir=null",
+        "optim.lr=0.003",
+    ],
     "plan": ["model=diff-830m", "tokens=100B", "gpus_per_node=8", "gpu=h100", "zero_stage=null"],
-    "sweep": ["sweep=micro", "sweep_dir=runs/sweep/${sweep.name}", "launcher=basic", "dry_run=false", "sweep.seeds=[1, 2]", "sweep.grid_by_model={...}"],
+    "sweep": [
+        "sweep=micro",
+        "sweep_dir=runs/sweep/${sweep.name}",
+        "launcher=basic",
+        "dry_run=false",
+        "sweep.seeds=[1, 2]",
+        "sweep.grid_by_model={...}",
+    ],
     "sweep collect": ["sweep=micro", "out=null", "sweep_dir=runs/sweep/${sweep.name}"],
     "scaling fit": ["sweep_dir=runs/sweep/micro", "params=block", "reps=400", "joint=auto"],
     "export": ["run=null", "out=null", "step=latest", "format=auto", "dtype=float32"],
@@ -37,7 +58,7 @@ def test_help_names_main_keys_and_examples(diffllm, name):
     assert lines[0].startswith(f"usage: diffllm {name} ")
     for key in MAIN_KEYS[name]:
         assert any(line.strip().startswith(key) for line in lines), key
-    examples = lines[lines.index("examples:") + 1:]
+    examples = lines[lines.index("examples:") + 1 :]
     assert examples[0].strip() == COMMANDS[name].examples[0]
     assert "powered by Hydra" not in res.out and "== Config ==" not in res.out  # no Hydra boilerplate
     assert diffllm("help", *name.split()).out == res.out  # `diffllm help <command>`
@@ -49,7 +70,9 @@ def test_help_meanings_come_from_yaml_and_dataclass_comments(diffllm):
     # configs/trainer/cpu.yaml's own comment wins over the dataclass's for the same key
     assert line["trainer.micro_batch_size=8"].endswith("sequences per rank per forward")
     # only the dataclass has these keys (diffllm/model/config.py, diffllm/data/config.py comments)
-    assert line["model.attn_backend=sdpa"].endswith("eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)")
+    assert line["model.attn_backend=sdpa"].endswith(
+        "eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)"
+    )
     assert line["data.tokenizer.train_chars=200000000"].endswith("training sources")
     # the config groups and their options
     assert "  model=diff-tiny   (" in out and "transformer-830m" in out and "  trainer=cpu   (3 options)" in out
@@ -61,7 +84,9 @@ def test_two_word_commands_and_help_help(diffllm):
     sweep = diffllm("sweep", "--help").out
     assert "subcommands: diffllm sweep collect" in sweep
     missing = diffllm("tokenizer")
-    assert missing.code == 2 and missing.err == "diffllm tokenizer: error: missing subcommand: diffllm tokenizer train\n"
+    assert (
+        missing.code == 2 and missing.err == "diffllm tokenizer: error: missing subcommand: diffllm tokenizer train\n"
+    )
 
 
 def test_top_level_help_and_version(diffllm):
@@ -70,8 +95,10 @@ def test_top_level_help_and_version(diffllm):
     res = diffllm("--help")
     assert res.code == 0 and res.out == diffllm().out == diffllm("-h").out == diffllm("help").out
     for name, c in COMMANDS.items():
-        assert any(ln.split(None, len(name.split()))[:len(name.split())] == name.split() and ln.endswith(c.summary)
-                   for ln in res.out.splitlines()), name
+        assert any(
+            ln.split(None, len(name.split()))[: len(name.split())] == name.split() and ln.endswith(c.summary)
+            for ln in res.out.splitlines()
+        ), name
     assert "DIFFLLM_CONFIG_PATH" in res.out and "./configs" in res.out
     assert diffllm("--version").out == f"diffllm {__version__}\n"
 
@@ -85,7 +112,11 @@ def test_launch_parses_its_own_help(diffllm, monkeypatch):
     diffllm("launch", "--help")
     diffllm("help", "launch")
     diffllm("launch", "-h", "--nodes", "2")
-    assert seen == [["diffllm launch", "--help"], ["diffllm launch", "--help"], ["diffllm launch", "-h", "--nodes", "2"]]
+    assert seen == [
+        ["diffllm launch", "--help"],
+        ["diffllm launch", "--help"],
+        ["diffllm launch", "-h", "--nodes", "2"],
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(n for n in COMMANDS if n != "launch"))

@@ -1,5 +1,6 @@
 """Every field of a command's typed configs exists in its composed config at the dataclass default (the YAML merged
 over it), so documented keys are set by their plain name, without `+`; `build` runs each config's validate()."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +15,21 @@ from diffllm.model.diff_attention import lambda_init_at
 from diffllm.train.config import TrainerConfig
 
 
-@pytest.mark.parametrize("override, typed, group, check", [
-    ("model.lambda_init=0.5", ModelConfig, "model", lambda c: c.lambda_init == 0.5 and lambda_init_at(c, 7) == 0.5),
-    ("model.attn_backend=eager", ModelConfig, "model", lambda c: c.attn_backend == "eager"),
-    ("data.tokenizer.min_frequency=5", DataConfig, "data", lambda c: c.tokenizer.min_frequency == 5),
-    ("data.tokenize_chars=4096", DataConfig, "data", lambda c: c.tokenize_chars == 4096),
-    ("data.prepared_dir=prepared/shakespeare", DataConfig, "data", lambda c: c.prepared_dir == "prepared/shakespeare"),
-])
+@pytest.mark.parametrize(
+    "override, typed, group, check",
+    [
+        ("model.lambda_init=0.5", ModelConfig, "model", lambda c: c.lambda_init == 0.5 and lambda_init_at(c, 7) == 0.5),
+        ("model.attn_backend=eager", ModelConfig, "model", lambda c: c.attn_backend == "eager"),
+        ("data.tokenizer.min_frequency=5", DataConfig, "data", lambda c: c.tokenizer.min_frequency == 5),
+        ("data.tokenize_chars=4096", DataConfig, "data", lambda c: c.tokenize_chars == 4096),
+        (
+            "data.prepared_dir=prepared/shakespeare",
+            DataConfig,
+            "data",
+            lambda c: c.prepared_dir == "prepared/shakespeare",
+        ),
+    ],
+)
 def test_documented_keys_without_plus(override, typed, group, check):
     cfg = compose("train", [override])
     assert check(build(typed, cfg[group], group))
@@ -40,7 +49,9 @@ def test_every_dataclass_field_is_in_the_composed_config(name):
 
 def test_yaml_values_win_over_dataclass_defaults():
     cfg = compose("train")
-    assert cfg.model.rope_interleaved is True and ModelConfig().rope_interleaved is False  # configs/model/diff-tiny.yaml
+    assert (
+        cfg.model.rope_interleaved is True and ModelConfig().rope_interleaved is False
+    )  # configs/model/diff-tiny.yaml
     assert cfg.trainer.tokens == 524288 and cfg.model.vocab_multiple == 64  # YAML; dataclass default (not in YAML)
 
 

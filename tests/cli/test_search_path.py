@@ -1,5 +1,6 @@
 """`data=<name>` (any group) finds configs/<group>/<name>.yaml in $DIFFLLM_CONFIG_PATH, --config-dir or ./configs
 before the packaged ones; `diffllm sweep --config-dir` hands the directory on to its jobs."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ def user_configs(root: Path, seq_len: int = 64, name: str = "mine") -> Path:
     """<root>/data/<name>.yaml: the packaged Shakespeare config under another name and sequence length."""
     text = (CONFIG_DIR / "data" / "shakespeare.yaml").read_text()
     (root / "data").mkdir(parents=True, exist_ok=True)
-    (root / "data" / f"{name}.yaml").write_text(text.replace("name: shakespeare", f"name: {name}")
-                                                .replace("seq_len: 256", f"seq_len: {seq_len}"))
+    (root / "data" / f"{name}.yaml").write_text(
+        text.replace("name: shakespeare", f"name: {name}").replace("seq_len: 256", f"seq_len: {seq_len}")
+    )
     return root
 
 
@@ -66,12 +68,29 @@ def test_sweep_config_dir_reaches_the_jobs(tmp_path):
     cfg_dir = user_configs(tmp_path / "my_configs", seq_len=0)
     (cfg_dir / "sweep").mkdir()
     (cfg_dir / "sweep" / "mine.yaml").write_text(
-        "name: mine\nmodels: [diff-tiny]\ntokens: [4096]\noverrides: [data=mine, logging.wandb=disabled]\n")
+        "name: mine\nmodels: [diff-tiny]\ntokens: [4096]\noverrides: [data=mine, logging.wandb=disabled]\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DIFFLLM_CONFIG_PATH", "HYDRA_FULL_ERROR")}
-    done = subprocess.run([sys.executable, "-m", "diffllm.cli", "sweep", "--config-dir", str(cfg_dir), "sweep=mine",
-                           f"sweep_dir={tmp_path / 'sweep'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env={**env, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffllm.cli",
+            "sweep",
+            "--config-dir",
+            str(cfg_dir),
+            "sweep=mine",
+            f"sweep_dir={tmp_path / 'sweep'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
     assert "Could not find" not in done.stderr
-    assert done.returncode == 2 and "diffllm train: error: data.seq_len: must be >= 1, got 0" in done.stderr, done.stderr
+    assert done.returncode == 2 and "diffllm train: error: data.seq_len: must be >= 1, got 0" in done.stderr, (
+        done.stderr
+    )
     # the printed multirun command carries the directory too, so it can be rerun by hand
     assert f"DIFFLLM_CONFIG_PATH={cfg_dir} " in done.stdout and "-m diffllm.sweep.job --multirun" in done.stdout

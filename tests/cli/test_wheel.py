@@ -2,6 +2,7 @@
 in a fresh venv, from a folder where the repository is not on sys.path. Offline: the fresh venv reaches the running
 environment's installed dependencies through a .pth line (which does not process that environment's editable hook,
 so the only diffllm it can import is the wheel's)."""
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,9 @@ def test_wheel_ships_configs_and_runs_info(tmp_path):
         shutil.copy(REPO / name, src / name)
     for name in ("diffllm", "configs"):
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src])
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src]
+    )
     (wheel,) = (tmp_path / "dist").glob("diffllm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {f"diffllm/configs/{p.relative_to(REPO / 'configs')}" for p in (REPO / "configs").rglob("*.yaml")}
@@ -50,5 +53,8 @@ def test_wheel_ships_configs_and_runs_info(tmp_path):
     where = _run([py, "-c", "import diffllm.config as c; print(c.__file__); print(c.CONFIG_DIR)"], cwd=work, env=env)
     assert where.stdout.splitlines() == [f"{site}/diffllm/config/__init__.py", f"{site}/diffllm/configs"]
     info = _run([venv / "bin" / "diffllm", "info", "model=diff-3b"], cwd=work, env=env)
-    assert info.stdout.startswith("preset               diff-3b (diff: Diff Transformer)\n") and "parameters           " in info.stdout
+    assert (
+        info.stdout.startswith("preset               diff-3b (diff: Diff Transformer)\n")
+        and "parameters           " in info.stdout
+    )
     assert "usage: diffllm info" in _run([venv / "bin" / "diffllm", "info", "--help"], cwd=work, env=env).stdout

@@ -1,4 +1,5 @@
 """Data-test fixtures: an offline, temporary HF cache, and a tiny byte-level BPE trained once per session."""
+
 from __future__ import annotations
 
 import glob

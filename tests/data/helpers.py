@@ -1,4 +1,5 @@
 """Helpers for the data tests: small corpora written to disk, configs, and reading streams to the end."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Bad input gives a one-line DataError that names the file (or config key) and the problem."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,9 @@ def test_missing_text_field(tmp_path, tok, workers):
 
 def test_text_field_that_is_not_text(tmp_path, tok):
     (tmp_path / "n.jsonl").write_text('{"text": 1}\n{"text": 2}\n')
-    assert "n.jsonl: field 'text' holds int64, not text" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "n.jsonl")}]), tok))
+    assert "n.jsonl: field 'text' holds int64, not text" in error_of(
+        lambda: first_batch(cfg([{"path": str(tmp_path / "n.jsonl")}]), tok)
+    )
 
 
 def as_unprivileged(fn) -> str:
@@ -89,19 +92,27 @@ def test_file_that_vanishes(tmp_path, tok):
     during = build_train_loader(data, tok, 0, 1, 1)
     next(during)  # a.jsonl is being read, b.jsonl not yet
     path.unlink()
-    assert f"source 'all': cannot open its json files (FileNotFoundError: Unable to find '{path}')" in error_of(lambda: next(before))
+    assert f"source 'all': cannot open its json files (FileNotFoundError: Unable to find '{path}')" in error_of(
+        lambda: next(before)
+    )
     msg = error_of(lambda: [next(during) for _ in range(50)])
     assert f"{path}: cannot read json (FileNotFoundError" in msg and msg.endswith("after 0 examples")
 
 
 def test_missing_files(tmp_path, tok):
-    assert "nothing/*.jsonl: no files match" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "nothing/*.jsonl")}]), tok))
-    assert "gone.jsonl: no such file" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "gone.jsonl")}]), tok))
+    assert "nothing/*.jsonl: no files match" in error_of(
+        lambda: first_batch(cfg([{"path": str(tmp_path / "nothing/*.jsonl")}]), tok)
+    )
+    assert "gone.jsonl: no such file" in error_of(
+        lambda: first_batch(cfg([{"path": str(tmp_path / "gone.jsonl")}]), tok)
+    )
 
 
 def test_empty_source(tmp_path, tok):
     (tmp_path / "zero.jsonl").write_bytes(b"")
-    assert f"{tmp_path / 'zero.jsonl'}: empty file" in error_of(lambda: first_batch(cfg([{"path": str(tmp_path / 'zero.jsonl')}]), tok))
+    assert f"{tmp_path / 'zero.jsonl'}: empty file" in error_of(
+        lambda: first_batch(cfg([{"path": str(tmp_path / "zero.jsonl")}]), tok)
+    )
     write_jsonl(tmp_path / "blank.jsonl", ["", None, "", "", ""])
     msg = error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "blank.jsonl")}]), tok))
     assert "source 'blank': a stream read a whole epoch without a document (5 empty)" in msg
@@ -163,7 +174,9 @@ def test_binary_file_is_refused_up_front(tmp_path, tok, name):
 def test_utf16_file_is_refused_and_latin1_accents_pass(tmp_path, tok):
     text = "Ô rage ! ô désespoir ! ô vieillesse ennemie !\n" * 200
     (tmp_path / "u16.txt").write_bytes(text.encode("utf-16"))
-    assert "NUL bytes in its first" in error_of(lambda: build_train_loader(cfg([{"path": str(tmp_path / "u16.txt")}]), tok, 0, 1, 1))
+    assert "NUL bytes in its first" in error_of(
+        lambda: build_train_loader(cfg([{"path": str(tmp_path / "u16.txt")}]), tok, 0, 1, 1)
+    )
     (tmp_path / "l1.txt").write_bytes(text.encode("latin-1"))  # 4 of 46 characters undecodable: read, and counted
     loader = build_train_loader(cfg([{"path": str(tmp_path / "l1.txt"), "sample_by": "line"}]), tok, 0, 1, 1)
     [next(loader) for _ in range(5)]

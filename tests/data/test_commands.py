@@ -1,4 +1,5 @@
 """`diffllm tokenizer train` and `diffllm data prepare` as a user runs them (real processes, real files)."""
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,19 @@ def run(args: list[str], tmp_path: Path) -> str:
 def test_tokenizer_train_then_prepare(tmp_path):
     corpus(tmp_path / "c", n_files=3, docs_per_file=60)
     corpus(tmp_path / "v", n_files=1, docs_per_file=20, tag="v")
-    data = [f"data.sources=[{{name:c,path:'{tmp_path}/c/*.jsonl'}}]", f"data.val=[{{name:v,path:'{tmp_path}/v/*.jsonl'}}]",
-            "data.tokenizer.vocab_size=300"]
+    data = [
+        f"data.sources=[{{name:c,path:'{tmp_path}/c/*.jsonl'}}]",
+        f"data.val=[{{name:v,path:'{tmp_path}/v/*.jsonl'}}]",
+        "data.tokenizer.vocab_size=300",
+    ]
     out = run(["tokenizer", "train", *data, f"out={tmp_path}/tok/tokenizer.json"], tmp_path)
-    assert "vocab                300" in out and "encode throughput" in out and (tmp_path / "tok/tokenizer.json").exists()
-    out = run(["data", "prepare", *data, f"data.tokenizer.path={tmp_path}/tok/tokenizer.json", f"out={tmp_path}/prep"], tmp_path)
+    assert (
+        "vocab                300" in out and "encode throughput" in out and (tmp_path / "tok/tokenizer.json").exists()
+    )
+    out = run(
+        ["data", "prepare", *data, f"data.tokenizer.path={tmp_path}/tok/tokenizer.json", f"out={tmp_path}/prep"],
+        tmp_path,
+    )
     assert "| c | 3 | 180 | 0 | 0 |" in out and "| v | 1 | 20 | 0 | 0 |" in out
     meta = json.loads((tmp_path / "prep/c/meta.json").read_text())
     assert meta["docs"] == 180 and meta["files"] == ["part-00.jsonl", "part-01.jsonl", "part-02.jsonl"]
@@ -37,7 +46,13 @@ def test_tokenizer_train_then_prepare(tmp_path):
 
 @pytest.mark.slow
 def test_bad_source_is_one_line(tmp_path):
-    out = subprocess.run(DIFFLLM + ["tokenizer", "train", f"data.sources=[{{path:'{tmp_path}/none/*.jsonl'}}]"],
-                         capture_output=True, text=True, env={**os.environ, "DIFFLLM_CACHE": str(tmp_path)}, timeout=300)
+    out = subprocess.run(
+        DIFFLLM + ["tokenizer", "train", f"data.sources=[{{path:'{tmp_path}/none/*.jsonl'}}]"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DIFFLLM_CACHE": str(tmp_path)},
+        timeout=300,
+    )
     assert out.returncode == 2 and out.stderr.strip() == (
-        f"diffllm tokenizer train: error: data.sources[0].path: {tmp_path}/none/*.jsonl: no files match")
+        f"diffllm tokenizer train: error: data.sources[0].path: {tmp_path}/none/*.jsonl: no files match"
+    )

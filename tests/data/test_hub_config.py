@@ -1,5 +1,6 @@
 """The paper-scale data config (data=fineweb-edu, used by sweep=paper), resolved as far as possible offline: it
 composes, builds typed, hands datasets.load_dataset a streamed hub spec, and fails in one line without the hub."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,10 @@ def test_paper_sweep_trains_on_fineweb_edu_with_a_100k_bpe():
     assert data.name == "fineweb-edu" and data.seq_len == 2048
     (src,) = data.sources
     assert (src.format, src.name, src.text_field) == ("hub", "fineweb-edu", "text")
-    assert hub_args(src) == (("HuggingFaceFW/fineweb-edu", "sample-100BT"),
-                             {"split": "train", "revision": None, "streaming": True})
+    assert hub_args(src) == (
+        ("HuggingFaceFW/fineweb-edu", "sample-100BT"),
+        {"split": "train", "revision": None, "streaming": True},
+    )
     assert data.tokenizer.path is None and data.tokenizer.vocab_size == 100352
     assert data.holds_out and data.val_fraction == 0.01 and not data.val  # the hub dataset has only a train split
 

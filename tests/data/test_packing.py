@@ -1,5 +1,6 @@
 """Packing: full windows, EOS after every document, nothing lost or reordered between windows; empty documents
 and undecodable bytes are counted."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,6 +54,8 @@ def test_empty_and_undecodable_are_reported_once(tmp_path, tok, capfd):
     list(build_train_loader(cfg([{"path": str(tmp_path / "r.jsonl")}], seq_len=3, epochs=1), tok, 0, 1, 1))
     err = capfd.readouterr().err.splitlines()
     assert err == [
-        f"[diffllm.data] source 'r': empty documents are skipped (no tokens, no EOS) and counted (first: {tmp_path / 'r.jsonl'} example 1)",
-        f"[diffllm.data] source 'r': undecodable bytes are replaced by U+FFFD and counted (first: {tmp_path / 'r.jsonl'} example 4)",
+        "[diffllm.data] source 'r': empty documents are skipped (no tokens, no EOS) and counted (first: "
+        f"{tmp_path / 'r.jsonl'} example 1)",
+        "[diffllm.data] source 'r': undecodable bytes are replaced by U+FFFD and counted (first: "
+        f"{tmp_path / 'r.jsonl'} example 4)",
     ]

@@ -1,4 +1,5 @@
 """`data prepare` shards read back with the same semantics: identical batches and interchangeable resume state."""
+
 from __future__ import annotations
 
 import json
@@ -6,11 +7,10 @@ import json
 import pytest
 import torch
 
-from diffllm.data import DataError, build_train_loader, build_val_batches
+from diffllm.data import DataError, TokenizerConfig, build_train_loader, build_val_batches
 from diffllm.data.loader import resolve_sources
 from diffllm.data.prepare import prepare_source
-from diffllm.data.tokenizer import train_bpe, Tokenizer
-from diffllm.data import TokenizerConfig
+from diffllm.data.tokenizer import Tokenizer, train_bpe
 
 from .helpers import cfg, corpus, make_docs, take, write_jsonl
 
@@ -54,10 +54,14 @@ def test_prepared_errors(tmp_path, tok):
     with pytest.raises(DataError, match=r"none/a/meta.json: missing; run `diffllm data prepare` for source 'a'"):
         build_train_loader(missing, tok, 0, 1, 1)
     _prepare(data, tok, tmp_path / "prep")
-    other_field = cfg([{"name": "a", "path": str(tmp_path / "a/*.jsonl"), "text_field": "body"}], prepared_dir=str(tmp_path / "prep"))
+    other_field = cfg(
+        [{"name": "a", "path": str(tmp_path / "a/*.jsonl"), "text_field": "body"}], prepared_dir=str(tmp_path / "prep")
+    )
     with pytest.raises(DataError, match="prepared from a different config of source 'a'"):
         build_train_loader(other_field, tok, 0, 1, 1)
     other = Tokenizer(train_bpe(iter(["other text " * 20]), TokenizerConfig(vocab_size=262)), "<|endoftext|>", "other")
-    loader = build_train_loader(cfg([{"name": "a", "path": str(tmp_path / "a/*.jsonl")}], prepared_dir=str(tmp_path / "prep")), other, 0, 1, 1)
+    loader = build_train_loader(
+        cfg([{"name": "a", "path": str(tmp_path / "a/*.jsonl")}], prepared_dir=str(tmp_path / "prep")), other, 0, 1, 1
+    )
     with pytest.raises(DataError, match="prepared with another tokenizer"):
         next(loader)

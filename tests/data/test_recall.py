@@ -1,6 +1,7 @@
 """The `recall` source (diffllm/data/recall.py): documents hold the layout they claim, exactly the queried values are
 marked (checked on packed windows against a rule on the words), and the held-out split shares no binding set, and
 so no document, with training."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,7 +30,7 @@ def bindings(doc: str) -> frozenset:
 
 def test_documents_hold_the_layout_and_mark_the_values():
     spec = RecallSpec.parse(RECALL["path"])
-    for j, doc, _ in documents(spec, 0, 0, 1):
+    for _j, doc, _ in documents(spec, 0, 0, 1):
         words = str(doc).split()
         n = len({w for w in words if w in KEYS})
         assert len(words) == spec.length and spec.pairs[0] <= n <= spec.pairs[1]
@@ -89,12 +90,15 @@ def test_the_held_out_split_shares_no_binding_set_with_training():
             assert heldout(*zip(*pairs)) == (split == "test")
 
 
-@pytest.mark.parametrize("path, message", [
-    ("recall:pairs=9,length=32", "data.sources[0].path 'recall:pairs=9,length=32': length=32: cannot hold 9 pairs"),
-    ("recall:pair=2", "unknown key 'pair' (keys: pairs, length, gap, docs, seed, split)"),
-    ("recall:split=val", "split='val': expected one of ('train', 'test')"),
-    ("recall:gap=x", "gap='x' is not a number"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("recall:pairs=9,length=32", "data.sources[0].path 'recall:pairs=9,length=32': length=32: cannot hold 9 pairs"),
+        ("recall:pair=2", "unknown key 'pair' (keys: pairs, length, gap, docs, seed, split)"),
+        ("recall:split=val", "split='val': expected one of ('train', 'test')"),
+        ("recall:gap=x", "gap='x' is not a number"),
+    ],
+)
 def test_bad_specs_are_one_line_errors(path, message):
     with pytest.raises(DataError) as e:
         resolve_sources(cfg([{"name": "r", "format": "recall", "path": path}]))

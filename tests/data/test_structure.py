@@ -1,6 +1,7 @@
 """Packed windows carry their structure: document ids (the row restarts at 0 and steps at each document start), loss
 marks (a synthetic source marks its answers only), and the Batch the data config asks for; exact resume, sharding
 and prepared shards keep them."""
+
 from __future__ import annotations
 
 import json
@@ -87,7 +88,9 @@ def test_resume_and_sharding_keep_the_structure(tmp_path, tok):
     corpus(tmp_path, n_files=3, docs_per_file=40)
     data = cfg([{"path": str(tmp_path / "*.jsonl"), "weight": 0.5}, NEEDLE], doc_mask=True, loss_on="marked")
     k, m = 5, 6
-    ref = [[next(loader) for _ in range(k + m)] for loader in (build_train_loader(data, tok, r, 2, 2) for r in range(2))]
+    ref = [
+        [next(loader) for _ in range(k + m)] for loader in (build_train_loader(data, tok, r, 2, 2) for r in range(2))
+    ]
     first = [build_train_loader(data, tok, r, 2, 2) for r in range(2)]
     for loader in first:
         [next(loader) for _ in range(k)]

@@ -1,4 +1,5 @@
 """Tokenizers: the trained byte-level BPE is lossless, loads from tokenizer.json or a HF folder, is cached once."""
+
 from __future__ import annotations
 
 import json
@@ -66,7 +67,9 @@ def test_configured_path_is_used(tmp_path, tok):
 def test_train_bpe_respects_special_tokens():
     from diffllm.data import TokenizerConfig
 
-    tk = train_bpe(iter(["some text " * 50]), TokenizerConfig(vocab_size=270, special_tokens=["<pad>", "<|endoftext|>"]))
+    tk = train_bpe(
+        iter(["some text " * 50]), TokenizerConfig(vocab_size=270, special_tokens=["<pad>", "<|endoftext|>"])
+    )
     assert tk.token_to_id("<|endoftext|>") == 0 and tk.token_to_id("<pad>") == 1
 
 
@@ -76,8 +79,9 @@ def test_a_vocabulary_smaller_than_asked_is_explained(tmp_path, capfd):
     tok = ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 8192}))
     err = capfd.readouterr().err
     assert tok.vocab_size < 8192
-    assert (f"warning: the trained tokenizer has {tok.vocab_size} tokens, fewer than data.tokenizer.vocab_size=8192: "
-            "its ") in err and "min_frequency=2 times (the corpus is too small" in err
+    assert (
+        f"warning: the trained tokenizer has {tok.vocab_size} tokens, fewer than data.tokenizer.vocab_size=8192: its "
+    ) in err and "min_frequency=2 times (the corpus is too small" in err
     assert f"set data.tokenizer.vocab_size={tok.vocab_size}" in err
     ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 300}))
     assert "warning" not in capfd.readouterr().err  # a vocabulary that fills up says nothing
@@ -93,5 +97,7 @@ def test_train_on_limits_the_bpe_to_the_named_sources(tmp_path):
     limited = ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300, "train_on": ["text"]}))
     mixed = ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300}))
     assert limited.fingerprint == alone.fingerprint != mixed.fingerprint
-    with pytest.raises(DataError, match=r"^data.tokenizer.train_on: no training source named 'txt'; did you mean 'text'\?$"):
+    with pytest.raises(
+        DataError, match=r"^data.tokenizer.train_on: no training source named 'txt'; did you mean 'text'\?$"
+    ):
         ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300, "train_on": ["txt"]}))

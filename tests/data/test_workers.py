@@ -1,5 +1,6 @@
 """DataLoader worker processes: never forked from the (threaded) training process; a worker stuck in a read that never
 returns turns into a one-line DataError after data.worker_timeout_s, is killed, and leaves nothing behind."""
+
 from __future__ import annotations
 
 import os
@@ -62,17 +63,24 @@ def test_a_stuck_worker_fails_in_time_and_leaves_no_process(tmp_path):
     """)
     (tmp_path / "stuck.py").write_text(script)
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "stuck.py")], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(base_env(), PYTHONPATH=str(REPO)),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "stuck.py")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(base_env(), PYTHONPATH=str(REPO)),
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         pytest.fail(f"the training process hung: {proc.communicate()}")
     assert proc.returncode == 0, err
-    assert out.startswith("DataError: data: no batch from this rank's DataLoader workers (rank 0) within 3 s "
-                          "(data.worker_timeout_s)"), (out, err)
+    assert out.startswith(
+        "DataError: data: no batch from this rank's DataLoader workers (rank 0) within 3 s (data.worker_timeout_s)"
+    ), (out, err)
     assert time.monotonic() - t0 < 170
     left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
     deadline = time.monotonic() + 30
@@ -99,8 +107,9 @@ def test_a_forkserver_whose_training_process_already_ended_leaves(tmp_path):
         p = subprocess.Popen([sys.executable, "-c", {child!r}], env=env, stdout=open({str(out)!r}, "w"))
         print(p.pid, flush=True)
     """)  # the "training process" ends at once (a zombie until run() returns); its "forkserver" imports 2 s later
-    res = subprocess.run([sys.executable, "-c", parent], env=base_env(), cwd=REPO, capture_output=True, text=True,
-                         check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", parent], env=base_env(), cwd=REPO, capture_output=True, text=True, check=True
+    )
     pid = int(res.stdout.split()[0])
     deadline = time.monotonic() + 60
     while _alive(pid) and time.monotonic() < deadline:

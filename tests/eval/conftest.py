@@ -1,5 +1,7 @@
 """Evaluation-test fixtures: one tiny trained run per architecture (a few real training steps on the Shakespeare
-plays, single process, ZeRO-0, about 10 s each), made once per session (environment and tokenizer: tests/conftest.py)."""
+plays, single process, ZeRO-0, about 10 s each), made once per session (environment and tokenizer:
+tests/conftest.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,10 +12,23 @@ from tests.distributed import run_train
 from tests.train.helpers import SESSION
 
 STEPS = 8  # of 1024 tokens (micro-batch 4 x seq 64 x grad-accum 4)
-TINY = ["model.d_model=64", "model.n_layers=2", "model.max_seq_len=128", "data.seq_len=64",
-        "data.tokenizer.vocab_size=1024", "trainer.micro_batch_size=4", "trainer.global_batch_tokens=1024",
-        f"trainer.tokens={STEPS * 1024}", "trainer.log_every=4", "trainer.val_batches=2", "trainer.val_every=0",
-        "trainer.save_every_steps=4", "trainer.zero_stage=0", "optim.warmup_steps=2", "optim.lr=3e-3"]
+TINY = [
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.max_seq_len=128",
+    "data.seq_len=64",
+    "data.tokenizer.vocab_size=1024",
+    "trainer.micro_batch_size=4",
+    "trainer.global_batch_tokens=1024",
+    f"trainer.tokens={STEPS * 1024}",
+    "trainer.log_every=4",
+    "trainer.val_batches=2",
+    "trainer.val_every=0",
+    "trainer.save_every_steps=4",
+    "trainer.zero_stage=0",
+    "optim.warmup_steps=2",
+    "optim.lr=3e-3",
+]
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +48,15 @@ def runs(tokenizer):
     return get
 
 
-HELD_OUT = ["data.sources=[{name:hamlet,path:'pkg:shksprdata/texts/hamlet_gut.txt',format:text,sample_by:paragraph}]",
-            "data.val=[]", "data.val_fraction=0.05", "data.num_workers=0", "trainer.val_batches=100000",
-            "trainer.val_batch_size=1", "trainer.zero_stage=1"]  # 5% of one book's paragraphs; every held-out window
+HELD_OUT = [
+    "data.sources=[{name:hamlet,path:'pkg:shksprdata/texts/hamlet_gut.txt',format:text,sample_by:paragraph}]",
+    "data.val=[]",
+    "data.val_fraction=0.05",
+    "data.num_workers=0",
+    "trainer.val_batches=100000",
+    "trainer.val_batch_size=1",
+    "trainer.zero_stage=1",
+]  # 5% of one book's paragraphs; every held-out window
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +66,12 @@ def held_out_run(tokenizer):
     run_dir = SESSION / "eval-run-held-out"
     if not (run_dir / "summary.json").is_file():
         overrides = [o for o in TINY if not o.startswith(("trainer.val_batches", "trainer.zero_stage"))]
-        run_train(overrides + HELD_OUT + ["model=diff-tiny", f"run_dir={run_dir}"], 1, SESSION / "eval-logs-held-out",
-                  launcher="plain")
+        run_train(
+            overrides + HELD_OUT + ["model=diff-tiny", f"run_dir={run_dir}"],
+            1,
+            SESSION / "eval-logs-held-out",
+            launcher="plain",
+        )
     return run_dir
 
 

@@ -2,6 +2,7 @@
 segmented documents pack as before); the answer and noise masses equal a float64 softmax computed by hand from one
 layer's q and k; Transformer rows sum to 1 over answer, noise and question; Diff rows too; the command writes its
 JSON and table and refuses bad input in one line. Tiny random models built in this process, no training."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ TASK = RecallTask(n=[1, 3, 6], gaps=[0, 5], lengths=[29, 40], trials=3)  # 29 = 
 def tiny(arch: str, tok, sharpen: float = 8.0) -> DecoderLM:
     """A random 2-layer model (GQA 4/2) whose q and k weights are scaled up so that its rows are far from uniform."""
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=tok.vocab_size,
-                      max_seq_len=128)
+    cfg = ModelConfig(
+        arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=tok.vocab_size, max_seq_len=128
+    )
     model = DecoderLM(cfg).eval()
     with torch.no_grad():
         for name, w in model.named_parameters():
@@ -134,8 +136,9 @@ def test_diff_rows_sum_to_one_over_answer_noise_and_question(tokenizer):
 def tiny_run(folder, arch: str, tok):
     """A run directory holding a tiny random model at step 0 and the tokenizer (what `diffllm import` writes)."""
     model, run = tiny(arch, tok), Run(folder)
-    run.write_weights(model.state_dict(), {"step": 0, "tokens": 0, "world_size": 1, "zero_stage": 0,
-                                           "model": asdict(model.cfg)})
+    run.write_weights(
+        model.state_dict(), {"step": 0, "tokens": 0, "world_size": 1, "zero_stage": 0, "model": asdict(model.cfg)}
+    )
     run.write_tokenizer(tok.tk.to_str())
     run.write_config({"model": asdict(model.cfg), "data": {"tokenizer": {"eos_token": tok.eos_token}}})
     return model
@@ -144,8 +147,9 @@ def tiny_run(folder, arch: str, tok):
 def test_command_writes_the_recall_table_and_refuses_bad_input(tokenizer, tmp_path, capsys):
     model = tiny_run(tmp_path / "run", "diff", tokenizer)
     out = tmp_path / "eval"
-    attention.main([f"run={tmp_path / 'run'}", "task=recall", "n=[2,3]", "gaps=[0,4]", "length=24", "trials=2",
-                    f"out={out}"])
+    attention.main(
+        [f"run={tmp_path / 'run'}", "task=recall", "n=[2,3]", "gaps=[0,4]", "length=24", "trials=2", f"out={out}"]
+    )
     res = json.loads((out / "attention-recall.json").read_text())
     assert [(c["n"], c["gap"], c["queries"]) for c in res["cells"]] == [(2, 0, 4), (2, 4, 4), (3, 0, 6), (3, 4, 6)]
     assert res["task"] == "recall" and res["length"] == 24 and len(res["lambda"]) == 2
@@ -156,9 +160,11 @@ def test_command_writes_the_recall_table_and_refuses_bad_input(tokenizer, tmp_pa
     assert table.startswith("| N | gap | layer | attention to answer | attention noise |")
     assert f"| 3 | 4 | layer 1 | {want['answer'][1]:.3g} |" in table and table in capsys.readouterr().out
     assert not (out / "attention.json").exists()  # the needle mode's file (what eval compare reads) is left alone
-    for bad, message in [(["length=20"], "length=20: cannot hold 2 pairs, 2 queries and gap=16 (needs 4N + gap"),
-                         (["length=200"], "length=200: 200 words are"),
-                         (["task=mqar"], "task='mqar': expected one of ('needle', 'recall')")]:
+    for bad, message in [
+        (["length=20"], "length=20: cannot hold 2 pairs, 2 queries and gap=16 (needs 4N + gap"),
+        (["length=200"], "length=200: 200 words are"),
+        (["task=mqar"], "task='mqar': expected one of ('needle', 'recall')"),
+    ]:
         with pytest.raises(SystemExit):
             attention.main([f"run={tmp_path / 'run'}", "task=recall"] + bad)
         err = capsys.readouterr().err

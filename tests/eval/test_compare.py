@@ -1,4 +1,5 @@
 """eval compare: one row per run, each cell the value its command wrote; missing results are blank or computed."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,9 @@ def test_compare_table_holds_each_commands_numbers(runs, tmp_path, capsys):
         n = json.loads((tmp_path / run / "eval" / "needle-synthetic.json").read_text())
         o = json.loads((tmp_path / run / "eval" / "outliers.json").read_text())
         assert cells[1] == ("transformer" if "transformer" in run else "diff")
-        assert float(cells[3]) == pytest.approx(p["loss"], rel=1e-2) and float(cells[5]) == pytest.approx(n["mean"], abs=1e-2)
+        assert float(cells[3]) == pytest.approx(p["loss"], rel=1e-2) and float(cells[5]) == pytest.approx(
+            n["mean"], abs=1e-2
+        )
         assert float(cells[6]) == pytest.approx(o["attention_logits"]["top1"], rel=1e-2)
         assert (cells[compare.HEADER.index("attention to answer")] == "nan") == ("transformer" in run)
         summary = json.loads((tmp_path / run / "summary.json").read_text())

@@ -1,5 +1,6 @@
 """generate: greedy decoding equals an independent float64 argmax loop; sampling draws from exactly the distribution
 that temperature / top-k / top-p define; stop strings, EOS and the context limit end it; bad input is one line."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,7 @@ def test_greedy_equals_a_float64_argmax_loop(loaded, arch):
                 ids.append(int(ref(torch.tensor([ids]))[0, -1].argmax()))
     finally:
         model.float()
-    assert got["tokens"] == ids[len(tok.encode(PROMPT)):] and got["stopped"] in ("length", "eos")
+    assert got["tokens"] == ids[len(tok.encode(PROMPT)) :] and got["stopped"] in ("length", "eos")
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
@@ -32,8 +33,18 @@ def test_greedy_with_the_kv_cache_equals_greedy_over_the_full_forward(arch, back
     """Every registered architecture (diff2 included), MHA and GQA in one model each: the cached decode (prompt once,
     then one token per step) picks the same 40 tokens as re-running the whole sequence every step."""
     torch.manual_seed(0)
-    model = DecoderLM(ModelConfig(arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300,
-                                  max_seq_len=64, attn_backend=backend)).eval()
+    model = DecoderLM(
+        ModelConfig(
+            arch=arch,
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            vocab_size=300,
+            max_seq_len=64,
+            attn_backend=backend,
+        )
+    ).eval()
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(1)).tolist()
     full, _ = decode(full_forward(model), prompt, 40, Sampling())
     cached, _ = decode(cached_forward(model), prompt, 40, Sampling())
@@ -57,14 +68,22 @@ def frequencies(logits: torch.Tensor, s: Sampling, n: int = 6000) -> torch.Tenso
 LOGITS = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
 
 
-@pytest.mark.parametrize("s, expected", [
-    (Sampling(temperature=1.0), [0.5, 0.3, 0.15, 0.05]),
-    (Sampling(temperature=2.0), (torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 0.5 / (torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 0.5).sum()).tolist()),
-    (Sampling(temperature=1.0, top_k=2), [0.625, 0.375, 0.0, 0.0]),
-    (Sampling(temperature=1.0, top_p=0.7), [0.625, 0.375, 0.0, 0.0]),  # 0.5 < 0.7 <= 0.8: the first two
-    (Sampling(temperature=1.0, top_p=0.85), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),
-    (Sampling(temperature=1.0, top_k=3, top_p=0.5), [1.0, 0.0, 0.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "s, expected",
+    [
+        (Sampling(temperature=1.0), [0.5, 0.3, 0.15, 0.05]),
+        (
+            Sampling(temperature=2.0),
+            (
+                torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 0.5 / (torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 0.5).sum()
+            ).tolist(),
+        ),
+        (Sampling(temperature=1.0, top_k=2), [0.625, 0.375, 0.0, 0.0]),
+        (Sampling(temperature=1.0, top_p=0.7), [0.625, 0.375, 0.0, 0.0]),  # 0.5 < 0.7 <= 0.8: the first two
+        (Sampling(temperature=1.0, top_p=0.85), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),
+        (Sampling(temperature=1.0, top_k=3, top_p=0.5), [1.0, 0.0, 0.0, 0.0]),
+    ],
+)
 def test_sampling_draws_from_the_defined_distribution(s, expected):
     got = frequencies(LOGITS, s)
     assert torch.allclose(got, torch.tensor(expected, dtype=torch.float32), atol=0.025), got
@@ -76,8 +95,10 @@ def test_seed_reproduces_and_top_k_1_is_greedy(loaded):
     b = generate(model, tok, PROMPT, 10, Sampling(temperature=1.0, seed=3))
     c = generate(model, tok, PROMPT, 10, Sampling(temperature=1.0, seed=4))
     assert a == b and a["tokens"] != c["tokens"]
-    assert generate(model, tok, PROMPT, 10, Sampling(temperature=0.7, top_k=1))["tokens"] == \
-        generate(model, tok, PROMPT, 10)["tokens"]
+    assert (
+        generate(model, tok, PROMPT, 10, Sampling(temperature=0.7, top_k=1))["tokens"]
+        == generate(model, tok, PROMPT, 10)["tokens"]
+    )
 
 
 def test_stop_strings_and_eos_end_generation(loaded):
@@ -93,11 +114,13 @@ def test_stop_strings_and_eos_end_generation(loaded):
 def test_prompt_and_context_limits_are_one_line_errors(runs, capsys):
     run = runs("diff")
     long_prompt = "word " * 200  # > 128 tokens: the tiny runs' context
-    for argv, message in [([f"prompt={long_prompt}"], "the model's context is 128 tokens"),
-                          (["prompt=Hello", "max_new_tokens=500"], "use max_new_tokens <="),
-                          (["prompt="], "prompt: empty"),
-                          (["prompt=Hi", "top_p=0"], "top_p=0"),
-                          (["prompt=Hi", "temprature=1"], "did you mean temperature?")]:
+    for argv, message in [
+        ([f"prompt={long_prompt}"], "the model's context is 128 tokens"),
+        (["prompt=Hello", "max_new_tokens=500"], "use max_new_tokens <="),
+        (["prompt="], "prompt: empty"),
+        (["prompt=Hi", "top_p=0"], "top_p=0"),
+        (["prompt=Hi", "temprature=1"], "did you mean temperature?"),
+    ]:
         with pytest.raises(SystemExit):
             main([f"run={run}", *argv])
         err = capsys.readouterr().err

@@ -1,6 +1,7 @@
 """eval lm-eval: the TemplateLM adapter's log-likelihoods equal a brute-force float64 scorer, choice by choice; rolling
 log-likelihoods and generations equal ours; a full offline harness run on the local plays_cloze task reports the
 accuracy our own scoring gives; an unknown task is one line."""
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ def test_rolling_and_generation(loaded):
     ours = perplexity(model, windows([ids], tok.eos_id, cfg.max_seq_len, 4))
     assert rolled == pytest.approx(-ours["loss"] * ours["tokens"], rel=1e-5)  # the same disjoint windows
     prompt = "KING RICHARD II:\n"
-    (gen,) = adapter(model, tok).generate_until([request("generate_until", (prompt, {"until": ["\n"], "max_gen_toks": 16}))])
+    (gen,) = adapter(model, tok).generate_until(
+        [request("generate_until", (prompt, {"until": ["\n"], "max_gen_toks": 16}))]
+    )
     assert gen == generate(model, tok, prompt, 16, stop=("\n",))["text"]
 
 

@@ -1,5 +1,6 @@
 """Evaluation of a run whose data config holds out a share of its training documents (data.val_fraction): `eval ppl`
 scores exactly the windows the trainer validated on (same tokens, same loss), and whole sources only when asked."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,14 @@ def cli(*argv: str):
 
     from tests.distributed import REPO, base_env
 
-    return subprocess.run([sys.executable, "-m", "diffllm.cli", *argv], cwd=REPO, env=base_env(), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", *argv],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_generate_stdout_is_only_the_text_and_quotes_are_hydras(held_out_run):

@@ -1,5 +1,6 @@
 """Attention maps rebuilt from hooks are the model's own (the module output recomputed from them equals the real
 one, sdpa kernel and all); outliers and quantised-logit losses; attention allocation; the two commands."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """eval needle: prompts hold exactly what they claim (length, needle at depth, answers); the teacher-forced verdict
 equals real greedy decoding; the `needle` training source mixes with text and every query is answerable; the command
 writes JSON, a markdown table and a heatmap; bad input is one line."""
+
 from __future__ import annotations
 
 import json
@@ -86,9 +87,14 @@ def test_needle_source_mixes_with_text_and_every_query_is_answerable(tokenizer):
     assert list(documents(NeedleSpec.parse(spec), 0, 3, 7)) == list(documents(NeedleSpec.parse(spec), 0, 0, 1))[3::7]
 
 
-@pytest.mark.parametrize("path, message", [("needle:queries=x", "queries='x' is not a number"),
-                                           ("needle:n_needle=2", "unknown key 'n_needle'"),
-                                           ("needle:n_needles=0", "needs 1 <= n_needles")])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("needle:queries=x", "queries='x' is not a number"),
+        ("needle:n_needle=2", "unknown key 'n_needle'"),
+        ("needle:n_needles=0", "needs 1 <= n_needles"),
+    ],
+)
 def test_needle_source_spec_errors(path, message):
     from diffllm.data import DataConfig, DataError
     from diffllm.data.loader import resolve_sources
@@ -100,20 +106,37 @@ def test_needle_source_spec_errors(path, message):
 @pytest.mark.parametrize("mode", ["synthetic", "text"])
 def test_command_writes_json_table_and_heatmap(runs, tmp_path, capsys, mode):
     lengths, queries = ("[64,128]", 2) if mode == "synthetic" else ("[112,128]", 1)
-    main([f"run={runs('transformer')}", f"mode={mode}", "n_needles=[1,2]", f"queries={queries}", "depths=[0,100]",
-          f"lengths={lengths}", "trials=2", f"out={tmp_path}"])
+    main(
+        [
+            f"run={runs('transformer')}",
+            f"mode={mode}",
+            "n_needles=[1,2]",
+            f"queries={queries}",
+            "depths=[0,100]",
+            f"lengths={lengths}",
+            "trials=2",
+            f"out={tmp_path}",
+        ]
+    )
     res = json.loads((tmp_path / f"needle-{mode}.json").read_text())
     assert len(res["cells"]) == 2 * 2 * 2 and set(res["by_n"]) == {"1", "2"}
     assert all(c["accuracy"] * 2 * queries % 1 == 0 for c in res["cells"] if c["n"] == 2)  # 2 trials x R queries
     assert (tmp_path / f"needle-{mode}.png").read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / f"needle-{mode}.md").read_text()
-    assert table.startswith(f"| N | depth | {lengths[1:-1].replace(',', ' | ')} | mean |") and table.count("\n") == 2 + 4
+    assert (
+        table.startswith(f"| N | depth | {lengths[1:-1].replace(',', ' | ')} | mean |") and table.count("\n") == 2 + 4
+    )
     assert "mean accuracy" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [(["lengths=[4096]"], "lengths: 4096 exceeds the model's context (128)"),
-                                           (["mode=haystack"], "mode='haystack': expected one of"),
-                                           (["lengths=[16]", "n_needles=[4]"], "16 tokens cannot hold 4 needles")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["lengths=[4096]"], "lengths: 4096 exceeds the model's context (128)"),
+        (["mode=haystack"], "mode='haystack': expected one of"),
+        (["lengths=[16]", "n_needles=[4]"], "16 tokens cannot hold 4 needles"),
+    ],
+)
 def test_bad_input_is_one_line(runs, capsys, argv, message):
     with pytest.raises(SystemExit):
         main([f"run={runs('diff')}", *argv])

@@ -1,5 +1,6 @@
 """eval ppl: loss and bits per byte equal a brute-force float64 computation, token by token; the command writes one
 entry per source; bad input is one line."""
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,9 @@ def test_command_reports_each_source(runs, tmp_path, capsys):
     main([f"run={runs('diff')}", f"data=[{a},{b}]", "seq_len=16", f"out={tmp_path / 'out'}"])
     res = json.loads((tmp_path / "out" / "ppl.json").read_text())
     assert set(res["sources"]) == {"a", "b"} and res["arch"] == "diff" and res["seq_len"] == 16
-    assert res["sources"]["a"]["bytes"] == len(TEXT.encode()) and res["sources"]["b"]["bytes"] == 3 * len(OTHER.encode())
+    assert res["sources"]["a"]["bytes"] == len(TEXT.encode()) and res["sources"]["b"]["bytes"] == 3 * len(
+        OTHER.encode()
+    )
     assert "bits/byte" in capsys.readouterr().err
 
 
@@ -96,13 +99,16 @@ def test_data_config_with_a_defaults_list(runs, tmp_path):
 DATA_CONFIGS = ", ".join(sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs/data").glob("*.yaml")))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["run={empty}"], "no checkpoints"),
-    (["run={missing}"], "no such directory"),
-    (["run={run}", "seq_len=4096"], "longer than the model's context (128)"),
-    (["run={run}", "data=nosuchdata"], f"data=nosuchdata: neither a data config ({DATA_CONFIGS}) nor a file"),
-    (["run={run}", "batch_sise=3"], "ppl.batch_sise: unknown key; did you mean batch_size?"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run={empty}"], "no checkpoints"),
+        (["run={missing}"], "no such directory"),
+        (["run={run}", "seq_len=4096"], "longer than the model's context (128)"),
+        (["run={run}", "data=nosuchdata"], f"data=nosuchdata: neither a data config ({DATA_CONFIGS}) nor a file"),
+        (["run={run}", "batch_sise=3"], "ppl.batch_sise: unknown key; did you mean batch_size?"),
+    ],
+)
 def test_bad_input_is_one_line(runs, tmp_path, capsys, argv, message):
     (tmp_path / "empty").mkdir()
     fill = {"empty": tmp_path / "empty", "missing": tmp_path / "nope", "run": runs("diff")}

@@ -2,6 +2,7 @@
 for a fake model whose greedy predictions are known (right exactly on the queries of chosen keys); the bootstrap
 interval equals a direct resampling loop and, with one query per prompt, the binomial quantiles it estimates; a tiny
 run trained on the task with answer-only loss logs the in-loop curve, which equals the scorer on its checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -105,12 +106,33 @@ def test_a_tiny_run_logs_the_recall_curve_and_the_command_scores_it(tmp_path):
     from tests.distributed import run_train
 
     run_dir = tmp_path / "run"
-    run_train(["model=diff-tiny", "data=recall", "model.d_model=64", "model.n_layers=2", "model.max_seq_len=128",
-               "data.seq_len=128", "trainer.micro_batch_size=8", "trainer.global_batch_tokens=1024",
-               "trainer.tokens=20480", "trainer.log_every=10", "trainer.val_every=0", "trainer.val_batches=2",
-               "trainer.zero_stage=0", "optim.warmup_steps=2", "optim.lr=3e-3", "trainer.eval.every=10",
-               "trainer.eval.recall_n=[2,4]", "trainer.eval.recall_gaps=[0]", "trainer.eval.recall_trials=4",
-               f"run_dir={run_dir}"], 1, tmp_path / "logs", launcher="plain")
+    run_train(
+        [
+            "model=diff-tiny",
+            "data=recall",
+            "model.d_model=64",
+            "model.n_layers=2",
+            "model.max_seq_len=128",
+            "data.seq_len=128",
+            "trainer.micro_batch_size=8",
+            "trainer.global_batch_tokens=1024",
+            "trainer.tokens=20480",
+            "trainer.log_every=10",
+            "trainer.val_every=0",
+            "trainer.val_batches=2",
+            "trainer.zero_stage=0",
+            "optim.warmup_steps=2",
+            "optim.lr=3e-3",
+            "trainer.eval.every=10",
+            "trainer.eval.recall_n=[2,4]",
+            "trainer.eval.recall_gaps=[0]",
+            "trainer.eval.recall_trials=4",
+            f"run_dir={run_dir}",
+        ],
+        1,
+        tmp_path / "logs",
+        launcher="plain",
+    )
     records = read_metrics(run_dir)
     curve = [r for r in records if "eval/recall/acc" in r]
     assert [r["step"] for r in curve] == [10, 20] and all("eval/recall/n4/acc" in r for r in curve)
@@ -118,6 +140,7 @@ def test_a_tiny_run_logs_the_recall_curve_and_the_command_scores_it(tmp_path):
     assert 0.02 * last["tokens"] < last["loss_tokens"] < 0.15 * last["tokens"]  # ~N of each ~65-token document
     _, model, tok = Run(run_dir).model()
     from diffllm.data.needle import FILLER, VALUES
+
     assert all(len(tok.encode(" " + w)) == 1 for w in KEYS + VALUES + FILLER)  # data=recall's BPE: one token a word
     res = recall_accuracy(model, tok, RecallTask(n=[2, 4], gaps=[0], lengths=[64], trials=4, bootstrap=0))
     assert curve[-1]["eval/recall/acc"] == res["mean"] and curve[-1]["eval/recall/n2/acc"] == res["by_n"][2]

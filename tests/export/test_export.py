@@ -2,6 +2,7 @@
 equal ours, transformers' greedy `generate()` equals our greedy decoding token for token, the tokenizer round-trips
 text, and skipping the DiffLlama head permutation or the subln fold breaks the logits. Every registered variant has
 a layout here (a new variant without one fails `test_every_registered_variant_has_a_layout`)."""
+
 from __future__ import annotations
 
 import json
@@ -146,8 +147,8 @@ def test_remote_code_batches_padded_prompts(exported, side):
         out = hf.generate(**batch, max_new_tokens=8, do_sample=False)
         for row, text in enumerate(texts):
             ids = tok.encode(text)
-            want = greedy(ours, ids, 8, tok.eos_id)[len(ids):]
-            assert out[row, width: width + len(want)].tolist() == want
+            want = greedy(ours, ids, 8, tok.eos_id)[len(ids) :]
+            assert out[row, width : width + len(want)].tolist() == want
 
 
 @pytest.mark.slow

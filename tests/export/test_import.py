@@ -1,5 +1,6 @@
 """`diffllm import`: a randomly initialised HF model saved locally (no network) becomes a diffllm run whose logits equal
 HF's, and exporting that run reproduces the HF weights bit for bit; `load_pretrained` reads HF directories and runs."""
+
 from __future__ import annotations
 
 import subprocess
@@ -17,10 +18,12 @@ from tests.export.helpers import ENV, TEXT
 transformers = pytest.importorskip("transformers")
 SHAPE = dict(vocab_size=1024, hidden_size=64, intermediate_size=176, num_hidden_layers=2, max_position_embeddings=128)
 HF_MODELS = {
-    "llama": lambda: transformers.LlamaConfig(**SHAPE, num_attention_heads=8, num_key_value_heads=4,
-                                              tie_word_embeddings=True, rope_theta=5000.0),
-    "stablelm": lambda: transformers.StableLmConfig(**SHAPE, num_attention_heads=4, num_key_value_heads=4,
-                                                    partial_rotary_factor=0.25, use_qkv_bias=True),
+    "llama": lambda: transformers.LlamaConfig(
+        **SHAPE, num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True, rope_theta=5000.0
+    ),
+    "stablelm": lambda: transformers.StableLmConfig(
+        **SHAPE, num_attention_heads=4, num_key_value_heads=4, partial_rotary_factor=0.25, use_qkv_bias=True
+    ),
     "diffllama": lambda: transformers.DiffLlamaConfig(**SHAPE, num_attention_heads=8, num_key_value_heads=4),
 }
 
@@ -28,12 +31,18 @@ HF_MODELS = {
 @pytest.fixture(scope="module")
 def hf_dir(tokenizer, tmp_path_factory):
     """model_type -> a saved random HF model (norms and biases moved off their init) with the session tokenizer."""
+
     def make(kind: str):
         torch.manual_seed(0)
         cfg = HF_MODELS[kind]()
-        model = getattr(transformers, cfg.architectures[0] if cfg.architectures else
-                        {"llama": "LlamaForCausalLM", "stablelm": "StableLmForCausalLM",
-                         "diffllama": "DiffLlamaForCausalLM"}[kind])(cfg).eval()
+        model = getattr(
+            transformers,
+            cfg.architectures[0]
+            if cfg.architectures
+            else {"llama": "LlamaForCausalLM", "stablelm": "StableLmForCausalLM", "diffllama": "DiffLlamaForCausalLM"}[
+                kind
+            ],
+        )(cfg).eval()
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if p.dim() == 1 and "o_proj" not in name:
@@ -86,8 +95,9 @@ def test_remote_export_imports_back(runs, tmp_path):
 def cli(*args: str) -> subprocess.CompletedProcess:
     module, fn = ("import_main", args[1:]) if args[0] == "import" else ("export_main", args[1:])
     code = f"from diffllm.export.commands import {module}; {module}()"
-    return subprocess.run([sys.executable, "-c", code, *fn], cwd=REPO, env=base_env(ENV), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *fn], cwd=REPO, env=base_env(ENV), capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -98,7 +108,8 @@ def test_commands_and_a_bad_input_line(runs, hf_dir, tmp_path):
     bad = cli("export", f"run={runs['diff-layernorm-partial']}", f"out={tmp_path / 'x'}", "format=diffllama")
     assert bad.returncode == 2 and bad.stderr == (
         "diffllm export: error: format=diffllama cannot represent this model exactly: DiffLlama has RMSNorm, this "
-        "model has norm=layernorm; use format=remote (or auto)\n"), bad.stderr
+        "model has norm=layernorm; use format=remote (or auto)\n"
+    ), bad.stderr
 
 
 def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
@@ -111,10 +122,14 @@ def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
         (lambda: export_run(tmp_path / "empty", tmp_path / "x"), "empty: no checkpoints"),
         (lambda: export_run(runs["stablelm"], tmp_path / "x", format="lama"), "did you mean 'llama'"),
         (lambda: export_run(runs["stablelm"], tmp_path / "x", step=3), "no checkpoint at that step (steps: 6)"),
-        (lambda: export_run(runs["stablelm"], tmp_path / "x", dtype="fp8"), "dtype='fp8': expected one of float32, "
-                                                                          "bfloat16, float16"),
-        (lambda: import_hf(gpt2, tmp_path / "y"), "model_type='gpt2' cannot be imported (supported: diffllama, "
-                                                  "diffllm, llama, stablelm)"),
+        (
+            lambda: export_run(runs["stablelm"], tmp_path / "x", dtype="fp8"),
+            "dtype='fp8': expected one of float32, bfloat16, float16",
+        ),
+        (
+            lambda: import_hf(gpt2, tmp_path / "y"),
+            "model_type='gpt2' cannot be imported (supported: diffllama, diffllm, llama, stablelm)",
+        ),
         (lambda: import_hf(src, tmp_path / "run"), "already holds checkpoints"),
         (lambda: import_hf(tmp_path / "empty", tmp_path / "z"), "not a Hugging Face model directory (no config.json)"),
         (lambda: load_pretrained(tmp_path / "nowhere"), "model.init_from="),

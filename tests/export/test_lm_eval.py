@@ -1,5 +1,6 @@
 """lm-evaluation-harness through the export path: `HFLM` on an exported model scores a local multiple-choice task with
 the log-likelihoods our own model gives (computed here the way lm-eval splits context and continuation)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,11 @@ transformers = pytest.importorskip("transformers")
 lm_eval = pytest.importorskip("lm_eval")
 
 DOCS = [
-    {"question": "ROMEO: But soft, what light through yonder window", "choices": ["breaks", "sleeps", "sings"],
-     "answer": 0},
+    {
+        "question": "ROMEO: But soft, what light through yonder window",
+        "choices": ["breaks", "sleeps", "sings"],
+        "answer": 0,
+    },
     {"question": "JULIET: O Romeo, Romeo! wherefore art thou", "choices": ["Romeo", "here", "gone"], "answer": 0},
     {"question": "HAMLET: To be, or not to", "choices": ["be", "go", "sing"], "answer": 0},
     {"question": "KING LEAR: Nothing will come of", "choices": ["nothing", "gold", "love"], "answer": 0},
@@ -37,7 +41,7 @@ metric_list:
 
 def our_loglikelihood(model, tok, context: str, continuation: str) -> float:
     whole, ctx = tok.encode(context + continuation), tok.encode(context)
-    cont = whole[len(ctx):]
+    cont = whole[len(ctx) :]
     with torch.no_grad():
         logp = model(torch.tensor([whole]))[0].double().log_softmax(-1)  # (T, V)
     return sum(logp[len(whole) - len(cont) - 1 + i, t].item() for i, t in enumerate(cont))
@@ -58,8 +62,12 @@ def test_hflm_scores_equal_our_model(runs, tmp_path, monkeypatch):
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "mc.yaml").write_text(TASK.format(data=data))
     remote = done.format == "remote"
-    lm = HFLM(pretrained=transformers.AutoModelForCausalLM.from_pretrained(done.out, trust_remote_code=remote),
-              tokenizer=transformers.AutoTokenizer.from_pretrained(done.out), batch_size=4, device="cpu")
+    lm = HFLM(
+        pretrained=transformers.AutoModelForCausalLM.from_pretrained(done.out, trust_remote_code=remote),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(done.out),
+        batch_size=4,
+        device="cpu",
+    )
     tasks = TaskManager(include_path=str(tmp_path / "tasks"))
     out = simple_evaluate(model=lm, tasks=["diffllm_local_mc"], task_manager=tasks, log_samples=True)
     _, ours, tok = Run(runs[layout]).model()

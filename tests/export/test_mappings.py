@@ -1,6 +1,7 @@
 """The native mappings on random weights (fast, no training): our model equals transformers' StableLM, Llama and
 DiffLlama on the converted weights for every head layout, rotary style, bias and lambda_init, both ways round; and
 `choose_format` picks the exact class or says why not."""
+
 import itertools
 
 import pytest
@@ -20,8 +21,9 @@ CASES = [
     (llama, dict(arch="transformer", tie_embeddings=True, attn_backend="eager")),
 ] + [
     (diffllama, dict(arch="diff", n_heads=h, n_kv_heads=kv, rope_interleaved=inter, qkv_bias=bias, lambda_init=lam))
-    for (h, kv), inter, bias, lam in itertools.product([(4, 4), (8, 4), (8, 2)], [False, True], [False, True],
-                                                       [None, 0.5])
+    for (h, kv), inter, bias, lam in itertools.product(
+        [(4, 4), (8, 4), (8, 2)], [False, True], [False, True], [None, 0.5]
+    )
 ]
 
 
@@ -56,33 +58,45 @@ def test_same_logits_as_hf_both_ways(fmt, kw):
 
 
 def test_names_round_trip():
-    ours = {k: v for k, v in DecoderLM(ModelConfig(arch="diff", norm="layernorm", vocab_size=250)).state_dict().items()
-            if ".subln." not in k}  # DiffLlama has no subln weight: diffllama.py folds it into o_proj
+    ours = {
+        k: v
+        for k, v in DecoderLM(ModelConfig(arch="diff", norm="layernorm", vocab_size=250)).state_dict().items()
+        if ".subln." not in k
+    }  # DiffLlama has no subln weight: diffllama.py folds it into o_proj
     hf_names = to_hf_names(ours)
     assert "model.layers.3.self_attn.o_proj.weight" in hf_names and "model.norm.bias" in hf_names
     assert "model.layers.0.self_attn.lambda_q1" in hf_names
     assert from_hf_names(hf_names).keys() == ours.keys()
 
 
-@pytest.mark.parametrize("kw,picked", [
-    (dict(arch="transformer", norm="layernorm", rotary_pct=0.25), "stablelm"),
-    (dict(arch="transformer", rope_interleaved=True), "llama"),
-    (dict(arch="transformer", rotary_pct=0.5), "remote"),
-    (dict(arch="diff", rope_interleaved=True, lambda_init=0.3), "diffllama"),
-    (dict(arch="diff", norm="layernorm", rotary_pct=0.25), "remote"),
-    (dict(arch="diff", norm_eps=1e-6), "remote"),
-])
+@pytest.mark.parametrize(
+    "kw,picked",
+    [
+        (dict(arch="transformer", norm="layernorm", rotary_pct=0.25), "stablelm"),
+        (dict(arch="transformer", rope_interleaved=True), "llama"),
+        (dict(arch="transformer", rotary_pct=0.5), "remote"),
+        (dict(arch="diff", rope_interleaved=True, lambda_init=0.3), "diffllama"),
+        (dict(arch="diff", norm="layernorm", rotary_pct=0.25), "remote"),
+        (dict(arch="diff", norm_eps=1e-6), "remote"),
+    ],
+)
 def test_auto_picks_the_exact_class_else_remote(kw, picked):
     fmt, why = choose_format(ModelConfig(**kw))
     assert fmt.NAME == picked, why
 
 
 def test_a_format_that_cannot_represent_the_model_says_why():
-    with pytest.raises(ValueError, match=r"format=diffllama cannot represent this model exactly: DiffLlama rotates the "
-                                         r"whole head, this model has rotary_pct=0.25; use format=remote"):
+    with pytest.raises(
+        ValueError,
+        match=r"format=diffllama cannot represent this model exactly: DiffLlama rotates the "
+        r"whole head, this model has rotary_pct=0.25; use format=remote",
+    ):
         choose_format(ModelConfig(arch="diff", rotary_pct=0.25), "diffllama")
-    with pytest.raises(ValueError, match=r"format=stablelm .* StableLM has standard attention, this model has "
-                                         r"arch=diff"):
+    with pytest.raises(
+        ValueError,
+        match=r"format=stablelm .* StableLM has standard attention, this model has "
+        r"arch=diff",
+    ):
         choose_format(ModelConfig(arch="diff"), "stablelm")
     with pytest.raises(ValueError, match="did you mean 'diffllama'"):
         choose_format(ModelConfig(arch="diff"), "difllama")

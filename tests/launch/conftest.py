@@ -1,5 +1,6 @@
 """Launch-test fixtures, each started on first use and always torn down: one real SLURM cluster per test session, and
 two ssh hosts (node-a, node-b) for DeepSpeed's pdsh launcher."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Throwaway services the launch tests start on this machine with a script of ours (tests/launch/<name>.sh up|down DIR,
 all state under DIR), and the session fixture's life cycle: skip with the reason, start, always stop and clean up."""
+
 from __future__ import annotations
 
 import shutil
@@ -21,8 +22,9 @@ class LocalService:
         self.dir = state_dir
 
     def up(self) -> None:
-        out = subprocess.run(["bash", str(self.script), "up", str(self.dir)], capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run(
+            ["bash", str(self.script), "up", str(self.dir)], capture_output=True, text=True, timeout=120
+        )
         if out.returncode != 0:
             self.down()
             raise RuntimeError(f"{self.what} did not start:\n{out.stdout}{out.stderr}")

@@ -1,5 +1,6 @@
 """A real one-node SLURM cluster for the tests (local_slurm.sh beside this file: munged + slurmctld + slurmd on
 localhost), and small helpers to submit through `diffllm launch --launcher slurm` and follow a job with scontrol."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,10 @@ def unavailable() -> Optional[str]:
         return "needs root (slurmd runs jobs as their users); `make test` as root on Debian installs SLURM"
     missing = [t for t in TOOLS if not shutil.which(t)]
     if missing:
-        return (f"no {', '.join(missing)}: `make test` as root on Debian installs slurmctld slurmd slurm-client "
-                f"munge (apt-get)")
+        return (
+            f"no {', '.join(missing)}: `make test` as root on Debian installs slurmctld slurmd slurm-client "
+            f"munge (apt-get)"
+        )
     return None
 
 
@@ -44,8 +47,14 @@ class Cluster(LocalService):
 
     def launch(self, cwd: Path, *args: str, env: Optional[dict] = None) -> int:
         """`diffllm launch --launcher slurm ... --submit` as a user types it; returns the job id."""
-        out = subprocess.run([sys.executable, "-m", "diffllm.cli", "launch", "--launcher", "slurm", *args],
-                             capture_output=True, text=True, cwd=cwd, env={**self.env, **(env or {})}, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-m", "diffllm.cli", "launch", "--launcher", "slurm", *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env={**self.env, **(env or {})},
+            timeout=300,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         return int(re.search(r"Submitted batch job (\d+)", out.stdout).group(1))
 
@@ -61,6 +70,7 @@ class Cluster(LocalService):
             if until(info):
                 return info
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id}: still {info.get('JobState')} ({info.get('Reason')}) after "
-                                   f"{timeout:.0f} s")
+                raise TimeoutError(
+                    f"job {job_id}: still {info.get('JobState')} ({info.get('Reason')}) after {timeout:.0f} s"
+                )
             time.sleep(every)

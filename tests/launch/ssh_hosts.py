@@ -1,6 +1,7 @@
 """Two ssh "hosts" on this machine for DeepSpeed's pdsh launcher (local_ssh.sh beside this file: an sshd of our own on
 a free 127.0.0.1 port, a throwaway key, aliases node-a and node-b); `env` puts its ssh (with that config) first on
 PATH."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,10 @@ def unavailable() -> Optional[str]:
     path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"  # sshd lives in sbin
     missing = [t for t in TOOLS if not shutil.which(t, path=path)]
     if missing:
-        return (f"no {', '.join(missing)}: `make test` as root on Debian installs openssh-server openssh-client pdsh "
-                f"(apt-get)")
+        return (
+            f"no {', '.join(missing)}: `make test` as root on Debian installs openssh-server openssh-client pdsh "
+            f"(apt-get)"
+        )
     if os.geteuid() != 0:
         return "runs its own sshd, tried as root only; `make test` as root on Debian sets it up"
     return None

@@ -1,5 +1,6 @@
 """The launch command builders: exact argv for torchrun and the deepspeed runner, the sbatch script (checked with
 bash -n), hostfile errors, and the CLI's option parsing and one-line errors."""
+
 from __future__ import annotations
 
 import shutil
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from diffllm.launch.cli import parse_args
 from diffllm.launch.argv import LaunchConfig, deepspeed_argv, torchrun_argv
+from diffllm.launch.cli import parse_args
 from diffllm.launch.hostfile import read_hostfile
 from diffllm.launch.slurm import sbatch_script
 
@@ -19,11 +20,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_torchrun_one_node_and_many():
     one = torchrun_argv(LaunchConfig(procs=2), ["model=diff-tiny"])
-    assert one == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                   "--rdzv_endpoint", "localhost:0", "--rdzv_id", "diffllm", "--rdzv_conf", "join_timeout=600",
-                   "--signals_to_handle",
-                   "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown_timeout", "240", "-m", "diffllm.train",
-                   "model=diff-tiny"]
+    assert one == [
+        "torchrun",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "localhost:0",
+        "--rdzv_id",
+        "diffllm",
+        "--rdzv_conf",
+        "join_timeout=600",
+        "--signals_to_handle",
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "--shutdown_timeout",
+        "240",
+        "-m",
+        "diffllm.train",
+        "model=diff-tiny",
+    ]
     many = torchrun_argv(LaunchConfig(nodes=4, procs=8, master_addr="node-1", master_port=29400, node_rank=3), [])
     assert many[many.index("--rdzv_endpoint") + 1] == "node-1:29400" and many[many.index("--nnodes") + 1] == "4"
     assert many[many.index("--node_rank") + 1] == "3"
@@ -33,8 +51,22 @@ def test_deepspeed_with_hostfile(tmp_path):
     hf = tmp_path / "hosts"
     hf.write_text("# two nodes\nnode-1 slots=8\nnode-2 slots=8  # comment\n")
     argv = deepspeed_argv(LaunchConfig(launcher="deepspeed", nodes=2, procs=8, hostfile=str(hf)), ["seed=1"])
-    assert argv == ["deepspeed", "--hostfile", str(hf), "--launcher", "pdsh", "--num_nodes", "2", "--num_gpus", "8",
-                    "--master_port", "29500", "--module", "diffllm.train", "seed=1"]
+    assert argv == [
+        "deepspeed",
+        "--hostfile",
+        str(hf),
+        "--launcher",
+        "pdsh",
+        "--num_nodes",
+        "2",
+        "--num_gpus",
+        "8",
+        "--master_port",
+        "29500",
+        "--module",
+        "diffllm.train",
+        "seed=1",
+    ]
 
 
 def test_deepspeed_runner_accepts_our_argv():
@@ -51,16 +83,24 @@ def test_torchrun_parser_accepts_our_argv():
 
     args = get_args_parser().parse_args(torchrun_argv(LaunchConfig(nodes=2, procs=4, master_addr="h"), ["x=1"])[1:])
     assert (args.nnodes, args.nproc_per_node, args.rdzv_endpoint, args.module, args.training_script) == (
-        "2", "4", "h:29500", True, "diffllm.train")
+        "2",
+        "4",
+        "h:29500",
+        True,
+        "diffllm.train",
+    )
     assert args.shutdown_timeout == 240 and "SIGUSR1" in args.signals_to_handle
 
 
-@pytest.mark.parametrize("text,match", [
-    ("node-1\n", r"hosts:1: 'node-1' has no slots=N"),
-    ("node-1 slots=0\n", r"hosts:1: 'node-1 slots=0': slots must be a positive integer"),
-    ("# nothing\n\n", r"hosts: lists no hosts with slots"),
-    ("a slots=2\na slots=2\n", r"hosts:2: host 'a' is listed twice"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("node-1\n", r"hosts:1: 'node-1' has no slots=N"),
+        ("node-1 slots=0\n", r"hosts:1: 'node-1 slots=0': slots must be a positive integer"),
+        ("# nothing\n\n", r"hosts: lists no hosts with slots"),
+        ("a slots=2\na slots=2\n", r"hosts:2: host 'a' is listed twice"),
+    ],
+)
 def test_bad_hostfiles(tmp_path, text, match):
     hf = tmp_path / "hosts"
     hf.write_text(text)
@@ -83,22 +123,43 @@ def test_example_hostfile_parses():
 
 def test_sbatch_gpus_per_node():
     def gres(**kw):
-        return [ln for ln in sbatch_script(LaunchConfig(launcher="slurm", procs=4, **kw), []).splitlines()
-                if "gpus-per-node" in ln]
+        return [
+            ln
+            for ln in sbatch_script(LaunchConfig(launcher="slurm", procs=4, **kw), []).splitlines()
+            if "gpus-per-node" in ln
+        ]
 
     assert gres() == ["#SBATCH --gpus-per-node=4"] and gres(gpus_per_node=8) == ["#SBATCH --gpus-per-node=8"]
     assert gres(gpus_per_node=0) == []  # a CPU cluster: asking for GPUs would never be scheduled
 
 
 def test_sbatch_script():
-    cfg = LaunchConfig(launcher="slurm", nodes=4, procs=8, master_port=0, partition="gpu", account="proj", time="12:00:00",
-                       container_image="/images/diffllm.sqsh", setup=["source .venv/bin/activate"],
-                       env={"NCCL_DEBUG": "WARN"})
+    cfg = LaunchConfig(
+        launcher="slurm",
+        nodes=4,
+        procs=8,
+        master_port=0,
+        partition="gpu",
+        account="proj",
+        time="12:00:00",
+        container_image="/images/diffllm.sqsh",
+        setup=["source .venv/bin/activate"],
+        env={"NCCL_DEBUG": "WARN"},
+    )
     text = sbatch_script(cfg, ["model=diff-13.1b", "run_dir=runs/${model.name}"])
-    for line in ["#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1",
-                 "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --time=12:00:00",
-                 "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue", "source .venv/bin/activate",
-                 "export NCCL_DEBUG=WARN", 'scontrol requeue "$SLURM_JOB_ID"']:
+    for line in [
+        "#SBATCH --nodes=4",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --time=12:00:00",
+        "#SBATCH --signal=B:USR1@300",
+        "#SBATCH --requeue",
+        "source .venv/bin/activate",
+        "export NCCL_DEBUG=WARN",
+        'scontrol requeue "$SLURM_JOB_ID"',
+    ]:
         assert line in [x.strip() for x in text.splitlines()], line
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "--container-image=/images/diffllm.sqsh" in srun
@@ -136,8 +197,9 @@ def test_sbatch_without_the_whole_node_asks_a_core_per_rank_and_data_worker(tmp_
     shared, _ = parse_args(["--launcher", "slurm", "--procs", "8", "--exclusive", "false", "--dry-run"])
     assert "#SBATCH --cpus-per-task=24" in _sbatch_lines(sbatch_script(shared, [], data_workers=2))
     assert "#SBATCH --exclusive" not in _sbatch_lines(sbatch_script(shared, [], data_workers=2))
-    given, _ = parse_args(["--launcher", "slurm", "--procs", "8", "--exclusive", "false", "--cpus-per-task", "16",
-                           "--mem", "500G"])
+    given, _ = parse_args(
+        ["--launcher", "slurm", "--procs", "8", "--exclusive", "false", "--cpus-per-task", "16", "--mem", "500G"]
+    )
     assert {"#SBATCH --cpus-per-task=16", "#SBATCH --mem=500G"} <= set(_sbatch_lines(sbatch_script(given, [])))
     assert run(shared, ["data.num_workers=3", "trainer.global_batch_tokens=16384"]) == 0  # the train config's workers
     assert "#SBATCH --cpus-per-task=32" in capsys.readouterr().out.splitlines()
@@ -176,10 +238,18 @@ def test_sbatch_script_forwards_the_signal_and_requeues(tmp_path):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(LaunchConfig(launcher="slurm", nodes=2, procs=8, master_port=0), ["model=diff-tiny"],
-                                    executable="torchrun"))  # the stand-in on PATH
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "SLURM_JOB_ID": "42",
-           "SLURM_JOB_NODELIST": "node-[a-b]"}
+    script.write_text(
+        sbatch_script(
+            LaunchConfig(launcher="slurm", nodes=2, procs=8, master_port=0), ["model=diff-tiny"], executable="torchrun"
+        )
+    )  # the stand-in on PATH
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "MARKS": str(marks),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+    }
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path)
     deadline = time.time() + 30
     while not (marks / "started").exists() and time.time() < deadline:
@@ -198,10 +268,31 @@ def test_sbatch_signal_must_leave_time_to_save():
 
 
 def test_parse_args_flags_and_overrides():
-    cfg, overrides = parse_args(["--nodes", "2", "--procs=4", "--dry-run", "model=diff-tiny", "--master-addr", "h",
-                                 "--node-rank", "1", "--env", "A=1", "--", "--weird"])
+    cfg, overrides = parse_args(
+        [
+            "--nodes",
+            "2",
+            "--procs=4",
+            "--dry-run",
+            "model=diff-tiny",
+            "--master-addr",
+            "h",
+            "--node-rank",
+            "1",
+            "--env",
+            "A=1",
+            "--",
+            "--weird",
+        ]
+    )
     assert (cfg.nodes, cfg.procs, cfg.dry_run, cfg.master_addr, cfg.node_rank, cfg.env) == (
-        2, 4, True, "h", 1, {"A": "1"})
+        2,
+        4,
+        True,
+        "h",
+        1,
+        {"A": "1"},
+    )
     assert overrides == ["model=diff-tiny", "--weird"]
     slurm, _ = parse_args(["--launcher", "slurm"])
     assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launcher/slurm.yaml applied
@@ -211,11 +302,17 @@ def test_parse_args_flags_and_overrides():
         parse_args(["--nodes", "two"])
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--nodes", "2"], r"^--nodes 2: torchrun needs --master-addr <host of node rank 0>"),
-    (["--nodes", "2", "--master-addr", "h"], r"^--node-rank: missing; with --nodes 2 give each node its rank, 0..1"),
-    (["--nodes", "2", "--master-addr", "h", "--node-rank", "2"], r"^--node-rank: 2 is out of range"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--nodes", "2"], r"^--nodes 2: torchrun needs --master-addr <host of node rank 0>"),
+        (
+            ["--nodes", "2", "--master-addr", "h"],
+            r"^--node-rank: missing; with --nodes 2 give each node its rank, 0..1",
+        ),
+        (["--nodes", "2", "--master-addr", "h", "--node-rank", "2"], r"^--node-rank: 2 is out of range"),
+    ],
+)
 def test_several_torchrun_nodes_need_a_master_and_a_rank(args, match):
     """Accepted before, and no node would ever have found the others."""
     with pytest.raises(ValueError, match=match):
@@ -224,13 +321,16 @@ def test_several_torchrun_nodes_need_a_master_and_a_rank(args, match):
     assert "--nnodes 2" in sbatch_script(slurm, [])
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer.tokenz=5"], "trainer.tokenz=5: unknown key (did you mean trainer.tokens?)"),
-    (["seeed=1"], "seeed=1: unknown key (did you mean seed?)"),
-    (["trainer.zero_stage=7"], "trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
-    (["trainer.tokens=5x"], "trainer.tokens: expected a count like 20M, 1.5B or 4096, got '5x'"),
-    (["model.d_model=sixty"], "model.d_model"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["trainer.tokenz=5"], "trainer.tokenz=5: unknown key (did you mean trainer.tokens?)"),
+        (["seeed=1"], "seeed=1: unknown key (did you mean seed?)"),
+        (["trainer.zero_stage=7"], "trainer.zero_stage: got 7, expected 0, 1, 2 or 3"),
+        (["trainer.tokens=5x"], "trainer.tokens: expected a count like 20M, 1.5B or 4096, got '5x'"),
+        (["model.d_model=sixty"], "model.d_model"),
+    ],
+)
 def test_train_overrides_are_checked_before_anything_runs(overrides, message):
     from diffllm.launch.checks import check_train_overrides
 
@@ -264,8 +364,11 @@ def test_help_examples_pass_the_preflight_checks(tmp_path):
     from diffllm.launch.help import EXAMPLES
 
     (tmp_path / "hosts").write_text("node-1 slots=8\nnode-2 slots=8\n")
-    lines = [ln.split("#")[0].replace("--hostfile hosts", f"--hostfile {tmp_path}/hosts")
-             for ln in EXAMPLES.splitlines() if ln.strip().startswith("diffllm launch")]
+    lines = [
+        ln.split("#")[0].replace("--hostfile hosts", f"--hostfile {tmp_path}/hosts")
+        for ln in EXAMPLES.splitlines()
+        if ln.strip().startswith("diffllm launch")
+    ]
     assert len(lines) == 4
     for line in lines:
         cfg, overrides = parse_args(shlex.split(line)[2:] + ["--dry-run"])
@@ -273,18 +376,23 @@ def test_help_examples_pass_the_preflight_checks(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffllm.cli", "launch", *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "launch", *args], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
 
 
 @pytest.mark.slow
 def test_cli_dry_run_and_one_line_errors(tmp_path):
     out = _cli("--nodes", "1", "--procs", "2", "--dry-run", "model=diff-tiny")
-    assert out.returncode == 0 and "--nproc_per_node 2" in out.stdout and "-m diffllm.train model=diff-tiny" in out.stdout
+    assert (
+        out.returncode == 0 and "--nproc_per_node 2" in out.stdout and "-m diffllm.train model=diff-tiny" in out.stdout
+    )
     empty = tmp_path / "hosts"
     empty.write_text("# no hosts\n")
-    for args, msg in [(["--launcher", "deepspeed", "--hostfile", str(empty), "--dry-run"], "lists no hosts"),
-                      (["--dry-run", "model=nope"], "model=nope: unknown preset"),
-                      (["--launcher", "mpi"], "no configs/launcher/mpi.yaml")]:
+    for args, msg in [
+        (["--launcher", "deepspeed", "--hostfile", str(empty), "--dry-run"], "lists no hosts"),
+        (["--dry-run", "model=nope"], "model=nope: unknown preset"),
+        (["--launcher", "mpi"], "no configs/launcher/mpi.yaml"),
+    ]:
         bad = _cli(*args)
         assert bad.returncode == 2 and msg in bad.stderr and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -2,6 +2,7 @@
 a submitted job runs `srun torchrun` with 2 processes to a finished summary; SLURM's own time-limit signal makes the
 trainer checkpoint, the job requeue itself and resume, with losses bit-equal to the uninterrupted job; scancel
 mid-run leaves only complete checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,33 @@ SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.faults.st
 def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool = False) -> tuple[int, Path]:
     """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file). `slow`: rank 0 sleeps
     SLOW_STEP_S per step (the losses stay those of the plain run)."""
-    train = tiny(run_dir, 1, f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=40", "trainer.log_every=1",
-                 *([f"trainer.faults.step_delay_s={SLOW_STEP_S}"] if slow else []))
+    train = tiny(
+        run_dir,
+        1,
+        f"trainer.tokens={STEPS * 1024}",
+        "trainer.save_every_steps=40",
+        "trainer.log_every=1",
+        *([f"trainer.faults.step_delay_s={SLOW_STEP_S}"] if slow else []),
+    )
     venv = Path(sys.executable).parent  # as a user's `--setup "source .venv/bin/activate"`: torchrun on the PATH
-    job = slurm.launch(tmp, "--procs", "2", "--gpus-per-node", "0", "--job-name", name, "--log-dir", str(tmp / "logs"),
-                       "--shutdown-timeout-s", "20", "--setup", f"export PATH={venv}:$PATH", *options, *train,
-                       env={**base_env(), **ENV})
+    job = slurm.launch(
+        tmp,
+        "--procs",
+        "2",
+        "--gpus-per-node",
+        "0",
+        "--job-name",
+        name,
+        "--log-dir",
+        str(tmp / "logs"),
+        "--shutdown-timeout-s",
+        "20",
+        "--setup",
+        f"export PATH={venv}:$PATH",
+        *options,
+        *train,
+        env={**base_env(), **ENV},
+    )
     return job, tmp / "logs" / f"{name}-{job}.out"
 
 

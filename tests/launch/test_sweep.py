@@ -1,5 +1,6 @@
 """Sweep grid generation (budgets, seeds, run directories, skipping finished runs), the multirun commands, and
 `collect` over synthetic run directories."""
+
 from __future__ import annotations
 
 import csv
@@ -26,20 +27,43 @@ def _summary(run_dir: Path, model: str, loss: float, status: str = "finished", *
     s = model_stats(load_preset(model))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": asdict(load_preset(model))}))  # its model config
-    (run_dir / "summary.json").write_text(json.dumps({
-        "model": model, "arch": load_preset(model).arch, "total_params": s.total_params,
-        "nonembedding_params": s.nonembedding_params, "tokens": 131072, "flops": 1e12, "final_train_loss": loss + 0.1,
-        "final_val_loss": loss, "wall_time_s": 12.5, "world_size": 1, "status": status, **extra}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "model": model,
+                "arch": load_preset(model).arch,
+                "total_params": s.total_params,
+                "nonembedding_params": s.nonembedding_params,
+                "tokens": 131072,
+                "flops": 1e12,
+                "final_train_loss": loss + 0.1,
+                "final_val_loss": loss,
+                "wall_time_s": 12.5,
+                "world_size": 1,
+                "status": status,
+                **extra,
+            }
+        )
+    )
 
 
 def test_grid_budgets_seeds_and_dirs(tmp_path):
-    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1", "diff-micro-2"], tokens=["1M"],
-                       tokens_by_model={"diff-micro-2": ["2M", "3M"]}, seeds=[1], seeds_by_model={"diff-micro-1": [1, 2]},
-                       round_tokens_to=2048)
+    grid = SweepConfig(
+        models=["transformer-micro-1", "diff-micro-1", "diff-micro-2"],
+        tokens=["1M"],
+        tokens_by_model={"diff-micro-2": ["2M", "3M"]},
+        seeds=[1],
+        seeds_by_model={"diff-micro-1": [1, 2]},
+        round_tokens_to=2048,
+    )
     runs = plan_runs(grid, tmp_path)
     assert [(r.model, r.tokens, r.seed) for r in runs] == [
-        ("transformer-micro-1", 1001472, 1), ("diff-micro-1", 1001472, 1), ("diff-micro-1", 1001472, 2),
-        ("diff-micro-2", 2000896, 1), ("diff-micro-2", 3000320, 1)]  # rounded up to whole 2048-token steps
+        ("transformer-micro-1", 1001472, 1),
+        ("diff-micro-1", 1001472, 1),
+        ("diff-micro-1", 1001472, 2),
+        ("diff-micro-2", 2000896, 1),
+        ("diff-micro-2", 3000320, 1),
+    ]  # rounded up to whole 2048-token steps
     assert runs[0].run_dir == tmp_path / "transformer-micro-1" / "1001472" / "seed1"
     assert token_label(2_000_000) == "2M" and token_label(131072) == "131072" and token_label(10**12) == "1T"
 
@@ -50,8 +74,9 @@ def test_tokens_per_param_rule():
 
 
 def test_multirun_commands_skip_finished(tmp_path):
-    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1"], tokens=["64K"], seeds=[7],
-                       overrides=["trainer.zero_stage=0"])
+    grid = SweepConfig(
+        models=["transformer-micro-1", "diff-micro-1"], tokens=["64K"], seeds=[7], overrides=["trainer.zero_stage=0"]
+    )
     runs = plan_runs(grid, tmp_path)
     _summary(runs[0].run_dir, "transformer-micro-1", 5.0)
     (runs[1].run_dir / "checkpoints").mkdir(parents=True)  # started, not finished: resumes
@@ -94,21 +119,30 @@ def test_micro_sweep_config_is_a_valid_grid():
     # 5 learning rates (6 at micro-2: the later glob wins) x 2 seeds for every preset, x 2 lambda_init choices for
     # the Diff Transformer
     assert sum(r.model == "diff-micro-1" for r in runs) == 20 and sum(r.model == "diff2-micro-4" for r in runs) == 10
-    assert sum(r.model == "diff-micro-2" for r in runs) == 24 and sum(r.model == "transformer-micro-2" for r in runs) == 12
+    assert (
+        sum(r.model == "diff-micro-2" for r in runs) == 24 and sum(r.model == "transformer-micro-2" for r in runs) == 12
+    )
     assert len(runs) == 168
 
 
 def test_grid_axes_per_model_and_their_run_dirs(tmp_path):
-    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1", "diff-micro-3"], tokens=["64K"], seeds=[1, 2],
-                       grid={"optim.lr": [1e-3, 2e-3]},
-                       grid_by_model={"*-micro-3": {"optim.lr": [3e-05]}, "diff-*": {"model.lambda_init": [None, 0.8]}})
+    grid = SweepConfig(
+        models=["transformer-micro-1", "diff-micro-1", "diff-micro-3"],
+        tokens=["64K"],
+        seeds=[1, 2],
+        grid={"optim.lr": [1e-3, 2e-3]},
+        grid_by_model={"*-micro-3": {"optim.lr": [3e-05]}, "diff-*": {"model.lambda_init": [None, 0.8]}},
+    )
     runs = plan_runs(grid, tmp_path)
     points = {(r.model, r.axes, r.seed) for r in runs}
     assert len(runs) == len(points) == 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2
     assert ("diff-micro-3", (("optim.lr", 3e-05), ("model.lambda_init", None)), 2) in points
     assert ("transformer-micro-1", (("optim.lr", 0.002),), 1) in points
-    d = next(r.run_dir for r in runs if r.model == "diff-micro-1" and r.seed == 2 and r.axes[1][1] == 0.8
-             and r.axes[0][1] == 1e-3)
+    d = next(
+        r.run_dir
+        for r in runs
+        if r.model == "diff-micro-1" and r.seed == 2 and r.axes[1][1] == 0.8 and r.axes[0][1] == 1e-3
+    )
     assert d == tmp_path / "diff-micro-1" / "64K" / "lr=0.001,lambda_init=0.8" / "seed2"
     commands = multirun_commands(runs, grid, tmp_path, [])
     assert len(commands) == 2 * (2 + 4 + 2)  # per seed: transformer lrs, diff-micro-1 lr x lambda, diff-micro-3
@@ -118,23 +152,35 @@ def test_grid_axes_per_model_and_their_run_dirs(tmp_path):
             cfg = compose("train", [o if not o.startswith("model=") else f"model={model}" for o in overrides])
             run = next(r for r in runs if r.run_dir == Path(cfg.run_dir))
             assert (cfg.model.name, cfg.seed, cfg.data.seed) == (run.model, run.seed, run.seed)
-            assert [(k, cfg.optim.lr if k == "optim.lr" else cfg.model.lambda_init) for k, _ in run.axes] == list(run.axes)
+            assert [(k, cfg.optim.lr if k == "optim.lr" else cfg.model.lambda_init) for k, _ in run.axes] == list(
+                run.axes
+            )
 
 
-@pytest.mark.parametrize("grid, message", [
-    ({"grid_by_model": {"difff-*": {"optim.lr": [1e-3]}}}, "sweep.grid_by_model: 'difff-*' matches none of sweep.models"),
-    ({"grid": {"optim.lr": [1e-3]}, "overrides": ["optim.lr=2e-3"]}, "sweep.grid.optim.lr: optim.lr is also in sweep.overrides"),
-    ({"grid": {"seed": [1, 2]}}, "sweep.grid.seed: seed is set by the sweep itself"),
-    ({"grid": {"optim.lr": []}}, "sweep.grid.optim.lr: expected a non-empty list of values"),
-])
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        (
+            {"grid_by_model": {"difff-*": {"optim.lr": [1e-3]}}},
+            "sweep.grid_by_model: 'difff-*' matches none of sweep.models",
+        ),
+        (
+            {"grid": {"optim.lr": [1e-3]}, "overrides": ["optim.lr=2e-3"]},
+            "sweep.grid.optim.lr: optim.lr is also in sweep.overrides",
+        ),
+        ({"grid": {"seed": [1, 2]}}, "sweep.grid.seed: seed is set by the sweep itself"),
+        ({"grid": {"optim.lr": []}}, "sweep.grid.optim.lr: expected a non-empty list of values"),
+    ],
+)
 def test_bad_grid_axes_are_one_line_errors(grid, message):
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace("*", r"\*")):
         plan_runs(SweepConfig(models=["diff-micro-1"], tokens=["64K"], **grid), "/tmp/x")
 
 
 def test_shards_split_the_grid_exactly():
-    grid = SweepConfig(models=["transformer-micro-1", "diff-micro-1"], tokens=["64K"], seeds=[1, 2, 3],
-                       grid={"optim.lr": [1e-3, 2e-3]})
+    grid = SweepConfig(
+        models=["transformer-micro-1", "diff-micro-1"], tokens=["64K"], seeds=[1, 2, 3], grid={"optim.lr": [1e-3, 2e-3]}
+    )
     runs = plan_runs(grid, "/tmp/x")
     parts = [shard_runs(runs, f"{i}/3") for i in range(3)]
     assert sorted(r.run_dir for p in parts for r in p) == sorted(r.run_dir for r in runs)
@@ -157,8 +203,10 @@ def test_collect_tables(tmp_path):
     (unfinished / "metrics.jsonl").write_text('{"step": 1, "loss": 6.0}\n')
     records = collect(tmp_path)
     assert [(r.model, r.seed, r.status) for r in records] == [
-        ("diff-micro-1", 1235, "finished"), ("diff-micro-2", 1234, "unfinished"),
-        ("transformer-micro-1", 1234, "finished")]
+        ("diff-micro-1", 1235, "finished"),
+        ("diff-micro-2", 1234, "unfinished"),
+        ("transformer-micro-1", 1234, "finished"),
+    ]
     t = records[2]
     s = model_stats(load_preset("transformer-micro-1"))
     assert t.block_params == s.nonembedding_params - s.embedding_params  # minus the untied output head
@@ -178,8 +226,9 @@ def test_collect_bad_dirs(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffllm.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", *args], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
 
 
 @pytest.mark.slow
@@ -190,7 +239,8 @@ def test_cli_dry_run_and_errors(tmp_path):
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     missing = _cli("sweep", "collect", f"sweep_dir={tmp_path}/nope")
     assert missing.returncode == 2 and missing.stderr.strip() == (
-        f"diffllm sweep collect: error: sweep_dir={tmp_path}/nope: no such directory")
+        f"diffllm sweep collect: error: sweep_dir={tmp_path}/nope: no such directory"
+    )
     bad = _cli("sweep", f"sweep_dir={tmp_path}", "dry_run=true", "sweep.models=[diff-micro-9]")
     assert bad.returncode == 2 and "model=diff-micro-9: unknown preset" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
@@ -201,10 +251,21 @@ def test_job_multirun_skips_finished_runs(tmp_path):
     trains, exit 0; Hydra writes only under the sweep directory."""
     for model in ("transformer-micro-1", "diff-micro-1"):
         _summary(tmp_path / model, model, 5.0)
-    out = subprocess.run([sys.executable, "-m", "diffllm.sweep.job", "--multirun",
-                          "model=transformer-micro-1,diff-micro-1", f"run_dir={tmp_path}/${{model.name}}",
-                          f"hydra.sweep.dir={tmp_path}/.multirun"], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffllm.sweep.job",
+            "--multirun",
+            "model=transformer-micro-1,diff-micro-1",
+            f"run_dir={tmp_path}/${{model.name}}",
+            f"hydra.sweep.dir={tmp_path}/.multirun",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("finished, skipped") == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == [".multirun", "diff-micro-1", "transformer-micro-1"]

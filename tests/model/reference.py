@@ -1,4 +1,5 @@
 """Independent float64 reference of differential attention, written from the paper's equations (not the module)."""
+
 from __future__ import annotations
 
 import math

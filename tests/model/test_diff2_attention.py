@@ -1,5 +1,6 @@
 """Diff Transformer V2 against an independent float64 implementation of its equations (loops over heads); the
 pairing rule, lambda per token and head, parameter counts by hand."""
+
 import pytest
 import torch
 
@@ -11,8 +12,17 @@ from .reference import diff2_attention_reference
 
 
 def _module(n_heads, n_kv_heads, rotary_pct=1.0, interleaved=True, backend="sdpa"):
-    cfg = ModelConfig(arch="diff2", d_model=64, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                      rotary_pct=rotary_pct, rope_interleaved=interleaved, attn_backend=backend, rope_theta=500.0)
+    cfg = ModelConfig(
+        arch="diff2",
+        d_model=64,
+        n_layers=2,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        rotary_pct=rotary_pct,
+        rope_interleaved=interleaved,
+        attn_backend=backend,
+        rope_theta=500.0,
+    )
     torch.manual_seed(n_heads + (n_kv_heads or 0))
     m = Diff2Attention(cfg, depth=1).double()
     with torch.no_grad():
@@ -22,8 +32,13 @@ def _module(n_heads, n_kv_heads, rotary_pct=1.0, interleaved=True, backend="sdpa
 
 
 def _weights(m):
-    W = {"q": m.q_proj.weight, "k": m.k_proj.weight, "v": m.v_proj.weight, "out": m.out_proj.weight,
-         "lam": m.lambda_proj.weight}
+    W = {
+        "q": m.q_proj.weight,
+        "k": m.k_proj.weight,
+        "v": m.v_proj.weight,
+        "out": m.out_proj.weight,
+        "lam": m.lambda_proj.weight,
+    }
     return {k: v.detach() for k, v in W.items()}
 
 
@@ -37,8 +52,16 @@ def test_matches_float64_reference(backend, n_heads, n_kv_heads, interleaved, ro
     cos, sin = rotary_cos_sin(T, cfg.rotary_dim, cfg.rope_theta, x.device, torch.float64)
     got = m(x, cos, sin)
     for b in range(B):
-        want = diff2_attention_reference(x[b], _weights(m), h=n_heads, h_kv=n_kv_heads or n_heads, d=cfg.head_dim,
-                                         rotary_dim=cfg.rotary_dim, theta=cfg.rope_theta, interleaved=interleaved)
+        want = diff2_attention_reference(
+            x[b],
+            _weights(m),
+            h=n_heads,
+            h_kv=n_kv_heads or n_heads,
+            d=cfg.head_dim,
+            rotary_dim=cfg.rotary_dim,
+            theta=cfg.rope_theta,
+            interleaved=interleaved,
+        )
         torch.testing.assert_close(got[b].detach(), want, atol=1e-10, rtol=1e-9)
 
 
@@ -85,7 +108,12 @@ def test_parameter_count_by_hand():
     assert sum(p.numel() for p in mha.parameters()) == 5_259_264
     assert sum(p.numel() for p in gqa.parameters()) == 4_210_688
     assert {n for n, _ in mha.named_parameters()} == {
-        "q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "lambda_proj.weight"}
+        "q_proj.weight",
+        "k_proj.weight",
+        "v_proj.weight",
+        "out_proj.weight",
+        "lambda_proj.weight",
+    }
 
 
 def test_kv_heads_must_divide_heads():

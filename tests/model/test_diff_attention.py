@@ -1,4 +1,5 @@
 """Differential attention against an independent float64 implementation of the paper's equations; lambda details."""
+
 import math
 
 import pytest
@@ -12,9 +13,18 @@ from .reference import diff_attention_reference
 
 
 def _module(n_heads, n_kv_heads, depth, rotary_pct=1.0, interleaved=True, backend="sdpa", lambda_init=None):
-    cfg = ModelConfig(arch="diff", d_model=64, n_layers=8, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                      rotary_pct=rotary_pct, rope_interleaved=interleaved, attn_backend=backend,
-                      lambda_init=lambda_init, rope_theta=500.0)
+    cfg = ModelConfig(
+        arch="diff",
+        d_model=64,
+        n_layers=8,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        rotary_pct=rotary_pct,
+        rope_interleaved=interleaved,
+        attn_backend=backend,
+        lambda_init=lambda_init,
+        rope_theta=500.0,
+    )
     torch.manual_seed(depth * 10 + n_heads + (n_kv_heads or 0))
     m = DiffAttention(cfg, depth).double()
     with torch.no_grad():
@@ -33,15 +43,29 @@ def test_matches_float64_reference(backend, n_heads, n_kv_heads, depth, interlea
     x = torch.randn(B, T, cfg.d_model, dtype=torch.float64)
     cos, sin = rotary_cos_sin(T, cfg.rotary_dim, cfg.rope_theta, x.device, torch.float64)
     got = m(x, cos, sin)
-    W = {"q": m.q_proj.weight, "k": m.k_proj.weight, "v": m.v_proj.weight, "out": m.out_proj.weight,
-         "subln": m.subln.weight}
+    W = {
+        "q": m.q_proj.weight,
+        "k": m.k_proj.weight,
+        "v": m.v_proj.weight,
+        "out": m.out_proj.weight,
+        "subln": m.subln.weight,
+    }
     W = {k: v.detach() for k, v in W.items()}
     lam = [p.detach() for p in (m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2)]
     lambda_init = 0.8 - 0.6 * math.exp(-0.3 * depth)
     for b in range(B):
-        want = diff_attention_reference(x[b], W, lam, lambda_init, h=n_heads // 2, h_kv=(n_kv_heads or n_heads) // 2,
-                                        d=cfg.head_dim, rotary_dim=cfg.rotary_dim, theta=cfg.rope_theta,
-                                        interleaved=interleaved)
+        want = diff_attention_reference(
+            x[b],
+            W,
+            lam,
+            lambda_init,
+            h=n_heads // 2,
+            h_kv=(n_kv_heads or n_heads) // 2,
+            d=cfg.head_dim,
+            rotary_dim=cfg.rotary_dim,
+            theta=cfg.rope_theta,
+            interleaved=interleaved,
+        )
         torch.testing.assert_close(got[b].detach(), want, atol=1e-10, rtol=1e-9)
 
 
@@ -86,5 +110,13 @@ def test_parameter_count_matches_official_example():
     assert sum(p.numel() for p in mha.parameters()) == 4_194_688
     assert sum(p.numel() for p in gqa.parameters()) == 3_146_112
     assert {n for n, _ in mha.named_parameters()} == {
-        "q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight",
-        "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", "subln.weight"}
+        "q_proj.weight",
+        "k_proj.weight",
+        "v_proj.weight",
+        "out_proj.weight",
+        "lambda_q1",
+        "lambda_k1",
+        "lambda_q2",
+        "lambda_k2",
+        "subln.weight",
+    }

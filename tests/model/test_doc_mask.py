@@ -5,6 +5,7 @@ with documents equals the full forward; `Documents` against hand-built examples.
 The "triton" backend is Diff's fused kernel (Triton's CPU interpreter here: slow, so T stays small); for the other
 architectures it is sdpa. The references are the documents run one at a time through the same model, with no mask.
 """
+
 import importlib.util
 import os
 
@@ -31,8 +32,17 @@ def doc_ids(splits) -> torch.Tensor:
 def tiny(arch: str, backend: str) -> DecoderLM:
     """float64, except Diff's fused Triton kernel (fp32/bf16/fp16 only)."""
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, max_seq_len=32,
-                      attn_backend=backend, rope_interleaved=arch == "diff")
+    cfg = ModelConfig(
+        arch=arch,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=97,
+        max_seq_len=32,
+        attn_backend=backend,
+        rope_interleaved=arch == "diff",
+    )
     model = DecoderLM(cfg)
     return model if fused(arch, backend) else model.double()
 
@@ -66,8 +76,8 @@ def alone(model: DecoderLM, tokens, splits):
     for b, row in enumerate(splits):
         pieces, start = [], 0
         for n in row:
-            logits = model(tokens[b: b + 1, start: start + n])  # (1, n, V): the document alone
-            loss = loss + (logits * w[b: b + 1, start: start + n]).sum()
+            logits = model(tokens[b : b + 1, start : start + n])  # (1, n, V): the document alone
+            loss = loss + (logits * w[b : b + 1, start : start + n]).sum()
             pieces.append(logits)
             start += n
         rows.append(torch.cat(pieces, dim=1))
@@ -82,7 +92,8 @@ def test_packed_documents_equal_the_documents_alone(arch, backend, restart):
     RoPE scores depend on relative positions only, so they still equal the documents alone (to rounding).
     The fp32 kernel is held to the documents alone in float64 (eager, same weights). Its lambda gradients are sums
     with cancellation: fp32 puts them 2e-5 to 3.5e-5 (relative to their largest entry) from float64, by CPU (measured
-    here and on CI's), restarted or not, so they get 10x tol; a wrong mask is off by O(1), as the end of this test shows."""
+    here and on CI's), restarted or not, so they get 10x tol; a wrong mask is off by O(1), as the end of this test
+    shows."""
     needs_triton(arch, backend)
     model = tiny(arch, backend)
     reference = model
@@ -112,8 +123,12 @@ def test_restart_positions_are_those_of_each_document_alone(restart):
     model(tokens, doc_ids=doc_ids(SPLITS), restart_positions=restart)
     cfg = model.cfg
     if restart:
-        want = torch.stack([torch.cat([rotary_cos_sin(n, cfg.rotary_dim, cfg.rope_theta, "cpu", torch.float64)[0]
-                                       for n in row]) for row in SPLITS])  # (B, T, r/2)
+        want = torch.stack(
+            [
+                torch.cat([rotary_cos_sin(n, cfg.rotary_dim, cfg.rope_theta, "cpu", torch.float64)[0] for n in row])
+                for row in SPLITS
+            ]
+        )  # (B, T, r/2)
     else:
         want = rotary_cos_sin(18, cfg.rotary_dim, cfg.rope_theta, "cpu", torch.float64)[0]  # (T, r/2)
     assert torch.equal(seen[0], want)
@@ -123,8 +138,9 @@ def test_restart_positions_are_those_of_each_document_alone(restart):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_one_document_equals_no_mask_bit_for_bit(arch, backend):
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, max_seq_len=32,
-                      attn_backend=backend)
+    cfg = ModelConfig(
+        arch=arch, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, max_seq_len=32, attn_backend=backend
+    )
     model = DecoderLM(cfg)
     tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -160,12 +176,14 @@ def test_documents_against_hand_built_examples():
     assert Documents(ids).positions.tolist() == [list(range(6))] * 2
     cu_seqlens, max_len = docs.varlen()
     assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 3, 5, 6, 7, 10, 12] and max_len == 3
-    row1 = [[1, 0, 0, 0, 0, 0],
-            [0, 1, 0, 0, 0, 0],
-            [0, 1, 1, 0, 0, 0],
-            [0, 1, 1, 1, 0, 0],
-            [0, 0, 0, 0, 1, 0],
-            [0, 0, 0, 0, 1, 1]]
+    row1 = [
+        [1, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+    ]
     assert docs.mask.shape == (2, 1, 6, 6) and docs.mask[1, 0].int().tolist() == row1
     # a decode step: the last 2 of 6 positions are queries (bottom-right aligned), positions within their document
     step = Documents(ids, n_queries=2, restart_positions=True)

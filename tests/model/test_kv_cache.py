@@ -1,5 +1,6 @@
 """The KV cache: for every registered architecture and backend, decoding with the cache (a chunked prefill, then one
 token at a time) gives the logits of the full forward over the same tokens, and a full cache is a one-line error."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,9 @@ from diffllm.model import DecoderLM, KVCache, ModelConfig, variants
 
 def tiny(arch: str, backend: str, **kw) -> DecoderLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, d_model=64, n_layers=3, n_heads=4, vocab_size=97, max_seq_len=32,
-                      attn_backend=backend, **kw)
+    cfg = ModelConfig(
+        arch=arch, d_model=64, n_layers=3, n_heads=4, vocab_size=97, max_seq_len=32, attn_backend=backend, **kw
+    )
     return DecoderLM(cfg).double().eval()
 
 
@@ -25,7 +27,7 @@ def test_cached_decoding_equals_the_full_forward(arch, backend, gqa):
         full = model(tokens)  # (2, 20, V)
         cache = KVCache(max_len=20)
         pieces = [model(tokens[:, :7], cache), model(tokens[:, 7:12], cache)]  # prefill, then a chunk of 5
-        pieces += [model(tokens[:, t: t + 1], cache) for t in range(12, 20)]  # then one token at a time
+        pieces += [model(tokens[:, t : t + 1], cache) for t in range(12, 20)]  # then one token at a time
     assert cache.pos == 20
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-10)
 

@@ -1,5 +1,6 @@
 """Whole-model behaviour over every registered attention variant: backends agree, causality, flash on GPU, the
 triton backend's contract, configs reject bad keys."""
+
 import math
 import sys
 import types
@@ -15,8 +16,17 @@ ARCHS = list(variants())
 
 
 def _model(arch, backend="sdpa", **kw):
-    cfg = ModelConfig(arch=arch, d_model=64, n_layers=3, n_heads=8, n_kv_heads=4, vocab_size=101,
-                      attn_backend=backend, rope_interleaved=not variants()[arch].baseline, **kw)
+    cfg = ModelConfig(
+        arch=arch,
+        d_model=64,
+        n_layers=3,
+        n_heads=8,
+        n_kv_heads=4,
+        vocab_size=101,
+        attn_backend=backend,
+        rope_interleaved=not variants()[arch].baseline,
+        **kw,
+    )
     torch.manual_seed(0)
     return DecoderLM(cfg)
 
@@ -108,10 +118,25 @@ def test_attention_params_by_hand_match_the_module(arch):
 def test_state_dict_names_of_existing_models_are_unchanged():
     names = set(_model("transformer").state_dict()) | set(_model("diff").state_dict())
     attn = {n.split(".", 3)[-1] for n in names if n.startswith("layers.0.attn.")}
-    assert attn == {"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "lambda_q1", "lambda_k1",
-                    "lambda_q2", "lambda_k2", "subln.weight"}
-    assert {"tok_embeddings.weight", "norm.weight", "lm_head.weight", "layers.2.mlp.down_proj.weight",
-            "layers.1.attn_norm.weight", "layers.1.mlp_norm.weight"} <= names
+    assert attn == {
+        "q_proj.weight",
+        "k_proj.weight",
+        "v_proj.weight",
+        "out_proj.weight",
+        "lambda_q1",
+        "lambda_k1",
+        "lambda_q2",
+        "lambda_k2",
+        "subln.weight",
+    }
+    assert {
+        "tok_embeddings.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "layers.2.mlp.down_proj.weight",
+        "layers.1.attn_norm.weight",
+        "layers.1.mlp_norm.weight",
+    } <= names
 
 
 @pytest.mark.parametrize("arch", ["transformer", "diff2"])
@@ -137,8 +162,10 @@ def _fused_reference(q, k, v, lam):
     for b in range(B):
         for i in range(h):
             j = i // (h // g)
-            maps = [torch.softmax((q[b, c * h + i] @ k[b, c * g + j].T / math.sqrt(d)).masked_fill(~causal, -math.inf),
-                                  -1) for c in (0, 1)]
+            maps = [
+                torch.softmax((q[b, c * h + i] @ k[b, c * g + j].T / math.sqrt(d)).masked_fill(~causal, -math.inf), -1)
+                for c in (0, 1)
+            ]
             out[b, i] = (maps[0] - lam * maps[1]) @ v[b, j]
     return out
 

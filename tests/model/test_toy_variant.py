@@ -1,7 +1,9 @@
 """A new attention is one file: a gated-attention Transformer (softmax attention whose output is multiplied per head by
 sigmoid(x W_g)), written to a temporary module and registered through $DIFFLLM_VARIANTS with no other file of the
 package touched, trains, resumes exactly after SIGTERM, evaluates (ppl, needle, attention, outliers), exports as
-remote code that transformers loads with equal logits, and sweeps. The module below is docs/model.md's worked example."""
+remote code that transformers loads with equal logits, and sweeps. The module below is docs/model.md's worked
+example."""
+
 from __future__ import annotations
 
 import importlib
@@ -87,8 +89,11 @@ def toy(tmp_path, monkeypatch):
     for group, name, text in (("model", "gated-tiny", PRESET), ("sweep", "toy", SWEEP)):
         (tmp_path / "configs" / group).mkdir(parents=True, exist_ok=True)
         (tmp_path / "configs" / group / f"{name}.yaml").write_text(text)
-    env = {"DIFFLLM_VARIANTS": "gated_attention", "DIFFLLM_CONFIG_PATH": str(tmp_path / "configs"),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "toy"), str(REPO)])}
+    env = {
+        "DIFFLLM_VARIANTS": "gated_attention",
+        "DIFFLLM_CONFIG_PATH": str(tmp_path / "configs"),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "toy"), str(REPO)]),
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.syspath_prepend(str(tmp_path / "toy"))
@@ -103,8 +108,14 @@ def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy,
     assert [c.__name__ for c in registry.variant("gated").equations()] == ["TransformerEquations", "GatedEquations"]
 
     def args(run_dir):
-        return TINY + ["model=gated-tiny", f"run_dir={run_dir}", f"trainer.tokens={STEPS * 1024}",
-                       "trainer.save_every_steps=0", "trainer.val_every=3", "trainer.zero_stage=0"]
+        return TINY + [
+            "model=gated-tiny",
+            f"run_dir={run_dir}",
+            f"trainer.tokens={STEPS * 1024}",
+            "trainer.save_every_steps=0",
+            "trainer.val_every=3",
+            "trainer.zero_stage=0",
+        ]
 
     # train, and resume exactly after SIGTERM
     ref = tmp_path / "ref"
@@ -157,8 +168,14 @@ def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy,
     sweep_dir = tmp_path / "sweep"
     cli_env = base_env(env)
     for cmd in (["sweep", "sweep=toy", f"sweep_dir={sweep_dir}"], ["sweep", "collect", f"sweep_dir={sweep_dir}"]):
-        res = subprocess.run([sys.executable, "-m", "diffllm.cli", *cmd], capture_output=True, text=True,
-                             timeout=300, cwd=tmp_path, env=cli_env)
+        res = subprocess.run(
+            [sys.executable, "-m", "diffllm.cli", *cmd],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env=cli_env,
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summaries = list(sweep_dir.rglob("summary.json"))
     assert len(summaries) == 1 and json.loads(summaries[0].read_text())["arch"] == "gated"

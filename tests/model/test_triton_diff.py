@@ -3,6 +3,7 @@
 Without CUDA the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set by importing the module), which is
 slow: the shapes are small. On a GPU the same tests run the compiled kernels.
 """
+
 import math
 import os
 
@@ -85,7 +86,7 @@ def block_diagonal_causal(splits) -> torch.Tensor:
         allowed = torch.zeros(T, T, dtype=torch.bool)
         start = 0
         for n in lengths:
-            allowed[start: start + n, start: start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            allowed[start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
             start += n
         rows.append(allowed)
     return torch.stack(rows).to(DEVICE)
@@ -116,8 +117,9 @@ def test_one_document_equals_no_documents_bit_for_bit():
     one = fused_diff_attention(q, k, v, lam, Documents(torch.zeros(1, 37, dtype=torch.long, device=DEVICE)))
     assert torch.equal(out, one)
     grad_out = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v, lam), grad_out),
-                    torch.autograd.grad(one, (q, k, v, lam), grad_out)):
+    for a, b in zip(
+        torch.autograd.grad(out, (q, k, v, lam), grad_out), torch.autograd.grad(one, (q, k, v, lam), grad_out)
+    ):
         assert torch.equal(a, b)
 
 
@@ -144,11 +146,14 @@ def test_fp16_inputs_accumulate_in_fp32():
     assert max(rel_err(a, b) for a, b in zip(got, wants)) <= 1e-2
 
 
-@pytest.mark.parametrize("shapes,match", [
-    (((1, 3, 8, 16), (1, 2, 8, 16), (1, 1, 8, 32)), "want q"),  # odd query head count
-    (((1, 4, 8, 16), (1, 2, 8, 16), (1, 1, 8, 16)), "want q"),  # v not 2d wide
-    (((1, 4, 8, 16), (1, 2, 9, 16), (1, 1, 9, 32)), "want q"),  # T differs
-])
+@pytest.mark.parametrize(
+    "shapes,match",
+    [
+        (((1, 3, 8, 16), (1, 2, 8, 16), (1, 1, 8, 32)), "want q"),  # odd query head count
+        (((1, 4, 8, 16), (1, 2, 8, 16), (1, 1, 8, 16)), "want q"),  # v not 2d wide
+        (((1, 4, 8, 16), (1, 2, 9, 16), (1, 1, 9, 32)), "want q"),  # T differs
+    ],
+)
 def test_bad_shapes_give_one_line_errors(shapes, match):
     q, k, v = (torch.zeros(s, device=DEVICE) for s in shapes)
     with pytest.raises(ValueError, match=match) as err:

@@ -1,5 +1,6 @@
 """A variant whose forward has no `docs` parameter is refused when it registers, in one line naming it and the fix
 (before: it registered, and the first forward with document masks died in a TypeError inside Block)."""
+
 from __future__ import annotations
 
 import pytest

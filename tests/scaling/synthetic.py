@@ -5,6 +5,7 @@ and unigram baselines from the trainer's own TrainLoader and validation batches.
 
 `write_law_sweep` writes a size x budget grid whose losses come from known laws L(N, D) instead (no data config: no
 baselines). `python -m tests.scaling.synthetic <dir>` writes the one docs/scaling.md fits."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,30 +45,68 @@ def tokenizer(corpus: Path) -> Tokenizer:
 
 
 def data_node(corpus: Path, seed: int, tok_path: str, num_streams=None) -> dict:
-    return {"name": "tiny", "seq_len": SEQ, "seed": seed, "num_workers": 0, "num_streams": num_streams,
-            "sources": [{"name": "train", "path": str(corpus / "train" / "*.jsonl")}],
-            "val": [{"name": "val", "path": str(corpus / "val" / "*.jsonl")}],
-            "tokenizer": {"path": tok_path, "vocab_size": 300}}
+    return {
+        "name": "tiny",
+        "seq_len": SEQ,
+        "seed": seed,
+        "num_workers": 0,
+        "num_streams": num_streams,
+        "sources": [{"name": "train", "path": str(corpus / "train" / "*.jsonl")}],
+        "val": [{"name": "val", "path": str(corpus / "val" / "*.jsonl")}],
+        "tokenizer": {"path": tok_path, "vocab_size": 300},
+    }
 
 
-def write_run(root: Path, model: str, seed: int, loss: float, tok: Tokenizer, corpus: Path, lr: float,
-              lambda_init=None, labels: str = "") -> Path:
+def write_run(
+    root: Path,
+    model: str,
+    seed: int,
+    loss: float,
+    tok: Tokenizer,
+    corpus: Path,
+    lr: float,
+    lambda_init=None,
+    labels: str = "",
+) -> Path:
     run = root / model / str(TOKENS) / (labels or f"lr={lr:g}") / f"seed{seed}"
     run.mkdir(parents=True)
     (run / "tokenizer.json").write_text(tok.tk.to_str())
     preset = load_preset(model)
-    config = {"model": {**dataclasses.asdict(preset), "lambda_init": lambda_init},
-              "data": data_node(corpus, seed, str(run / "tokenizer.json")),
-              "trainer": {"tokens": TOKENS, "global_batch_tokens": BATCH_TOKENS, "micro_batch_size": MICRO,
-                          "val_batches": VAL_BATCHES, "resume": "auto"},
-              "optim": {"lr": lr, "warmup_steps": 2}, "logging": {"wandb": "disabled"}, "seed": seed,
-              "run_dir": str(run)}
+    config = {
+        "model": {**dataclasses.asdict(preset), "lambda_init": lambda_init},
+        "data": data_node(corpus, seed, str(run / "tokenizer.json")),
+        "trainer": {
+            "tokens": TOKENS,
+            "global_batch_tokens": BATCH_TOKENS,
+            "micro_batch_size": MICRO,
+            "val_batches": VAL_BATCHES,
+            "resume": "auto",
+        },
+        "optim": {"lr": lr, "warmup_steps": 2},
+        "logging": {"wandb": "disabled"},
+        "seed": seed,
+        "run_dir": str(run),
+    }
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     s = model_stats(preset)
-    (run / "summary.json").write_text(json.dumps({
-        "model": model, "arch": preset.arch, "total_params": s.total_params,
-        "nonembedding_params": s.nonembedding_params, "tokens": TOKENS, "flops": 1.0, "final_train_loss": loss,
-        "final_val_loss": loss, "wall_time_s": 1.0, "world_size": 1, "status": "finished", "seed": seed}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "model": model,
+                "arch": preset.arch,
+                "total_params": s.total_params,
+                "nonembedding_params": s.nonembedding_params,
+                "tokens": TOKENS,
+                "flops": 1.0,
+                "final_train_loss": loss,
+                "final_val_loss": loss,
+                "wall_time_s": 1.0,
+                "world_size": 1,
+                "status": "finished",
+                "seed": seed,
+            }
+        )
+    )
     (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "tokens": TOKENS, "val_loss": loss}) + "\n")
     return run
 
@@ -98,8 +137,17 @@ def hand_baselines(train: list[list[int]], val: list[list[int]], vocab: int, k: 
     return unigram, bigram
 
 
-def write_law_sweep(root: Path, laws: dict, budgets=(524288,), seeds=lambda size: (1234,), noise: float = 0.0,
-                    curve_points: int = 8, seq_len: int = 128, sizes=(1, 2, 3, 4), rng_seed: int = 0) -> None:
+def write_law_sweep(
+    root: Path,
+    laws: dict,
+    budgets=(524288,),
+    seeds=lambda size: (1234,),
+    noise: float = 0.0,
+    curve_points: int = 8,
+    seq_len: int = 128,
+    sizes=(1, 2, 3, 4),
+    rng_seed: int = 0,
+) -> None:
     """<root>/<arch>-micro-<size>/<budget>/seed<s> for each arch of `laws` (arch -> JointLaw in Kaplan's N), size,
     budget and seed: config.yaml (the preset's model, data.seq_len), summary.json (flops = model_stats' FLOPs per
     token at seq_len x tokens, as the trainer writes it) and metrics.jsonl (step 0, then `curve_points` evaluations up
@@ -118,17 +166,32 @@ def write_law_sweep(root: Path, laws: dict, budgets=(524288,), seeds=lambda size
                     tokens = np.linspace(budget / curve_points, budget, curve_points).astype(int)
                     losses = law(n, tokens) * np.exp(rng.normal(0, noise, len(tokens)))
                     lines = [{"step": 0, "tokens": 0, "val_loss": 7.0}] + [
-                        {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)}
-                        for t, v in zip(tokens, losses)]
+                        {"step": int(t // 2048), "tokens": int(t), "val_loss": float(v)} for t, v in zip(tokens, losses)
+                    ]
                     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-                    (run / "config.yaml").write_text(yaml.safe_dump({"model": dataclasses.asdict(preset),
-                                                                     "data": {"seq_len": seq_len}, "seed": seed}))
-                    (run / "summary.json").write_text(json.dumps({
-                        "model": model, "arch": arch, "total_params": s.total_params,
-                        "nonembedding_params": s.nonembedding_params, "tokens": budget,
-                        "flops": s.flops_per_token * budget, "final_train_loss": float(losses[-1]),
-                        "final_val_loss": float(losses[-1]), "wall_time_s": 1.0, "world_size": 1,
-                        "status": "finished", "seed": seed}))
+                    (run / "config.yaml").write_text(
+                        yaml.safe_dump(
+                            {"model": dataclasses.asdict(preset), "data": {"seq_len": seq_len}, "seed": seed}
+                        )
+                    )
+                    (run / "summary.json").write_text(
+                        json.dumps(
+                            {
+                                "model": model,
+                                "arch": arch,
+                                "total_params": s.total_params,
+                                "nonembedding_params": s.nonembedding_params,
+                                "tokens": budget,
+                                "flops": s.flops_per_token * budget,
+                                "final_train_loss": float(losses[-1]),
+                                "final_val_loss": float(losses[-1]),
+                                "wall_time_s": 1.0,
+                                "world_size": 1,
+                                "status": "finished",
+                                "seed": seed,
+                            }
+                        )
+                    )
 
 
 # E, A, alpha, B, beta; Diff's law reaches the Transformer's loss with 70% of its N and 80% of its D (test_fit's)
@@ -139,5 +202,10 @@ if __name__ == "__main__":  # the sweep of docs/scaling.md's compute-optimal exa
 
     from diffllm.scaling.fit import JointLaw
 
-    write_law_sweep(Path(sys.argv[1]), {a: JointLaw(*p) for a, p in DOC_LAWS.items()},
-                    budgets=(524288, 1048576, 2097152, 4194304), seeds=lambda size: (1, 2), noise=0.003)
+    write_law_sweep(
+        Path(sys.argv[1]),
+        {a: JointLaw(*p) for a, p in DOC_LAWS.items()},
+        budgets=(524288, 1048576, 2097152, 4194304),
+        seeds=lambda size: (1, 2),
+        noise=0.003,
+    )

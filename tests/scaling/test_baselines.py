@@ -1,5 +1,6 @@
 """Reference baselines: the unigram/bigram formulas against a hand computation, the training windows against the
 trainer's own loader on several ranks, and the cache in the sweep directory."""
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,11 @@ def test_layout_matches_the_train_loader_on_two_ranks(tmp_path):
     write_corpus(tmp_path)
     tok = tokenizer(tmp_path)
     data = build(DataConfig, data_node(tmp_path, 7, "unused", num_streams=4), "data")
-    budget = plan_budget(build(TrainerConfig, {"tokens": 6 * 256, "global_batch_tokens": 256,
-                                               "micro_batch_size": 4}, "trainer"), data.seq_len, 2)
+    budget = plan_budget(
+        build(TrainerConfig, {"tokens": 6 * 256, "global_batch_tokens": 256, "micro_batch_size": 4}, "trainer"),
+        data.seq_len,
+        2,
+    )
     assert (budget.steps, budget.grad_accum) == (6, 2)
     seen = []
     for rank in (0, 1):
@@ -68,9 +72,13 @@ def test_cached_in_the_sweep_dir(tmp_path, monkeypatch):
     notes: list[str] = []
     gone = collect(tmp_path / "sweep", notes=notes)[0]
     assert gone.bigram_loss is None and gone.under_trained is None
-    assert len(notes) == 1 and notes[0].startswith("baselines not computed for 1 run(s)") and "no files match" in notes[0]
+    assert (
+        len(notes) == 1 and notes[0].startswith("baselines not computed for 1 run(s)") and "no files match" in notes[0]
+    )
     monkeypatch.setattr("diffllm.scaling.baselines.MAX_TOKENS", 100)
     notes.clear()
     assert collect(tmp_path / "sweep", notes=notes)[0].bigram_loss is None
-    assert "a budget of 640 tokens is more than the baselines count (diffllm.scaling.baselines.MAX_TOKENS = 100)" \
+    assert (
+        "a budget of 640 tokens is more than the baselines count (diffllm.scaling.baselines.MAX_TOKENS = 100)"
         in notes[0]
+    )

@@ -1,5 +1,6 @@
 """Scaling-law fits on synthetic points drawn from known laws: the fits recover the exponents, the intervals cover
 the truth, the equal-loss ratios match their closed forms, and `scaling fit` runs end to end on synthetic run dirs."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,17 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from diffllm.scaling.fit import (JointLaw, PowerLaw, bootstrap_power_law, fit_joint, fit_power_law, interval,
-                                 ratio_at_equal_loss)
-from diffllm.scaling.report import ScalingConfig, fit_sweep, render, write_report
 from diffllm.results import collect
+from diffllm.scaling.fit import (
+    JointLaw,
+    PowerLaw,
+    bootstrap_power_law,
+    fit_joint,
+    fit_power_law,
+    interval,
+    ratio_at_equal_loss,
+)
+from diffllm.scaling.report import ScalingConfig, fit_sweep, render, write_report
 from tests.scaling.synthetic import write_law_sweep
 
 N = np.geomspace(1e5, 2e6, 6)
@@ -90,8 +98,12 @@ def test_scaling_fit_end_to_end(tmp_path):
 
 
 def test_scaling_fit_cli_missing_dir(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/nope"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip() == f"diffllm scaling fit: error: sweep_dir={tmp_path}/nope: no such directory"
 
@@ -122,8 +134,22 @@ def test_exactly_determined_fit_says_so_and_gives_no_interval(tmp_path):
     assert "L(N) for transformer: 3 points for 3 parameters: the fit is exactly determined" in md
     table = [line for line in md.splitlines() if line.startswith("| transformer | 3 |")][0]
     assert "[" not in table  # no interval printed
-    done = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/sweep",
-                           "reps=20", "joint=none", f"out={tmp_path}/out"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffllm.cli",
+            "scaling",
+            "fit",
+            f"sweep_dir={tmp_path}/sweep",
+            "reps=20",
+            "joint=none",
+            f"out={tmp_path}/out",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "warning: L(N) for diff: 3 points for 3 parameters: the fit is exactly determined" in done.stderr
     assert json.loads((tmp_path / "out" / "fits.json").read_text())["power_law"][0]["alpha"]["exact"] is True

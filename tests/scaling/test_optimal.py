@@ -2,6 +2,7 @@
 and exponents equal Chinchilla's closed form for f(N) = 6N; the compute ratio at equal loss of two series whose laws
 differ by a known factor in compute is that factor; a series that never reaches the baseline's loss gives inf with a
 note; `scaling fit` counts C from each run's own FLOPs per token (model_stats at its seq_len) and reports it all."""
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,10 @@ def test_compute_ratio_of_a_known_factor(case, noise):
     s, k = 1.25, 1.29
     law = CHINCHILLA
     other = JointLaw(law.E, law.A * s**-law.alpha, law.alpha, law.B * s**-law.beta, law.beta)  # L(sN, sD)
-    series = {"transformer": grid(law, seeds=2, noise=noise),
-              "diff": grid(law if case == "flops" else other, 6 * k if case == "flops" else 6, 2, noise, 1)}
+    series = {
+        "transformer": grid(law, seeds=2, noise=noise),
+        "diff": grid(law if case == "flops" else other, 6 * k if case == "flops" else 6, 2, noise, 1),
+    }
     expected = k if case == "flops" else 1 / s**2
     joint, boot = _fit_all(series, reps=12)
     table, notes, plot = compute_optimal(series, joint, boot, set(), "transformer", 0.9)
@@ -120,8 +123,7 @@ def test_scaling_fit_counts_each_runs_own_flops_and_reports_the_frontier(tmp_pat
         iv = result["joint"]["transformer"][k]
         assert iv.low <= iv.value <= iv.high and iv.value == pytest.approx(getattr(t, k), rel=0.02), k
     opt = result["compute_optimal"]
-    stats = {a: [model_stats(load_preset(f"{a}-micro-{s}"), 64) for s in (1, 2, 3, 4)]
-             for a in ("transformer", "diff")}
+    stats = {a: [model_stats(load_preset(f"{a}-micro-{s}"), 64) for s in (1, 2, 3, 4)] for a in ("transformer", "diff")}
     assert stats["diff"][0].flops_per_token != model_stats(load_preset("diff-micro-1")).flops_per_token
     assert opt["C_ref"] == stats["transformer"][-1].flops_per_token * budgets[-1]  # its largest run
     truth = {"transformer": t, "diff": d}
@@ -138,7 +140,9 @@ def test_scaling_fit_counts_each_runs_own_flops_and_reports_the_frontier(tmp_pat
     true_ratio = compute_to_reach(d, f["diff"], target)[0] / opt["C_ref"]
     assert opt["series"]["diff"]["compute_ratio"].value == pytest.approx(true_ratio, rel=0.02)
     md = render(result)
-    assert "Compute-optimal: C = training FLOPs per token" in md and "| transformer | " in md.split("Compute-optimal")[1]
+    assert (
+        "Compute-optimal: C = training FLOPs per token" in md and "| transformer | " in md.split("Compute-optimal")[1]
+    )
     files = write_report(cfg, result, tmp_path / "out")
     for png in ("loss_vs_compute.png", "iso_flop.png"):
         assert tmp_path / "out" / png in files and matplotlib.image.imread(tmp_path / "out" / png).shape[0] > 300
@@ -148,10 +152,14 @@ def test_scaling_fit_counts_each_runs_own_flops_and_reports_the_frontier(tmp_pat
 
 def test_e_at_its_bound_is_said(tmp_path):
     """Points from a law with E < 0: the fit can only put E at its bound 0, and says so."""
-    write_law_sweep(tmp_path / "sweep", {"transformer": JointLaw(-0.5, 60.0, 0.35, 900.0, 0.4)},
-                    (262144, 524288, 1048576, 2097152))
-    result = fit_sweep(ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=20, joint="final"),
-                       collect(tmp_path / "sweep"))
+    write_law_sweep(
+        tmp_path / "sweep", {"transformer": JointLaw(-0.5, 60.0, 0.35, 900.0, 0.4)}, (262144, 524288, 1048576, 2097152)
+    )
+    result = fit_sweep(
+        ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=20, joint="final"), collect(tmp_path / "sweep")
+    )
     assert result["joint"]["transformer"]["law"]["E"] == 0.0
-    assert any(n.startswith("L(N, D) for transformer: E = 0 is the bound of the fit (E >= 0), not an estimate")
-               for n in result["notes"])
+    assert any(
+        n.startswith("L(N, D) for transformer: E = 0 is the bound of the fit (E >= 0), not an estimate")
+        for n in result["notes"]
+    )

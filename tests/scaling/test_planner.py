@@ -1,5 +1,6 @@
 """The planner against independent references: DeepSpeed's own memory estimators, autograd's saved tensors on a real
 CPU forward, and hand arithmetic for FLOPs and time."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,12 +40,15 @@ def _printed_gpu_gib(fn, *args, **kw) -> dict[str, float]:
 CLUSTERS = [(1, 1), (1, 8), (8, 8), (64, 8)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sizes(preset: str) -> tuple[int, int, tuple[int, int]]:
     """(total params, our largest layer, DeepSpeed's (total, largest layer)) of a preset, built once on meta."""
     model = meta_model(load_preset(preset))
-    return sum(p.numel() for p in model.parameters()), largest_layer_params(load_preset(preset)), \
-        ds3.model_to_params(model)
+    return (
+        sum(p.numel() for p in model.parameters()),
+        largest_layer_params(load_preset(preset)),
+        ds3.model_to_params(model),
+    )
 
 
 @pytest.mark.parametrize("preset", ["diff-830m", "transformer-6.8b", "diff-13.1b"])
@@ -68,9 +72,11 @@ def test_zero3_model_states_match_deepspeed(preset, nodes, gpn):
     none = model_states(psi, largest, 3, gpn, nodes, offload=False)
     full = model_states(psi, largest, 3, gpn, nodes, offload=True)
     assert none.deepspeed_gpu / GiB == pytest.approx(
-        printed["offload_param=none,offload_optimizer=none,zero_init=1"], rel=0.05, abs=0.01)
+        printed["offload_param=none,offload_optimizer=none,zero_init=1"], rel=0.05, abs=0.01
+    )
     assert full.deepspeed_gpu / GiB == pytest.approx(
-        printed["offload_param=cpu,offload_optimizer=cpu,zero_init=1"], rel=0.05, abs=0.01)
+        printed["offload_param=cpu,offload_optimizer=cpu,zero_init=1"], rel=0.05, abs=0.01
+    )
     assert none.gpu - none.deepspeed_gpu == pytest.approx(2 * psi / (nodes * gpn))  # the bf16 shard, shown apart
 
 
@@ -95,7 +101,9 @@ def _real_saved_bytes(cfg, seq_len: int) -> float:
     return sum(storages.values()) / seq_len
 
 
-@pytest.mark.parametrize("preset,backend", [("transformer-tiny", "sdpa")] + [(f"{a}-tiny", "eager") for a in variants()])
+@pytest.mark.parametrize(
+    "preset,backend", [("transformer-tiny", "sdpa")] + [(f"{a}-tiny", "eager") for a in variants()]
+)
 def test_block_activations_match_a_real_forward(preset, backend):
     """sdpa: CPU runs its flash kernel for the Transformer (same saved tensors as the planner's meta kernel); for
     the Diff variants CPU's sdpa falls back to the math path (Diff: v heads 2d wide), so every variant is checked
@@ -122,8 +130,7 @@ def test_checkpointing_and_more_gpus_help():
 
 def test_13b_on_64_h100_in_seconds_and_time_to_budget():
     start = time.perf_counter()
-    p = make_plan(load_preset("diff-13.1b"), PlanConfig(nodes=8, gpus_per_node=8, gpu="h100", tokens="1T",
-                                                        mfu=0.4))
+    p = make_plan(load_preset("diff-13.1b"), PlanConfig(nodes=8, gpus_per_node=8, gpu="h100", tokens="1T", mfu=0.4))
     assert time.perf_counter() - start < 10
     assert p.fitting
     hand = p.flops_per_token * 1e12 / (64 * 989e12 * 0.4)
@@ -136,14 +143,17 @@ def test_cluster_too_small_says_why():
         make_plan(load_preset("diff-13.1b"), PlanConfig(nodes=1, gpus_per_node=1, gpu="a100-40gb", offload=False))
 
 
-@pytest.mark.parametrize("key,value,match", [
-    ("gpu", "h900", "gpu=h900: unknown GPU type"),
-    ("global_batch_tokens", "1000", "global_batch_tokens=1000: not a whole number"),
-    ("tokens", "lots", "tokens: expected a count like 20M, 1.5B or 4096, got 'lots'"),
-    ("tokens", "-5B", "tokens: must be positive, got '-5B'"),
-    ("tokens", "0", "tokens: must be positive"),
-    ("global_batch_tokens", "1.5", "global_batch_tokens: '1.5' is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("gpu", "h900", "gpu=h900: unknown GPU type"),
+        ("global_batch_tokens", "1000", "global_batch_tokens=1000: not a whole number"),
+        ("tokens", "lots", "tokens: expected a count like 20M, 1.5B or 4096, got 'lots'"),
+        ("tokens", "-5B", "tokens: must be positive, got '-5B'"),
+        ("tokens", "0", "tokens: must be positive"),
+        ("global_batch_tokens", "1.5", "global_batch_tokens: '1.5' is not a whole number"),
+    ],
+)
 def test_bad_plan_inputs(key, value, match):
     with pytest.raises(ValueError, match=match):
         make_plan(load_preset("diff-830m"), PlanConfig(**{key: value}))
@@ -153,20 +163,27 @@ def test_bad_plan_inputs(key, value, match):
 def test_every_variant_plans_at_830m(arch):
     """The planner runs every variant through its meta backend; more attention work means more activations."""
     p = make_plan(load_preset(f"{arch}-830m"), PlanConfig(zero_stage=3, offload=False, activation_checkpointing=False))
-    base = make_plan(load_preset("transformer-830m"), PlanConfig(zero_stage=3, offload=False,
-                                                                 activation_checkpointing=False))
+    base = make_plan(
+        load_preset("transformer-830m"), PlanConfig(zero_stage=3, offload=False, activation_checkpointing=False)
+    )
     assert p.fitting and p.rows[0].activations_per_sample >= base.rows[0].activations_per_sample
 
 
 @pytest.mark.slow
 def test_cli_table_and_unknown_preset():
-    ok = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "model=diff-13.1b", "nodes=8", "tokens=1T"],
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "plan", "model=diff-13.1b", "nodes=8", "tokens=1T"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "| 3 | yes | no |" in ok.stdout and "time" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "model=nope"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "plan", "model=nope"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "unknown model=nope" in bad.stderr
-    neg = subprocess.run([sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True,
-                         timeout=120)
+    neg = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True, timeout=120
+    )
     assert neg.returncode == 2 and neg.stderr.strip() == "diffllm plan: error: tokens: must be positive, got '-5B'"

@@ -1,6 +1,7 @@
 """Best-of-grid selection, edge warnings, seed-paired gaps, reference baselines and the under-trained flag, on a
 synthetic sweep whose losses the test chooses (and whose baselines the test computes on its own, from the trainer's
 own loader) — through `collect`, `write_tables` and `fit_sweep` as `diffllm sweep collect` / `scaling fit` run them."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ from collections import defaultdict
 
 import pytest
 
+from diffllm.results import read_csv
 from diffllm.scaling.baselines import BIGRAM_K
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
 from diffllm.scaling.select import select_runs, size_of
-from diffllm.results import read_csv
 from diffllm.sweep.collect import collect, write_tables
 from tests.scaling.synthetic import expected_baselines, tokenizer, write_corpus, write_run
 
@@ -22,9 +23,11 @@ LRS = (0.001, 0.002, 0.004)
 SIZES = ("micro-1", "micro-2", "micro-3")
 SEEDS = (1, 2)
 # series -> (arch, lambda_init, best lr per size); the loss is base + 0.05 * log2(lr / best)^2 + seed jitter
-SERIES = {"transformer": ("transformer", None, {"micro-1": 0.002, "micro-2": 0.004, "micro-3": 0.002}),
-          "diff λ_init=formula": ("diff", None, {"micro-1": 0.001, "micro-2": 0.002, "micro-3": 0.002}),
-          "diff λ_init=0.8": ("diff", 0.8, {"micro-1": 0.002, "micro-2": 0.002, "micro-3": 0.002})}
+SERIES = {
+    "transformer": ("transformer", None, {"micro-1": 0.002, "micro-2": 0.004, "micro-3": 0.002}),
+    "diff λ_init=formula": ("diff", None, {"micro-1": 0.001, "micro-2": 0.002, "micro-3": 0.002}),
+    "diff λ_init=0.8": ("diff", 0.8, {"micro-1": 0.002, "micro-2": 0.002, "micro-3": 0.002}),
+}
 UNDER_TRAINED = ("diff λ_init=formula", "micro-1")  # every lr there scores above the bigram
 
 
@@ -53,7 +56,7 @@ def sweep(tmp_path_factory):
 def _best(losses):
     """(series, size) -> lr with the lowest mean loss over seeds, computed here from the chosen losses."""
     means = defaultdict(list)
-    for series, size, lr, seed, loss in losses.values():
+    for series, size, lr, _seed, loss in losses.values():
         means[(series, size, lr)].append(loss)
     best = {}
     for (series, size, lr), ls in means.items():
@@ -86,8 +89,10 @@ def test_collect_axes_baselines_selection(sweep, capsys):
     assert edges == [("diff λ_init=formula", "micro-1"), ("transformer", "micro-2")]
     err = capsys.readouterr().err
     for series, size in edges:
-        line = f"{series}, {size}, 640 tokens: the best optim.lr={best[(series, size)]:g} is at " \
-               f"the edge of the values tried (0.001, 0.002, 0.004): widen the grid"
+        line = (
+            f"{series}, {size}, 640 tokens: the best optim.lr={best[(series, size)]:g} is at "
+            f"the edge of the values tried (0.001, 0.002, 0.004): widen the grid"
+        )
         assert f"WARNING: {line}" in md and f"warning: {line}" in err
     assert md.count("widen the grid") == 2
     assert "| seed | λ_init | lr |" in md and "(under-trained)" in md and "**0.004:" in md
@@ -101,14 +106,17 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     fitted = {(f.arch, f.points) for f in result["power_law"]}
     assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 4)}  # micro-1 left out
     assert result["fit_runs"] == 16 and result["runs"] == 54
-    assert any("2 selected run(s) do not beat the bigram baseline (under-trained), left out" in n
-               for n in result["notes"])
+    assert any(
+        "2 selected run(s) do not beat the bigram baseline (under-trained), left out" in n for n in result["notes"]
+    )
     at = {(s, size, lr, seed): loss for s, size, lr, seed, loss in losses.values()}
     gaps = {(g["series"], g["size"]): g for g in result["gaps"]}
     assert len(gaps) == 6 and {g["baseline"] for g in gaps.values()} == {"transformer"}
     for (series, size), g in gaps.items():
-        per_seed = [at[(series, size, best[(series, size)], s)] - at[("transformer", size, best[("transformer", size)], s)]
-                    for s in SEEDS]
+        per_seed = [
+            at[(series, size, best[(series, size)], s)] - at[("transformer", size, best[("transformer", size)], s)]
+            for s in SEEDS
+        ]
         assert g["seeds"] == list(SEEDS) and g["gaps"] == pytest.approx(per_seed, abs=1e-12)
         assert g["mean"] == pytest.approx(statistics.mean(per_seed), abs=1e-12)
         assert g["std"] == pytest.approx(statistics.stdev(per_seed), abs=1e-12)
@@ -116,14 +124,19 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     md = render(result)
     assert "Paired gaps" in md and "| diff λ_init=0.8 | transformer | micro-2 | 640 | 2 |" in md
     assert "widen the grid" in md and "bigram p(b|a)" in md
-    kept = fit_sweep(ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", include_undertrained=True),
-                     collect(cfg.sweep_dir))
+    kept = fit_sweep(
+        ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", include_undertrained=True),
+        collect(cfg.sweep_dir),
+    )
     assert {(f.arch, f.points) for f in kept["power_law"]} >= {("diff λ_init=formula", 6)}
-    records = [r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)]
+    records = [
+        r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)
+    ]
     short = fit_sweep(cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
     assert "diff λ_init=formula" not in {f.arch for f in short["power_law"]}
-    assert any(n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points")
-               for n in short["notes"])
+    assert any(
+        n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points") for n in short["notes"]
+    )
 
 
 def test_without_selection_every_lr_is_its_own_series(sweep):
@@ -131,15 +144,31 @@ def test_without_selection_every_lr_is_its_own_series(sweep):
     sel = select_runs(collect(root / "runs", baselines=False), select=None)
     assert len(set(sel.series.values())) == 9 and "transformer lr=0.002" in sel.series.values()
     assert "diff λ_init=0.8 lr=0.004" in sel.series.values() and not sel.warnings
-    with pytest.raises(ValueError, match=r"select=optim\.lrr: no run's config has this key \(did you mean optim\.lr\?\)"):
+    with pytest.raises(
+        ValueError, match=r"select=optim\.lrr: no run's config has this key \(did you mean optim\.lr\?\)"
+    ):
         select_runs(collect(root / "runs", baselines=False), select="optim.lrr")
 
 
 @pytest.mark.slow
 def test_scaling_fit_cli_prints_warnings(sweep):
     root, _, _ = sweep
-    out = subprocess.run([sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={root}/runs", "reps=20",
-                          "joint=none", f"out={root}/fit"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffllm.cli",
+            "scaling",
+            "fit",
+            f"sweep_dir={root}/runs",
+            "reps=20",
+            "joint=none",
+            f"out={root}/fit",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("widen the grid") == 2 and "under-trained" in out.stderr
     fits = json.loads((root / "fit" / "fits.json").read_text())
@@ -150,7 +179,8 @@ def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):
     """The size is the preset's size/<size> base, so a user preset with another name pairs with the packaged one."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "my-diff-2.yaml").write_text(
-        "defaults:\n  - arch/diff@_here_\n  - size/micro-2@_here_\n  - _self_\nname: my-diff-2\n")
+        "defaults:\n  - arch/diff@_here_\n  - size/micro-2@_here_\n  - _self_\nname: my-diff-2\n"
+    )
     monkeypatch.setenv("DIFFLLM_CONFIG_PATH", str(tmp_path))
     assert size_of("my-diff-2", "diff") == size_of("transformer-micro-2", "transformer") == "micro-2"
     assert size_of("diff-nopreset-9", "diff") == "nopreset-9" and size_of("odd", "diff") == "odd"
@@ -159,10 +189,24 @@ def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):
 def _recall_record(arch: str, seed: int, lr: float, loss: float, acc: float):
     from diffllm.results import RunRecord
 
-    return RunRecord(run_dir=f"/runs/{arch}/{lr}/seed{seed}", model=f"{arch}-micro-2", arch=arch, seed=seed,
-                     total_params=1, nonembedding_params=1, block_params=1, tokens=1000, flops=1.0,
-                     final_train_loss=loss, final_val_loss=loss, wall_time_s=1.0, world_size=1, status="finished",
-                     axes={"optim.lr": lr}, recall_acc=acc)
+    return RunRecord(
+        run_dir=f"/runs/{arch}/{lr}/seed{seed}",
+        model=f"{arch}-micro-2",
+        arch=arch,
+        seed=seed,
+        total_params=1,
+        nonembedding_params=1,
+        block_params=1,
+        tokens=1000,
+        flops=1.0,
+        final_train_loss=loss,
+        final_val_loss=loss,
+        wall_time_s=1.0,
+        world_size=1,
+        status="finished",
+        axes={"optim.lr": lr},
+        recall_acc=acc,
+    )
 
 
 def test_select_by_recall_takes_the_highest_mean_accuracy():
@@ -171,8 +215,11 @@ def test_select_by_recall_takes_the_highest_mean_accuracy():
     from diffllm.scaling.select import choices_markdown, selection_dict
 
     table = {0.001: (2.0, (0.8, 0.6)), 0.002: (1.9, (0.5, 0.6)), 0.004: (1.8, (0.3, 0.4))}
-    records = [_recall_record("transformer", seed, lr, loss, accs[seed - 1])
-               for lr, (loss, accs) in table.items() for seed in (1, 2)]
+    records = [
+        _recall_record("transformer", seed, lr, loss, accs[seed - 1])
+        for lr, (loss, accs) in table.items()
+        for seed in (1, 2)
+    ]
     by_loss = select_runs(records, "optim.lr")
     by_recall = select_runs(records, "optim.lr", by="recall_acc")
     assert [c.value for c in by_loss.choices] == [0.004] and [c.value for c in by_recall.choices] == [0.001]
@@ -185,10 +232,16 @@ def test_select_by_recall_takes_the_highest_mean_accuracy():
 
 def test_select_by_a_typo_is_one_line_with_a_suggestion(sweep):
     root, _, _ = sweep
-    with pytest.raises(ValueError, match=r"select_by=recal_acc: expected one of final_val_loss, final_train_loss, "
-                                         r"recall_acc \(did you mean recall_acc\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"select_by=recal_acc: expected one of final_val_loss, final_train_loss, "
+        r"recall_acc \(did you mean recall_acc\?\)",
+    ):
         collect(root / "runs", baselines=False, by="recal_acc")
-    out = subprocess.run([sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root / 'runs'}",
-                          "select_by=recal_acc"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root / 'runs'}", "select_by=recal_acc"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "select_by=recal_acc: expected one of" in out.stderr.strip().splitlines()[-1]

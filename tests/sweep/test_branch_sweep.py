@@ -2,12 +2,13 @@
 seed) and a cooldown per smaller budget, sharded by family; the dry run's FLOPs, tokens and GPU-hours in both modes
 against a hand computation; and a real tiny branch sweep through `diffllm sweep` (a stable run, two cooldowns), its
 collect accounting and a second invocation that runs nothing."""
+
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,24 @@ from tests.train.helpers import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 B = 1536  # tokens a step
-WSD = ["data.seq_len=128", f"trainer.global_batch_tokens={B}", "optim.schedule=wsd", "optim.warmup_steps=50",
-       "optim.decay_fraction=0.2"]
+WSD = [
+    "data.seq_len=128",
+    f"trainer.global_batch_tokens={B}",
+    "optim.schedule=wsd",
+    "optim.warmup_steps=50",
+    "optim.decay_fraction=0.2",
+]
 
 
 def grid(**kw) -> SweepConfig:
-    base = dict(models=["transformer-micro-1", "diff-micro-1"], tokens=[800 * B, 200 * B, 400 * B], seeds=[1, 2],
-                budget_mode="branch", overrides=WSD, grid_by_model={"diff-*": {"model.lambda_init": [None, 0.8]}})
+    base = dict(
+        models=["transformer-micro-1", "diff-micro-1"],
+        tokens=[800 * B, 200 * B, 400 * B],
+        seeds=[1, 2],
+        budget_mode="branch",
+        overrides=WSD,
+        grid_by_model={"diff-*": {"model.lambda_init": [None, 0.8]}},
+    )
     return SweepConfig(**{**base, **kw})
 
 
@@ -44,7 +56,13 @@ def test_branch_grid_runs_overrides_and_dependencies(tmp_path):
     for r in runs:
         if r.parent is not None:  # the stable run of its own model, axes and seed, at the largest budget
             (p,) = [s for s in stable if s.run_dir == r.parent]
-            assert (p.model, p.axes, p.seed, r.parent_tokens, r.branch_budgets) == (r.model, r.axes, r.seed, 800 * B, ())
+            assert (p.model, p.axes, p.seed, r.parent_tokens, r.branch_budgets) == (
+                r.model,
+                r.axes,
+                r.seed,
+                800 * B,
+                (),
+            )
             assert r.run_dir.relative_to(tmp_path).parts[1] == str(r.tokens)  # where scratch mode puts its budget
             assert r.run_dir.relative_to(tmp_path).parts[2:] == p.run_dir.relative_to(tmp_path).parts[2:]
     # the scratch grid has the same run directories, every budget from scratch
@@ -82,12 +100,15 @@ def test_shards_keep_families_whole():
     assert [len(s) for s in shards] == [6, 6, 3, 3]  # 6 families of 3 runs dealt round-robin: 0,4 | 1,5 | 2 | 3
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(overrides=[o for o in WSD if "schedule" not in o]), "sweep.budget_mode=branch: .* optim.schedule=wsd"),
-    (dict(overrides=WSD + ["trainer.branch_budgets=[1]"]), "trainer.branch_budgets is set by the sweep itself"),
-    (dict(grid={"trainer.branch_from": ["x"]}), "sweep.grid.trainer.branch_from: .* set by the sweep itself"),
-    (dict(budget_mode="cheap"), "sweep.budget_mode=cheap: expected one of scratch, branch"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(overrides=[o for o in WSD if "schedule" not in o]), "sweep.budget_mode=branch: .* optim.schedule=wsd"),
+        (dict(overrides=WSD + ["trainer.branch_budgets=[1]"]), "trainer.branch_budgets is set by the sweep itself"),
+        (dict(grid={"trainer.branch_from": ["x"]}), "sweep.grid.trainer.branch_from: .* set by the sweep itself"),
+        (dict(budget_mode="cheap"), "sweep.budget_mode=cheap: expected one of scratch, branch"),
+    ],
+)
 def test_bad_branch_configs_are_one_line_errors(kw, message):
     with pytest.raises(ValueError, match=message):
         plan_runs(grid(**kw), "s")
@@ -112,25 +133,47 @@ def test_dry_run_totals_in_both_modes_by_hand():
 
 
 def test_branch_budgets_is_no_axis():
-    assert find_axes({("m", 1): [{"trainer.branch_budgets": (1, 2), "optim.lr": 1.0},
-                                 {"trainer.branch_budgets": (), "optim.lr": 1.0}]}) == []
+    assert (
+        find_axes(
+            {
+                ("m", 1): [
+                    {"trainer.branch_budgets": (1, 2), "optim.lr": 1.0},
+                    {"trainer.branch_budgets": (), "optim.lr": 1.0},
+                ]
+            }
+        )
+        == []
+    )
 
 
 # -------------------------------------------------------------------------------- a real tiny branch sweep
 # Steps of 1024 tokens; WSD with 2 warmup steps, decay over the last half: budgets of 8 and 12 steps begin their decay
 # at steps 4 and 6 of the 16-step stable run; the cooldowns train 4 and 6 steps.
 TINY_SWEEP = {
-    "name": "tiny-branch", "models": ["diff-tiny"], "tokens": [8192, 12288, 16384], "seeds": [1],
+    "name": "tiny-branch",
+    "models": ["diff-tiny"],
+    "tokens": [8192, 12288, 16384],
+    "seeds": [1],
     "budget_mode": "branch",
-    "overrides": [a for a in TINY if not a.startswith(("trainer.tokens=", "optim.warmup_steps="))] + [
-        "optim.schedule=wsd", "optim.decay_fraction=0.5", "optim.warmup_steps=2", "trainer.zero_stage=0",
-        "trainer.val_every=4"],
+    "overrides": [a for a in TINY if not a.startswith(("trainer.tokens=", "optim.warmup_steps="))]
+    + [
+        "optim.schedule=wsd",
+        "optim.decay_fraction=0.5",
+        "optim.warmup_steps=2",
+        "trainer.zero_stage=0",
+        "trainer.val_every=4",
+    ],
 }
 
 
 def _sweep(config_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diffllm.cli", "sweep", "--config-dir", str(config_dir),
-                           "sweep=tiny-branch", *args], capture_output=True, text=True, timeout=600, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "sweep", "--config-dir", str(config_dir), "sweep=tiny-branch", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
 
 
 @pytest.mark.slow
@@ -154,7 +197,10 @@ def test_a_tiny_branch_sweep_end_to_end(tmp_path, tokenizer):
 
     records = collect(root, select=None, baselines=False)
     assert [(r.tokens, r.branch_tokens, r.branch_parent) for r in records] == [
-        (8192, 4096, str(stable.resolve())), (12288, 6144, str(stable.resolve())), (16384, None, None)]
+        (8192, 4096, str(stable.resolve())),
+        (12288, 6144, str(stable.resolve())),
+        (16384, None, None),
+    ]
     assert all(r.status == "finished" and r.axes == {} for r in records)
     per_token = records[0].flops / records[0].tokens
     assert trained_compute(records) == (26 * 1024, pytest.approx(26 * 1024 * per_token, rel=1e-12))
@@ -167,8 +213,10 @@ def test_a_tiny_branch_sweep_end_to_end(tmp_path, tokenizer):
     assert all(0 < x < r.wall_time_s for x, r in zip(own, records))
     wall = trained_wall(records)
     assert wall == pytest.approx((records[2].wall_time_s + sum(own), records[2].wall_time_s / 16384 * 36 * 1024))
-    assert f"from scratch at the same times per token: {wall[1]:,.0f} s (branch / scratch {wall[0] / wall[1]:.3f})" \
+    assert (
+        f"from scratch at the same times per token: {wall[1]:,.0f} s (branch / scratch {wall[0] / wall[1]:.3f})"
         in table
+    )
 
     mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("summary.json")}
     again = _sweep(tmp_path / "configs", f"sweep_dir={root}")

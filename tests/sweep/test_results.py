@@ -1,5 +1,6 @@
 """Run records (diffllm/results.py): a run's Kaplan N comes from the model config it saved (config.yaml), not from
 the current preset of the same name; a run without a saved config has none."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,9 @@ from diffllm.results import collect, read_run
 
 def block_count(cfg: ModelConfig) -> int:
     """Parameters of the decoder blocks and the final norm: everything but the embedding table and the output head."""
-    return sum(p.numel() for n, p in meta_model(cfg).named_parameters()
-               if not n.startswith(("tok_embeddings.", "lm_head.")))
+    return sum(
+        p.numel() for n, p in meta_model(cfg).named_parameters() if not n.startswith(("tok_embeddings.", "lm_head."))
+    )
 
 
 def write_run(run_dir, model: str, **changes) -> ModelConfig:
@@ -25,9 +27,19 @@ def write_run(run_dir, model: str, **changes) -> ModelConfig:
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": dataclasses.asdict(cfg), "seed": 1}))
     s = model_stats(cfg)  # the summary's counts are the trained model's, as the trainer writes them
-    (run_dir / "summary.json").write_text(json.dumps({
-        "model": model, "arch": cfg.arch, "total_params": s.total_params, "nonembedding_params": s.nonembedding_params,
-        "status": "finished", "tokens": 1024, "final_val_loss": 5.0}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "model": model,
+                "arch": cfg.arch,
+                "total_params": s.total_params,
+                "nonembedding_params": s.nonembedding_params,
+                "status": "finished",
+                "tokens": 1024,
+                "final_val_loss": 5.0,
+            }
+        )
+    )
     return cfg
 
 

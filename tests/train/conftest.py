@@ -1,5 +1,6 @@
 """Trainer-test fixtures: the uninterrupted 2-rank reference runs (one per ZeRO stage) that the resume tests compare
 against bit for bit (the session environment and tokenizer are tests/conftest.py's)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,10 +19,13 @@ def reference(tokenizer):
     def get(stage: int) -> Path:
         if stage not in made:
             run_dir = SESSION / f"ref-zero{stage}"
-            run_train(tiny(run_dir, stage), 2, SESSION / f"ref-zero{stage}-logs",
-                      launcher="torchrun" if stage == 1 else "procs")
+            run_train(
+                tiny(run_dir, stage),
+                2,
+                SESSION / f"ref-zero{stage}-logs",
+                launcher="torchrun" if stage == 1 else "procs",
+            )
             made[stage] = run_dir
         return made[stage]
 
     return get
-

@@ -1,6 +1,7 @@
 """Portable golden files: what a recorded run stores (its settings, the values and the recording machine's
 fingerprint) and how a new run is compared with it: bit for bit on the same fingerprint, within a stated relative
 tolerance on any other CPU."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,16 @@ RTOL = {"loss": 1e-5, "val_loss": 1e-5, "grad_norm": 1e-4, "lr": 1e-12}
 
 
 def args_for(preset: str) -> list[str]:
-    return [f"model={preset}"] + [a for a in TINY if not a.startswith("trainer.tokens=")] + [
-        f"trainer.tokens={STEPS * 1024}", "trainer.precision=fp32", "trainer.save_every_steps=0",
-        "trainer.val_every=10"]
+    return (
+        [f"model={preset}"]
+        + [a for a in TINY if not a.startswith("trainer.tokens=")]
+        + [
+            f"trainer.tokens={STEPS * 1024}",
+            "trainer.precision=fp32",
+            "trainer.save_every_steps=0",
+            "trainer.val_every=10",
+        ]
+    )
 
 
 def golden_path(preset: str) -> Path:
@@ -36,8 +44,11 @@ def golden_path(preset: str) -> Path:
 
 def _cpu_model() -> str:
     try:
-        return next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name"))
+        return next(
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        )
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
 
@@ -45,15 +56,24 @@ def _cpu_model() -> str:
 def fingerprint() -> dict:
     """What decides the last bits of a CPU run: torch's SIMD kernel set, the CPU, torch's version, the threads a rank
     runs with (tests/distributed.py sets OMP_NUM_THREADS=1)."""
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": _cpu_model(),
-            "machine": platform.machine(), "torch": torch.__version__.split("+")[0], "threads": 1}
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": _cpu_model(),
+        "machine": platform.machine(),
+        "torch": torch.__version__.split("+")[0],
+        "threads": 1,
+    }
 
 
 def run_records(run_dir: Path) -> dict:
     records = read_metrics(run_dir)
     steps = [r for r in records if "loss" in r]
-    return {"loss": [r["loss"] for r in steps], "grad_norm": [r["grad_norm"] for r in steps],
-            "lr": [r["lr"] for r in steps], "val_loss": [r["val_loss"] for r in records if "val_loss" in r]}
+    return {
+        "loss": [r["loss"] for r in steps],
+        "grad_norm": [r["grad_norm"] for r in steps],
+        "lr": [r["lr"] for r in steps],
+        "val_loss": [r["val_loss"] for r in records if "val_loss" in r],
+    }
 
 
 def check_golden(path: Path, args: list[str], got: dict, record: bool = False) -> str:
@@ -71,6 +91,9 @@ def check_golden(path: Path, args: list[str], got: dict, record: bool = False) -
     for key, rtol in RTOL.items():
         for i, (a, b) in enumerate(zip(got[key], golden[key], strict=True)):
             assert math.isclose(a, b, rel_tol=rtol), f"{key}[{i}]: {a} vs golden {b} (rtol {rtol})"
-    warnings.warn(f"{path.name}: recorded on {golden.get('fingerprint')}, this machine is {fingerprint()}: "
-                  f"compared within rtol {RTOL}, not bit for bit")
+    warnings.warn(
+        f"{path.name}: recorded on {golden.get('fingerprint')}, this machine is {fingerprint()}: "
+        f"compared within rtol {RTOL}, not bit for bit",
+        stacklevel=2,
+    )
     return "tolerance"

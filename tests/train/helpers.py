@@ -1,4 +1,5 @@
 """Shared by the trainer tests: the session folder, the tiny run config, and what must match between runs."""
+
 from __future__ import annotations
 
 import tempfile
@@ -6,16 +7,32 @@ from pathlib import Path
 
 SESSION = Path(tempfile.mkdtemp(prefix="diffllm-train-tests-"))
 # Set for every trainer test (and the processes it starts) by the session fixture in conftest.py.
-ENV = {"HF_HOME": str(SESSION / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-       "TOKENIZERS_PARALLELISM": "false", "DIFFLLM_CACHE": str(SESSION / "cache")}
+ENV = {
+    "HF_HOME": str(SESSION / "hf"),
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "disabled",
+    "TOKENIZERS_PARALLELISM": "false",
+    "DIFFLLM_CACHE": str(SESSION / "cache"),
+}
 
 STEPS = 16  # of 1024 tokens: micro-batch 4 x seq 64 x grad-accum 2 x 2 ranks
 # The real shakespeare data config and the diff-tiny preset, shrunk: d_model 64, 2 layers, seq 64, BPE vocab 1024.
 TINY = [
-    "model.d_model=64", "model.n_layers=2", "data.seq_len=64", "data.tokenizer.vocab_size=1024",
-    "trainer.micro_batch_size=4", "trainer.global_batch_tokens=1024", f"trainer.tokens={STEPS * 1024}",
-    "trainer.log_every=1", "trainer.val_batches=4", "trainer.save_every_steps=4", "trainer.keep_last=3",
-    "optim.warmup_steps=4", "optim.lr=3e-3", "optim.min_lr=3e-4",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "data.seq_len=64",
+    "data.tokenizer.vocab_size=1024",
+    "trainer.micro_batch_size=4",
+    "trainer.global_batch_tokens=1024",
+    f"trainer.tokens={STEPS * 1024}",
+    "trainer.log_every=1",
+    "trainer.val_batches=4",
+    "trainer.save_every_steps=4",
+    "trainer.keep_last=3",
+    "optim.warmup_steps=4",
+    "optim.lr=3e-3",
+    "optim.min_lr=3e-4",
 ]
 REF_EXTRA = {0: [], 1: [], 2: [], 3: ["trainer.activation_checkpointing=true"]}  # ZeRO-3 also exercises recomputation
 

@@ -1,6 +1,7 @@
 """Every registered architecture (Transformer, Diff, Diff V2) trains through the real trainer and resumes exactly:
 a run stopped by SIGTERM and relaunched logs the same losses, gradient norms and validation losses, bit for bit, as
 the uninterrupted run of the same architecture."""
+
 from __future__ import annotations
 
 import signal
@@ -19,8 +20,16 @@ STEPS = 8
 @pytest.mark.parametrize("arch", list(variants()))
 def test_each_arch_resumes_exactly_after_sigterm(tokenizer, tmp_path, arch):
     def args(run_dir):
-        return tiny(run_dir, 2, f"model={arch}-tiny", "model.d_model=64", "model.n_layers=2",
-                    f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=0", "trainer.val_every=4")
+        return tiny(
+            run_dir,
+            2,
+            f"model={arch}-tiny",
+            "model.d_model=64",
+            "model.n_layers=2",
+            f"trainer.tokens={STEPS * 1024}",
+            "trainer.save_every_steps=0",
+            "trainer.val_every=4",
+        )
 
     ref = tmp_path / "ref"
     run_train(args(ref), 1, tmp_path / "logs-ref", launcher="plain")

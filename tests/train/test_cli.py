@@ -1,5 +1,6 @@
 """`diffllm train` as a user runs it: one plain process (no launcher variables), from a clean folder; relaunching
 resumes, trainer.resume=none starts afresh, bad input is one line that names the key."""
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,32 @@ from tests.train.helpers import TINY
 pytestmark = pytest.mark.slow
 ARGS = [a for a in TINY if not a.startswith("trainer.tokens=")] + ["trainer.tokens=4096", "run_dir=runs/tiny"]
 METRIC_KEYS = {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"}
-SUMMARY_KEYS = {"model", "arch", "total_params", "nonembedding_params", "tokens", "flops", "final_train_loss",
-                "final_val_loss", "wall_time_s", "world_size", "status"}
+SUMMARY_KEYS = {
+    "model",
+    "arch",
+    "total_params",
+    "nonembedding_params",
+    "tokens",
+    "flops",
+    "final_train_loss",
+    "final_val_loss",
+    "wall_time_s",
+    "world_size",
+    "status",
+}
 
 
 def diffllm_train(cwd, *args: str) -> subprocess.CompletedProcess:
     """No launcher variables at all (RANK, WORLD_SIZE, ...): the trainer makes itself a world of one."""
     env = {k: v for k, v in base_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    return subprocess.run([sys.executable, "-m", "diffllm.cli", "train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "train", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
@@ -32,8 +50,13 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert os.listdir(tmp_path) == ["runs"]  # Hydra wrote nothing (no outputs/, no .hydra/)
     run = tmp_path / "runs" / "tiny"
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json",
-                                                     "tokenizer.json"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "checkpoints",
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "tokenizer.json",
+    ]
     out = first.stdout
     assert "step 0: val_loss" in out and "step 4: val_loss" in out and "MFU n/a" in out and "ETA" in out
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -54,7 +77,10 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     again = diffllm_train(tmp_path, *ARGS)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "removing runs/tiny/checkpoints/tmp-step8 (a save that never completed)" in again.stdout
-    assert not partial.exists() and "runs/tiny/checkpoints/step4: the finished run's last checkpoint (step 4" in again.stdout
+    assert (
+        not partial.exists()
+        and "runs/tiny/checkpoints/step4: the finished run's last checkpoint (step 4" in again.stdout
+    )
     assert "already at its budget" in again.stdout
     assert json.loads((run / "summary.json").read_text())["final_val_loss"] == summary["final_val_loss"]
 
@@ -67,14 +93,19 @@ def test_train_resume_and_fresh_start_in_a_clean_folder(tokenizer, tmp_path):
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][:2] == [0, 1]
 
     other = diffllm_train(tmp_path, *ARGS, "model.n_layers=3")  # not this run's architecture
-    assert other.returncode == 2 and "diffllm train: error: model.n_layers: the checkpoint" in other.stderr, other.stderr
+    assert other.returncode == 2 and "diffllm train: error: model.n_layers: the checkpoint" in other.stderr, (
+        other.stderr
+    )
 
 
-@pytest.mark.parametrize("override, culprit", [
-    ("trainer.tokens=1000", "trainer.tokens=1000: not a whole number of steps"),
-    ("trainer.global_batch_tokens=1000", "trainer.global_batch_tokens=1000 is not a multiple"),
-    ("trainer.resume=/nonexistent/ckpt", "trainer.resume=/nonexistent/ckpt: no such checkpoint"),
-])
+@pytest.mark.parametrize(
+    "override, culprit",
+    [
+        ("trainer.tokens=1000", "trainer.tokens=1000: not a whole number of steps"),
+        ("trainer.global_batch_tokens=1000", "trainer.global_batch_tokens=1000 is not a multiple"),
+        ("trainer.resume=/nonexistent/ckpt", "trainer.resume=/nonexistent/ckpt: no such checkpoint"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_key(tokenizer, tmp_path, override, culprit):
     done = diffllm_train(tmp_path, *ARGS, override)
     assert done.returncode == 2, done.stdout + done.stderr

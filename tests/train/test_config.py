@@ -1,5 +1,6 @@
 """Trainer configs: token arithmetic, budgets that must divide exactly, errors that name the key, the generated
 DeepSpeed config, and the shipped config groups."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,14 @@ def test_budget_counts_go_through_the_one_parser(tokens, batch):
     assert (b.tokens, b.global_batch_tokens, b.steps) == (2**20, 1024, 1024)
 
 
-@pytest.mark.parametrize("key, bad, match", [("tokens", "1.0000005M", r"'1.0000005M' is not a whole number \(1000000.5\)$"),
-                                             ("tokens", "ten", "expected a count"), ("global_batch_tokens", 0, "must be positive")])
+@pytest.mark.parametrize(
+    "key, bad, match",
+    [
+        ("tokens", "1.0000005M", r"'1.0000005M' is not a whole number \(1000000.5\)$"),
+        ("tokens", "ten", "expected a count"),
+        ("global_batch_tokens", 0, "must be positive"),
+    ],
+)
 def test_budget_refuses_bad_counts_naming_the_key(key, bad, match):
     with pytest.raises(ValueError, match=rf"^trainer\.{key}: .*{match}"):
         plan_budget(TrainerConfig(**{key: bad}), 1024, 1)
@@ -49,17 +56,23 @@ def test_budget_suggestions_never_repeat_a_number_and_point_clusters_to_paper_sc
         "trainer.global_batch_tokens=4096 is less than one micro-batch on every rank: trainer.micro_batch_size x "
         "data.seq_len x world size = 8 x 256 x 32 = 65536; use 65536 or a multiple of it, or change "
         "trainer.micro_batch_size (the CPU trainer defaults suit one machine; a paper-size model on a cluster wants "
-        "trainer=paper-scaling)")
+        "trainer=paper-scaling)"
+    )
     paper = build(TrainerConfig, compose("train", ["model=diff-6.8b", "trainer=paper-scaling"]).trainer, "trainer")
     assert plan_budget(paper, 256, 32).grad_accum == 4
     with pytest.raises(ValueError, match=r"; use 1024 \(the run stops"):
         plan_budget(TrainerConfig(tokens=1000, global_batch_tokens=1024, micro_batch_size=4), 64, 2)
 
 
-@pytest.mark.parametrize("override, key", [({"zero_stage": 4}, "trainer.zero_stage"),
-                                           ({"offload_params": True, "zero_stage": 2}, "trainer.offload_params"),
-                                           ({"precision": "fp16"}, "trainer.precision"),
-                                           ({"micro_batch_size": 0}, "trainer.micro_batch_size")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ({"zero_stage": 4}, "trainer.zero_stage"),
+        ({"offload_params": True, "zero_stage": 2}, "trainer.offload_params"),
+        ({"precision": "fp16"}, "trainer.precision"),
+        ({"micro_batch_size": 0}, "trainer.micro_batch_size"),
+    ],
+)
 def test_trainer_validation_names_the_key(override, key):
     with pytest.raises(ValueError, match=rf"^{key}: "):
         TrainerConfig(**override).validate()
@@ -75,12 +88,22 @@ def test_optim_validation_and_unknown_keys():
 
 
 def test_deepspeed_config_from_ours():
-    t = TrainerConfig(tokens=2**16, global_batch_tokens=2**13, micro_batch_size=4, zero_stage=3,
-                      offload_optimizer=True, offload_params=True,
-                      deepspeed={"zero_optimization": {"reduce_bucket_size": 1000}, "steps_per_print": 7})
+    t = TrainerConfig(
+        tokens=2**16,
+        global_batch_tokens=2**13,
+        micro_batch_size=4,
+        zero_stage=3,
+        offload_optimizer=True,
+        offload_params=True,
+        deepspeed={"zero_optimization": {"reduce_bucket_size": 1000}, "steps_per_print": 7},
+    )
     o = OptimConfig(grad_clip=0.5)
     ds = deepspeed_config(t, o, plan_budget(t, 256, 2), "bf16")
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (32, 4, 4)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
+        32,
+        4,
+        4,
+    )
     assert ds["gradient_clipping"] == 0.5 and ds["bf16"] == {"enabled": True}
     z = ds["zero_optimization"]
     assert z["stage"] == 3 and z["reduce_bucket_size"] == 1000  # the raw keys merge, they do not replace
@@ -104,17 +127,25 @@ def test_shipped_configs_compose_and_their_budgets_divide():
         o.validate()
         for ws in sizes:
             plan_budget(t, seq, ws)
-    assert plan_budget(build(TrainerConfig, compose("train", ["trainer=paper-scaling"]).trainer, "t"), 2048, 8).steps == 40000
+    assert (
+        plan_budget(build(TrainerConfig, compose("train", ["trainer=paper-scaling"]).trainer, "t"), 2048, 8).steps
+        == 40000
+    )
 
 
 def test_round_tokens_rounds_up_to_whole_steps_with_a_note():
     t = TrainerConfig(tokens=10**6, global_batch_tokens=1024, micro_batch_size=4, round_tokens=True)
     b = plan_budget(t, 64, 2)
     assert (b.tokens, b.steps, b.requested_tokens) == (977 * 1024, 977, 10**6)
-    assert b.note == ("trainer.tokens=1000000 rounded up to 1000448 = 977 whole steps of 1024 tokens "
-                      "(trainer.round_tokens=true)")
-    assert plan_budget(TrainerConfig(tokens=2048, global_batch_tokens=1024, micro_batch_size=4, round_tokens=True),
-                       64, 2).note is None
+    assert b.note == (
+        "trainer.tokens=1000000 rounded up to 1000448 = 977 whole steps of 1024 tokens (trainer.round_tokens=true)"
+    )
+    assert (
+        plan_budget(
+            TrainerConfig(tokens=2048, global_batch_tokens=1024, micro_batch_size=4, round_tokens=True), 64, 2
+        ).note
+        is None
+    )
 
 
 def test_the_roles_of_keys_on_resume_are_field_metadata():
@@ -126,17 +157,41 @@ def test_the_roles_of_keys_on_resume_are_field_metadata():
     from diffllm.train.resume import keys_with
 
     cfg = TrainConfig.from_hydra(compose("train", []))
-    operational = {"run_dir", "trainer.resume", "trainer.log_every", "trainer.save_every_steps",
-                   "trainer.save_every_minutes", "trainer.keep_last", "trainer.dist_timeout_minutes",
-                   "trainer.round_tokens", "trainer.eval", "trainer.stall_timeout_s", "trainer.faults.stall_at_steps",
-                   "trainer.faults.step_delay_s", "trainer.branch_budgets", "trainer.val_batch_size", "trainer.compile",
-                   "trainer.activation_checkpointing", "model.attn_backend", "data.num_workers",
-                   "data.worker_timeout_s", "data.tokenizer.path", "logging"}
+    operational = {
+        "run_dir",
+        "trainer.resume",
+        "trainer.log_every",
+        "trainer.save_every_steps",
+        "trainer.save_every_minutes",
+        "trainer.keep_last",
+        "trainer.dist_timeout_minutes",
+        "trainer.round_tokens",
+        "trainer.eval",
+        "trainer.stall_timeout_s",
+        "trainer.faults.stall_at_steps",
+        "trainer.faults.step_delay_s",
+        "trainer.branch_budgets",
+        "trainer.val_batch_size",
+        "trainer.compile",
+        "trainer.activation_checkpointing",
+        "model.attn_backend",
+        "data.num_workers",
+        "data.worker_timeout_s",
+        "data.tokenizer.path",
+        "logging",
+    }
     assert set(keys_with(cfg, "operational")) == operational
     assert set(keys_with(cfg, "operational", "branch")) - operational == {
-        "trainer.tokens", "trainer.branch_from", "trainer.val_every", "trainer.val_batches", "trainer.zero_stage",
-        "trainer.offload_optimizer", "trainer.offload_params", "trainer.micro_batch_size",
-        "trainer.max_nonfinite_in_a_row"}
+        "trainer.tokens",
+        "trainer.branch_from",
+        "trainer.val_every",
+        "trainer.val_batches",
+        "trainer.zero_stage",
+        "trainer.offload_optimizer",
+        "trainer.offload_params",
+        "trainer.micro_batch_size",
+        "trainer.max_nonfinite_in_a_row",
+    }
     assert set(keys_with(ModelConfig(), "kept")) == {"attn_backend", "max_seq_len", "init_from"}
     assert set(keys_with(ModelConfig(), "kept", "label")) == {"name", "attn_backend", "max_seq_len", "init_from"}
 

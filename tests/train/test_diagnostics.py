@@ -1,14 +1,14 @@
 """Diff diagnostics (diffllm/train/diagnostics.py): per-layer lambda, Diff V2's mean gate and the attention-output RMS
 against float64 references on a model, and in real runs against the model loaded from the final checkpoint."""
+
 from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
-
-from types import SimpleNamespace
 
 from diffllm.model import DecoderLM, ModelConfig
 from diffllm.model.layers import rotary_cos_sin
@@ -120,8 +120,9 @@ def test_a_zero3_diff_run_logs_the_lambda_of_its_final_checkpoint(tokenizer, tmp
     lambda and attn_rms for every layer; the last record's lambda is lambda_full() of the final checkpoint's model."""
     run_dir = tmp_path / "run"
     no_persistence = "+trainer.deepspeed.zero_optimization.stage3_param_persistence_threshold=0"  # lambda partitioned
-    run = run_train(tiny(run_dir, 3, "trainer.tokens=5120", "trainer.log_every=2", no_persistence), 2,
-                    tmp_path / "logs")
+    run = run_train(
+        tiny(run_dir, 3, "trainer.tokens=5120", "trainer.log_every=2", no_persistence), 2, tmp_path / "logs"
+    )
     records = [r for r in read_metrics(run_dir) if "loss" in r]
     assert [r["step"] for r in records] == [2, 4, 5]
     for r in records:
@@ -139,8 +140,12 @@ def test_a_zero3_diff_run_logs_the_lambda_of_its_final_checkpoint(tokenizer, tmp
 @pytest.mark.parametrize("arch", ["transformer", "diff2"])
 def test_other_archs_log_attn_rms_and_no_lambda(tokenizer, tmp_path, arch):
     run_dir = tmp_path / "run"
-    run_train(tiny(run_dir, 2, f"model={arch}-tiny", "model.d_model=64", "model.n_layers=2", "trainer.tokens=2048"),
-              1, tmp_path / "logs", launcher="plain")
+    run_train(
+        tiny(run_dir, 2, f"model={arch}-tiny", "model.d_model=64", "model.n_layers=2", "trainer.tokens=2048"),
+        1,
+        tmp_path / "logs",
+        launcher="plain",
+    )
     records = [r for r in read_metrics(run_dir) if "loss" in r]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
@@ -187,8 +192,13 @@ def stability_reference(model: DecoderLM, tokens: torch.Tensor, docs=None) -> di
         k = apply_rotary(a.k_proj(h).view(B, T, -1, d), cos, sin, a.interleaved)  # (B, T, Hk, d)
         causal = torch.ones(T, T, dtype=torch.bool).tril() if docs is None else docs.mask[0, 0]
         out[f"attn_logit_max/{i}"] = max(
-            float((q[:, :, j] @ k[:, :, key_head(m.cfg.arch, j, q.shape[2], k.shape[2])].transpose(1, 2)
-                   / math.sqrt(d)).abs()[:, causal].max()) for j in range(q.shape[2]))
+            float(
+                (q[:, :, j] @ k[:, :, key_head(m.cfg.arch, j, q.shape[2], k.shape[2])].transpose(1, 2) / math.sqrt(d))
+                .abs()[:, causal]
+                .max()
+            )
+            for j in range(q.shape[2])
+        )
         x = x + a(h, cos, sin, docs=docs)
         x = x + block.mlp(block.mlp_norm(x))
         out[f"act_max/{i}"] = float(x.abs().max())

@@ -2,6 +2,7 @@
 window holds boundaries; a whole play is longer than the tiny runs read) with data.doc_mask=true and positions
 restarted per document trains, its losses differ from the unmasked run's from the first step, and a SIGKILL +
 relaunch continues it bit for bit; a needle mixture trains on its marked answers only."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,14 @@ def test_a_needle_mixture_trains_on_its_marked_answers(tmp_path):
     """data=shakespeare-needle with loss_on=marked: the plays count every target, the needle windows only their
     answers, so fewer targets are in the loss than are seen, and the count is the same on every relaunch."""
     run_dir = tmp_path / "run"
-    args = tiny(run_dir, 2, "data=shakespeare-needle", "data.loss_on=marked", "data.doc_mask=true",
-                "data.tokenizer.train_on=[plays]")
+    args = tiny(
+        run_dir,
+        2,
+        "data=shakespeare-needle",
+        "data.loss_on=marked",
+        "data.doc_mask=true",
+        "data.tokenizer.train_on=[plays]",
+    )
     run_train(args, 1, tmp_path / "logs")
     records = [m for m in read_metrics(run_dir) if "loss" in m]
     last = records[-1]

@@ -2,6 +2,7 @@
 trains bit for bit like the uninterrupted reference without it; what it logs equals `diffllm eval ppl`'s and `eval
 needle`'s functions on the checkpoint of that step; a run killed and relaunched logs the same evaluations; a bad
 trainer.eval value is one line."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,9 +17,17 @@ from tests.distributed import REPO, base_env, launch_train, run_train
 from tests.train.helpers import STEPS, comparable, tiny
 
 EVERY = 4
-EVAL = [f"trainer.eval.every={EVERY}", "trainer.eval.at_end=true", "trainer.eval.ppl_data=[shakespeare]",
-        "trainer.eval.ppl_max_tokens=2048", "trainer.eval.batch_size=8", "trainer.eval.needle_n=[1,2]",
-        "trainer.eval.needle_trials=4", "trainer.eval.needle_length=64", "trainer.eval.needle_seed=7"]
+EVAL = [
+    f"trainer.eval.every={EVERY}",
+    "trainer.eval.at_end=true",
+    "trainer.eval.ppl_data=[shakespeare]",
+    "trainer.eval.ppl_max_tokens=2048",
+    "trainer.eval.batch_size=8",
+    "trainer.eval.needle_n=[1,2]",
+    "trainer.eval.needle_trials=4",
+    "trainer.eval.needle_length=64",
+    "trainer.eval.needle_seed=7",
+]
 
 
 def is_eval(record: dict) -> bool:
@@ -83,8 +92,9 @@ def test_logged_ppl_and_needle_equal_the_eval_functions_on_the_checkpoint(eval_r
     step = 12
     logged = evals(run_dir)[step]
     assert logged["tokens"] == step * 1024
-    ppl = run_ppl(PplConfig(run=str(run_dir), step=step, data="shakespeare", max_tokens=2048, batch_size=8,
-                            out=str(tmp_path)))
+    ppl = run_ppl(
+        PplConfig(run=str(run_dir), step=step, data="shakespeare", max_tokens=2048, batch_size=8, out=str(tmp_path))
+    )
     (src,) = ppl["sources"].values()  # shakespeare holds out one source
     assert ppl["seq_len"] == 64 and src["tokens"] == 2048
     assert logged["eval/ppl/shakespeare/loss"] == src["loss"]  # the same fp32 forward on the same windows
@@ -92,8 +102,16 @@ def test_logged_ppl_and_needle_equal_the_eval_functions_on_the_checkpoint(eval_r
     assert logged["eval/ppl/shakespeare/loss"] < evals(run_dir)[EVERY]["eval/ppl/shakespeare/loss"] - 0.3  # learning
 
     _, model, tok = Run(run_dir).model(step=step)
-    task = NeedleTask(mode="synthetic", n_needles=[1, 2], queries=1, depths=[0.0, 50.0, 100.0], lengths=[64],
-                      trials=4, seed=7, batch_size=8)
+    task = NeedleTask(
+        mode="synthetic",
+        n_needles=[1, 2],
+        queries=1,
+        depths=[0.0, 50.0, 100.0],
+        lengths=[64],
+        trials=4,
+        seed=7,
+        batch_size=8,
+    )
     res = needle_accuracy(model, tok, task)
     for n in (1, 2):
         assert 0.0 <= logged[f"eval/needle/n{n}/acc"] <= 1.0
@@ -122,8 +140,8 @@ def test_bad_values_are_one_line_errors():
     from diffllm.train.config import TrainConfig
 
     cases = {
-        "trainer.eval.ppl_data=[shakspeare]":
-            "trainer.eval.ppl_data: unknown data config 'shakspeare' (did you mean shakespeare?)",
+        "trainer.eval.ppl_data=[shakspeare]": "trainer.eval.ppl_data: unknown data config 'shakspeare' "
+        "(did you mean shakespeare?)",
         "trainer.eval.needle_n=[0,2]": "trainer.eval.needle_n=[0, 2]: each must be in 1..",
         "trainer.eval.needle_mode=txt": "trainer.eval.needle_mode: got 'txt', expected one of",
         "trainer.eval.every=-1": "trainer.eval.every: must be >= 0, got -1",
@@ -143,20 +161,46 @@ def test_bad_values_are_one_line_errors():
 
 @pytest.mark.slow
 def test_bad_value_on_the_command_line_exits_2_with_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "diffllm.cli", "train", f"run_dir={tmp_path / 'run'}",
-                           "trainer.eval.at_end=true", "trainer.eval.ppl_data=[shakspeare]"],
-                          cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffllm.cli",
+            "train",
+            f"run_dir={tmp_path / 'run'}",
+            "trainer.eval.at_end=true",
+            "trainer.eval.ppl_data=[shakspeare]",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.strip() == ("diffllm train: error: trainer.eval.ppl_data: unknown data config 'shakspeare' "
-                                   "(did you mean shakespeare?)")
+    assert done.stderr.strip() == (
+        "diffllm train: error: trainer.eval.ppl_data: unknown data config 'shakspeare' (did you mean shakespeare?)"
+    )
 
 
 @pytest.mark.slow
 def test_prompts_that_do_not_fit_fail_before_the_first_step(tokenizer, tmp_path):
-    run = run_train(tiny(tmp_path / "run", 2, "trainer.eval.at_end=true", "trainer.eval.needle_mode=text",
-                         "trainer.eval.needle_n=[1]", "trainer.eval.needle_length=64"),
-                    1, tmp_path / "logs", launcher="plain", expect=2)
+    run = run_train(
+        tiny(
+            tmp_path / "run",
+            2,
+            "trainer.eval.at_end=true",
+            "trainer.eval.needle_mode=text",
+            "trainer.eval.needle_n=[1]",
+            "trainer.eval.needle_length=64",
+        ),
+        1,
+        tmp_path / "logs",
+        launcher="plain",
+        expect=2,
+    )
     out = run.output(0)
-    assert ("diffllm train: error: trainer.eval.needle_length=64: 64 tokens cannot hold 1 needles and 1 queries"
-            in out), out[-3000:]
+    assert (
+        "diffllm train: error: trainer.eval.needle_length=64: 64 tokens cannot hold 1 needles and 1 queries" in out
+    ), out[-3000:]
     assert "Traceback" not in out and "step 1/" not in out

@@ -11,6 +11,7 @@ stated relative tolerance, and the test says (a warning in pytest's summary) tha
 Re-record only for an intended change of numerics, and say so in the commit:
     DIFFLLM_RECORD_GOLDEN=1 python -m pytest -q tests/train/test_golden.py
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ from tests.train.golden import ARCHS, ASSETS, args_for, check_golden, golden_pat
 def test_first_20_steps_match_the_golden_file(preset, tokenizer, tmp_path):
     args = args_for(preset)
     run_train(args + [f"run_dir={tmp_path / 'run'}"], 1, tmp_path / "logs", launcher="plain")
-    check_golden(golden_path(preset), args, run_records(tmp_path / "run"),
-                 record=bool(os.environ.get("DIFFLLM_RECORD_GOLDEN")))
+    check_golden(
+        golden_path(preset), args, run_records(tmp_path / "run"), record=bool(os.environ.get("DIFFLLM_RECORD_GOLDEN"))
+    )
 
 
 def _values(path):

@@ -1,13 +1,14 @@
 """Hooks around the loop: a user hook sees every event of a real run and adds keys to its records without changing
 its numerics (the golden losses); against a View alone: the window statistics (mean loss over the log window, time,
 elapsed seconds), a hook's keys and records through the one writer, save timing, fault injection."""
+
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
-import math
 
 import pytest
 import torch
@@ -54,15 +55,25 @@ RECORDER = textwrap.dedent("""
 def test_a_user_hook_sees_every_event_and_leaves_the_golden_losses_unchanged(tokenizer, tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in base_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, "-c", RECORDER, *args_for("diff-tiny"), "trainer.save_every_steps=8", f"run_dir={run_dir}"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", RECORDER, *args_for("diff-tiny"), "trainer.save_every_steps=8", f"run_dir={run_dir}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     events = json.loads(done.stdout.strip().splitlines()[-1])
     assert events[:2] == [["validate", 0, ["val"]], ["start", 0]]  # the built-in Validation starts first
     assert [e[1] for e in events if e[0] == "step"] == list(range(1, 21))
     assert [e for e in events if e[0] in ("save", "validate")] == [
-        ["validate", 0, ["val"]], ["save", "step8"], ["validate", 10, ["val"]], ["save", "step16"],
-        ["validate", 20, ["val"]], ["save", "step20"]]
+        ["validate", 0, ["val"]],
+        ["save", "step8"],
+        ["validate", 10, ["val"]],
+        ["save", "step16"],
+        ["validate", 20, ["val"]],
+        ["save", "step20"],
+    ]
     assert events[-2:] == [["finish", 20], ["close"]]
     steps = [r for r in read_metrics(run_dir) if "loss" in r]
     assert steps and all(r["my_key"] == 10 * r["step"] for r in steps)  # in every step record written
@@ -70,8 +81,15 @@ def test_a_user_hook_sees_every_event_and_leaves_the_golden_losses_unchanged(tok
 
 
 def step_record(step: int, loss, skipped: bool = False) -> dict:
-    return {"step": step, "tokens": 1024 * step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "skipped": skipped,
-            "step_time_s": 0.5}
+    return {
+        "step": step,
+        "tokens": 1024 * step,
+        "loss": loss,
+        "lr": 1e-3,
+        "grad_norm": 1.0,
+        "skipped": skipped,
+        "step_time_s": 0.5,
+    }
 
 
 def writer_for(tmp_path, steps: int, log_every: int) -> MetricsWriter:
@@ -112,8 +130,14 @@ def test_a_hooks_keys_are_in_every_written_record_and_its_own_records_follow_the
         view.state.step = step
         writer.step(hooks.step_end(step_record(step, 1.0 * step)))
     records = read_metrics(tmp_path)
-    assert [(r["step"], "loss" in r) for r in records] == [(1, False), (2, True), (2, False), (3, False), (4, True),
-                                                          (4, False)]
+    assert [(r["step"], "loss" in r) for r in records] == [
+        (1, False),
+        (2, True),
+        (2, False),
+        (3, False),
+        (4, True),
+        (4, False),
+    ]
     steps = [r for r in records if "loss" in r]
     assert [(r["my_key"], r["saw_mean"]) for r in steps] == [(20, 1.5), (40, 3.5)]
 

@@ -1,5 +1,6 @@
 """model.init_from: a run starts from a Hugging Face model's weights (read through diffllm.export), with the model's
 architecture and a fresh optimizer at step 0; relaunching resumes the run's own checkpoints."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,16 @@ def hf_llama(tokenizer, tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     out = tmp_path_factory.mktemp("hf") / "llama"
     LlamaForCausalLM(cfg).save_pretrained(out)
     return out
@@ -29,8 +38,14 @@ def hf_llama(tokenizer, tmp_path_factory):
 def test_init_from_an_hf_model_starts_from_its_weights_then_resumes(hf_llama, tmp_path):
     run_dir = tmp_path / "run"
     # lr 0: the run's weights must stay exactly the imported ones (weight decay is lr-scaled)
-    args = TINY + [f"run_dir={run_dir}", "trainer.zero_stage=0", f"trainer.tokens={4 * 1024}", "optim.lr=0",
-                   "optim.min_lr=0", f"model.init_from={hf_llama}"]
+    args = TINY + [
+        f"run_dir={run_dir}",
+        "trainer.zero_stage=0",
+        f"trainer.tokens={4 * 1024}",
+        "optim.lr=0",
+        "optim.min_lr=0",
+        f"model.init_from={hf_llama}",
+    ]
     first = run_train(args, 1, tmp_path / "logs1", launcher="plain")
     assert f"model.init_from={hf_llama}: transformer, 2 layers, d_model 64, vocab 1024" in first.output(0)
     cfg, model, _ = Run(run_dir).model(tokenizer=False)
@@ -40,8 +55,12 @@ def test_init_from_an_hf_model_starts_from_its_weights_then_resumes(hf_llama, tm
     assert Run(run_dir).config()["model"]["d_model"] == 64  # config.yaml records what was trained, not the preset
     assert_named_llama(run_dir)
     # a relaunch with a larger budget resumes the run's own checkpoint: same architecture, no reload of the HF weights
-    more = run_train([a if not a.startswith("trainer.tokens=") else f"trainer.tokens={6 * 1024}" for a in args], 1,
-                     tmp_path / "logs2", launcher="plain")
+    more = run_train(
+        [a if not a.startswith("trainer.tokens=") else f"trainer.tokens={6 * 1024}" for a in args],
+        1,
+        tmp_path / "logs2",
+        launcher="plain",
+    )
     assert "resumed from checkpoint" in more.output(0) and "model.init_from=" not in more.output(0)
     assert Run(run_dir).latest().step == 6
     assert_named_llama(run_dir)

@@ -1,6 +1,8 @@
 """Validation and the watchdog in real runs. The step watchdog inside a 2-rank run: rank 0 hangs reading data
-(trainer.faults.stall_at_steps), rank 1 waits for it in the step's collectives; both end within trainer.stall_timeout_s, each with one line (the stalled
+(trainer.faults.stall_at_steps), rank 1 waits for it in the step's collectives; both end within
+trainer.stall_timeout_s, each with one line (the stalled
 phase, or the broken collective), so a launcher restarts the job and no rank is left behind."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +30,11 @@ def processes_writing_to(folder) -> list[int]:
 
 def test_a_stalled_rank_ends_the_job_with_exit_code_5(tokenizer, tmp_path):
     t0 = time.monotonic()
-    run = launch_train(tiny(tmp_path / "run", 2, "trainer.faults.stall_at_steps=[3]", "trainer.stall_timeout_s=6"), 2,
-                       tmp_path / "logs")
+    run = launch_train(
+        tiny(tmp_path / "run", 2, "trainer.faults.stall_at_steps=[3]", "trainer.stall_timeout_s=6"),
+        2,
+        tmp_path / "logs",
+    )
     codes = run.wait(240)
     deadline = time.monotonic() + 20  # nothing is left behind: no forkserver, no DataLoader worker
     while processes_writing_to(tmp_path / "logs") and time.monotonic() < deadline:
@@ -43,8 +48,11 @@ def test_a_stalled_rank_ends_the_job_with_exit_code_5(tokenizer, tmp_path):
     # way in one line, no traceback
     out1 = run.output(1)
     assert codes[1] in (5, 6) and "Traceback" not in out1, out1[-3000:]
-    assert ("error: no progress for" in out1 and "(rank 1; limit 6 s" in out1 if codes[1] == 5 else
-            "rank 1: a collective failed because another rank ended or stopped answering" in out1), out1[-3000:]
+    assert (
+        "error: no progress for" in out1 and "(rank 1; limit 6 s" in out1
+        if codes[1] == 5
+        else "rank 1: a collective failed because another rank ended or stopped answering" in out1
+    ), out1[-3000:]
 
 
 def test_several_held_out_sources_get_a_loss_each(tokenizer, tmp_path):

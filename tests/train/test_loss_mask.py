@@ -1,6 +1,7 @@
 """The loss of a Batch with a loss mask (data.loss_on=marked) against a hand computation in float64: the mean
 (or sum) of -log p(target) over the marked targets only, gradients included; none marked: zero loss, zero
 gradients (a finite step, not a skipped one)."""
+
 from __future__ import annotations
 
 import pytest

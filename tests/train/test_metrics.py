@@ -1,21 +1,32 @@
 """MFU against dense bf16 peaks looked up by device name (n/a on CPU), the progress line, metrics.jsonl, W&B mode."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from diffllm.train.config import LoggingConfig
 from diffllm.runs import read_metrics
+from diffllm.train.config import LoggingConfig
 from diffllm.train.metrics import MetricsLog, mfu, peak_tflops, progress_line
 from diffllm.train.tracking import wandb_mode
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A100-PCIE-40GB", 312), ("NVIDIA H100 80GB HBM3", 989),
-    ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H200", 989), ("NVIDIA GH200 480GB", 989),
-    ("NVIDIA B200", 2250), ("cpu", None), ("NVIDIA GeForce GTX 1080", None),
-])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA A100-PCIE-40GB", 312),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA GH200 480GB", 989),
+        ("NVIDIA B200", 2250),
+        ("cpu", None),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
 def test_dense_bf16_peak_by_device_name(name, peak):
     assert peak_tflops(name) == peak
 
@@ -27,11 +38,20 @@ def test_mfu_is_model_flops_over_peak_and_na_without_a_peak():
 
 
 def test_progress_line_has_every_field():
-    rec = {"step": 12, "tokens": 98_304, "loss": 5.4321, "lr": 3e-4, "grad_norm": 0.75, "tokens_per_s": 41_200.0,
-           "mfu": None, "skipped_steps": 0}
+    rec = {
+        "step": 12,
+        "tokens": 98_304,
+        "loss": 5.4321,
+        "lr": 3e-4,
+        "grad_norm": 0.75,
+        "tokens_per_s": 41_200.0,
+        "mfu": None,
+        "skipped_steps": 0,
+    }
     line = progress_line(rec, 200, 1_638_400, 151)
-    assert line == ("step 12/200 | tokens 98.3K/1.6M | loss 5.4321 | lr 3.000e-04 | gnorm 0.750 | 41.2K tok/s | "
-                    "MFU n/a | ETA 2m31s")
+    assert line == (
+        "step 12/200 | tokens 98.3K/1.6M | loss 5.4321 | lr 3.000e-04 | gnorm 0.750 | 41.2K tok/s | MFU n/a | ETA 2m31s"
+    )
     rec.update(loss=None, mfu=0.4123, skipped_steps=2)
     assert "loss nan" in progress_line(rec, 200, 1_638_400, 0) and "MFU 41.2%" in progress_line(rec, 200, 1, 0)
     assert progress_line(rec, 200, 1, 0).endswith("| skipped 2")

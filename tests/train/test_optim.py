@@ -1,4 +1,5 @@
 """Parameter groups (no decay on norms, biases, lambda_*) and the skip-step AdamW, across 2 real gloo ranks."""
+
 from __future__ import annotations
 
 import torch
@@ -21,7 +22,12 @@ def test_no_weight_decay_on_norms_biases_and_lambdas():
         assert n.endswith(".bias") or "norm" in n or "subln" in n or n.rsplit(".", 1)[1].startswith("lambda_"), n
     assert {f"layers.0.attn.lambda_{s}" for s in ("q1", "k1", "q2", "k2")} <= plain_names
     assert "layers.1.attn.q_proj.bias" in plain_names and "norm.weight" in plain_names
-    matrices = {"tok_embeddings.weight", "lm_head.weight", "layers.0.attn.q_proj.weight", "layers.1.mlp.down_proj.weight"}
+    matrices = {
+        "tok_embeddings.weight",
+        "lm_head.weight",
+        "layers.0.attn.q_proj.weight",
+        "layers.1.mlp.down_proj.weight",
+    }
     assert matrices <= decay_names
 
 
@@ -52,9 +58,13 @@ def _skip_step_on_two_ranks() -> dict:
     judged = gate.disarm() and torch.equal(w.detach(), after) and asked == [1]
     gate.arm(nonfinite_loss=True, judge=lambda: asked.append(2) or False)  # a non-finite loss: the judge is not asked
     opt.step()
-    return {"skipped": skipped, "matches_adamw": torch.equal(after, ref.detach()), "judged": judged,
-            "forced": gate.disarm() and torch.equal(w.detach(), after) and asked == [1],
-            "adam_steps": int(opt.state[w]["step"])}
+    return {
+        "skipped": skipped,
+        "matches_adamw": torch.equal(after, ref.detach()),
+        "judged": judged,
+        "forced": gate.disarm() and torch.equal(w.detach(), after) and asked == [1],
+        "adam_steps": int(opt.state[w]["step"]),
+    }
 
 
 def test_skip_step_adamw_agrees_across_ranks():

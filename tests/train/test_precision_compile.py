@@ -7,6 +7,7 @@ at ZeRO-0 starts AdamW fresh (DeepSpeed's wrapper there steps the optimizer once
 
 bf16 is 4-10x slower than fp32 on an AVX2 CPU and the first compiled step pays for inductor's compile (cached on disk
 afterwards): the runs are 8 steps of 1,024 tokens."""
+
 from __future__ import annotations
 
 import shutil
@@ -39,8 +40,9 @@ def runs(tokenizer):
     def get(stage: int, variant: str):
         if (stage, variant) not in made:
             run_dir = SESSION / f"pc-zero{stage}-{variant}"
-            run_train(args(run_dir, stage, variant), RANKS[stage], SESSION / f"pc-zero{stage}-{variant}-logs",
-                      timeout=600)
+            run_train(
+                args(run_dir, stage, variant), RANKS[stage], SESSION / f"pc-zero{stage}-{variant}-logs", timeout=600
+            )
             made[stage, variant] = run_dir
         return made[stage, variant]
 
@@ -99,8 +101,10 @@ def test_compiled_trains_resumes_exactly_and_tracks_eager(runs, stage, tmp_path)
     compiled, eager = runs(stage, "compiled"), runs(stage, "fp32")
     gaps = [max_gap(compiled, eager, "loss"), max_gap(compiled, eager, "val_loss")]
     first = [next(1024 / m["tokens_per_s"] for m in read_metrics(r) if "loss" in m) for r in (compiled, eager)]
-    print(f"ZeRO-{stage}: max |compiled - eager| train loss {gaps[0]:.2e}, val loss {gaps[1]:.2e}; first step "
-          f"{first[0]:.1f} s compiled, {first[1]:.1f} s eager")
+    print(
+        f"ZeRO-{stage}: max |compiled - eager| train loss {gaps[0]:.2e}, val loss {gaps[1]:.2e}; first step "
+        f"{first[0]:.1f} s compiled, {first[1]:.1f} s eager"
+    )
     assert max(gaps) < COMPILE_TOL, gaps
     out = (SESSION / f"pc-zero{stage}-compiled-logs" / "rank0.log").read_text()
     assert out.count("note: attn_rms and lambda_mean are not logged") == 1, out
@@ -123,8 +127,9 @@ def _bf16_engine_without_zero() -> tuple[int, bool]:
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)  # over the harness's group
     trainer, opt = TrainerConfig(zero_stage=0, micro_batch_size=2, global_batch_tokens=64, tokens=64), OptimConfig()
     ds = deepspeed_config(trainer, opt, plan_budget(trainer, 32, 1), "bf16")
-    engine, optimizer = build_engine(ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2), trainer, opt,
-                                     ds, seed=0, gate=UpdateGate())
+    engine, optimizer = build_engine(
+        ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2), trainer, opt, ds, seed=0, gate=UpdateGate()
+    )
     masters = [p for group in engine.optimizer.fp32_groups for p in group]
     models = [p for group in engine.optimizer.fp16_groups for p in group]
     return len(optimizer.state), all(torch.equal(m, p.float()) for m, p in zip(masters, models))

@@ -1,6 +1,7 @@
 """The run directory as `diffllm train` leaves it (issue 11): self-contained (config.yaml + tokenizer.json), a finished
 result that relaunching never rewrites, no mixing of two runs, one-line errors for damaged pieces, and notes where the
 run differs from what was asked (a rounded budget, a warmup longer than the run)."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,11 @@ from tests.train.test_cli import diffllm_train
 
 pytestmark = pytest.mark.slow
 ARGS = [a for a in TINY if not a.startswith(("trainer.tokens=", "optim.warmup_steps="))] + [
-    "trainer.tokens=4000", "trainer.round_tokens=true", "optim.warmup_steps=8", "trainer.log_every=2"]
+    "trainer.tokens=4000",
+    "trainer.round_tokens=true",
+    "optim.warmup_steps=8",
+    "trainer.log_every=2",
+]
 
 
 def one_error_line(done) -> str:
@@ -35,8 +40,10 @@ def snapshot(run_dir) -> dict:
 
 def listing(run_dir) -> dict:
     """Every path under run_dir (folders too) with its mtime and size: a new, removed or rewritten entry shows."""
-    return {p.relative_to(run_dir).as_posix(): (p.is_dir(), p.stat().st_mtime_ns, p.stat().st_size)
-            for p in [run_dir, *sorted(run_dir.rglob("*"))]}
+    return {
+        p.relative_to(run_dir).as_posix(): (p.is_dir(), p.stat().st_mtime_ns, p.stat().st_size)
+        for p in [run_dir, *sorted(run_dir.rglob("*"))]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +62,10 @@ def copy_of(finished, tmp_path, name="copy"):
 
 def test_a_new_run_is_self_contained_and_says_what_differs_from_the_request(finished, tokenizer, tmp_path):
     run_dir, done = finished
-    assert ("note: trainer.tokens=4000 rounded up to 4096 = 4 whole steps of 1024 tokens (trainer.round_tokens=true)"
-            in done.stdout)
+    assert (
+        "note: trainer.tokens=4000 rounded up to 4096 = 4 whole steps of 1024 tokens (trainer.round_tokens=true)"
+        in done.stdout
+    )
     assert "warning: the run has 4 steps and optim.warmup_steps=8" in done.stderr
     assert json.loads((run_dir / "summary.json").read_text())["tokens"] == 4096
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -85,8 +94,15 @@ def test_relaunching_a_finished_run_never_rewrites_its_result(finished, tmp_path
     assert f"run_dir={run_dir} holds a finished run" in line and "data.seq_len (64 -> 128)" in line, line
     assert snapshot(run_dir) == before
     # what only says how to run or watch it (evaluation, watchdogs) is not a change of the run
-    watched = diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", "trainer.eval.every=4", "trainer.eval.needle_n=[1]", "trainer.stall_timeout_s=60",
-                            "data.worker_timeout_s=60")
+    watched = diffllm_train(
+        tmp_path,
+        *ARGS,
+        f"run_dir={run_dir}",
+        "trainer.eval.every=4",
+        "trainer.eval.needle_n=[1]",
+        "trainer.stall_timeout_s=60",
+        "data.worker_timeout_s=60",
+    )
     assert watched.returncode == 0 and "already at its budget" in watched.stdout, watched.stdout + watched.stderr
     assert snapshot(run_dir) == before
 
@@ -120,7 +136,8 @@ def test_damaged_run_dirs_are_one_line_errors(finished, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     assert f"{a_file}: is a file, not a run directory" in one_error_line(
-        diffllm_train(tmp_path, *ARGS, f"run_dir={a_file}"))
+        diffllm_train(tmp_path, *ARGS, f"run_dir={a_file}")
+    )
 
     states = copy_of(finished, tmp_path, "states")
     (states / "checkpoints" / "step4" / "mp_rank_00_model_states.pt").write_bytes(b"\x00garbage" * 100)
@@ -142,8 +159,9 @@ def test_damaged_run_dirs_are_one_line_errors(finished, tmp_path):
 
 def test_a_resumed_run_refuses_another_tokenizer(finished, tmp_path):
     run_dir = copy_of(finished, tmp_path)
-    line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", "trainer.tokens=8192",
-                                        "data.tokenizer.vocab_size=512"))
+    line = one_error_line(
+        diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}", "trainer.tokens=8192", "data.tokenizer.vocab_size=512")
+    )
     assert "data.tokenizer: this run was trained with another tokenizer (vocab_size (1024 -> 512))" in line, line
 
 

@@ -1,5 +1,6 @@
 """diffllm.runs: a trained model loads back from a run directory for every ZeRO stage (its held-out loss equals the one
 the training engine reported), and every damaged or missing piece is a one-line error naming the file."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def held_out_loss(model, tokenizer) -> float:
     data = build(DataConfig, compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"]).data, "data")
     batches = [b.tokens for b in build_val_batches(data, tokenizer, 4, 4)]
     with torch.no_grad():
-        total = sum(F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(), reduction="sum").item()
-                    for b in batches)
+        total = sum(
+            F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(), reduction="sum").item() for b in batches
+        )
     return total / sum(b[:, 1:].numel() for b in batches)
 
 
@@ -32,8 +34,12 @@ def held_out_loss(model, tokenizer) -> float:
 def zero0_run(tokenizer, tmp_path_factory):
     """A finished single-process ZeRO-0 run (the micro sweep's setting): DeepSpeed writes no ZeRO shards for it."""
     root = tmp_path_factory.mktemp("zero0")
-    run_train(TINY + [f"run_dir={root / 'run'}", "trainer.zero_stage=0", f"trainer.tokens={8 * 1024}"], 1,
-              root / "logs", launcher="plain")
+    run_train(
+        TINY + [f"run_dir={root / 'run'}", "trainer.zero_stage=0", f"trainer.tokens={8 * 1024}"],
+        1,
+        root / "logs",
+        launcher="plain",
+    )
     return root / "run"
 
 
@@ -49,8 +55,11 @@ def test_zero0_checkpoint_loads_and_reproduces_the_reported_loss(zero0_run, toke
 @pytest.mark.parametrize("how", ["run_dir", "tag_dir", "step"])
 def test_zero2_two_rank_checkpoint_loads_from_any_path(reference, tokenizer, how):
     run_dir = reference(2)
-    run = {"run_dir": Run(run_dir), "tag_dir": Run(run_dir / "checkpoints" / f"step{STEPS}"),
-           "step": Run(run_dir / "checkpoints")}[how]
+    run = {
+        "run_dir": Run(run_dir),
+        "tag_dir": Run(run_dir / "checkpoints" / f"step{STEPS}"),
+        "step": Run(run_dir / "checkpoints"),
+    }[how]
     _, model, _ = run.model(step=STEPS if how == "step" else "latest", tokenizer=False)
     reported = json.loads((run_dir / "summary.json").read_text())["final_val_loss"]
     assert held_out_loss(model, tokenizer) == pytest.approx(reported, abs=1e-5)
@@ -111,11 +120,14 @@ def test_choose_tokenizer_is_the_one_decision_in_its_order(tmp_path):
     assert choose_tokenizer(run, configured="my/tok.json") == (run.dir / "tokenizer.json", True)
 
 
-@pytest.mark.parametrize("message, shown", [
-    ("short and whole", "short and whole"),
-    ("first line whole, however long it is not\nsecond line", "first line whole, however long it is not"),
-    ("One sentence. " * 30, ("One sentence. " * 17).strip()),  # the sentences that fit in 240 characters
-    ("word " * 60, ("word " * 48).strip() + " ..."),  # no sentence end: cut at a word, marked
-])
+@pytest.mark.parametrize(
+    "message, shown",
+    [
+        ("short and whole", "short and whole"),
+        ("first line whole, however long it is not\nsecond line", "first line whole, however long it is not"),
+        ("One sentence. " * 30, ("One sentence. " * 17).strip()),  # the sentences that fit in 240 characters
+        ("word " * 60, ("word " * 48).strip() + " ..."),  # no sentence end: cut at a word, marked
+    ],
+)
 def test_exception_line_shows_whole_sentences(message, shown):
     assert exception_line(RuntimeError(message)) == f"RuntimeError: {shown}"

@@ -1,4 +1,5 @@
 """Learning-rate schedules against their closed forms, computed here independently."""
+
 from __future__ import annotations
 
 import math

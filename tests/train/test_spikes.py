@@ -2,6 +2,7 @@
 runs with a spike injected on every rank (trainer.faults.loss_scale_at_steps): detected at the injected steps with
 the z-scores recomputed from metrics.jsonl; action=skip leaves the weights bit-identical to the step before; the cap
 on consecutive skips and action=stop save and exit 7; a kill -9 and relaunch re-makes the same decisions."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ from tests.distributed import launch_train, run_train
 from tests.train.helpers import STEPS, comparable, tiny
 
 SPIKES = [7, 10, 14]  # injected: every rank's loss x 1000 at these steps
-ARGS = ["trainer.spikes.warmup=4", "trainer.spikes.window=8", "trainer.faults.loss_scale=1000",
-        f"trainer.faults.loss_scale_at_steps={SPIKES}"]
+ARGS = [
+    "trainer.spikes.warmup=4",
+    "trainer.spikes.window=8",
+    "trainer.faults.loss_scale=1000",
+    f"trainer.faults.loss_scale_at_steps={SPIKES}",
+]
 
 
 # ----- the test itself, by hand ---------------------------------------------------------------------------------------
@@ -34,9 +39,14 @@ def test_judge_arms_after_warmup_is_one_sided_and_slides_its_window():
     cfg = SpikesConfig(window=4, warmup=3, z_loss=3.0, z_grad=3.0)
     h = SpikeHistory()
     seen = []
-    for loss, norm in [(5.0, 1.0), (5.2, 1.1), (100.0, 1.0),  # step 3: 2 values in the window, not armed yet
-                       (4.9, 0.9), (0.1, 1.0),  # a drop is no spike
-                       (4.8, 50.0)]:  # a grad-norm spike only
+    for loss, norm in [
+        (5.0, 1.0),
+        (5.2, 1.1),
+        (100.0, 1.0),  # step 3: 2 values in the window, not armed yet
+        (4.9, 0.9),
+        (0.1, 1.0),  # a drop is no spike
+        (4.8, 50.0),
+    ]:  # a grad-norm spike only
         v = judge(cfg, h, loss, norm)
         seen.append(v.what)
         remember(cfg, h, v, dropped=False)
@@ -82,13 +92,16 @@ def test_guard_drops_and_counts_in_a_row_and_says_when_to_stop():
     assert not guard.drops() and guard.end(1.0) == {} and h.skips_in_a_row == 0 and guard.stopping() is None
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"action": "drop"}, "trainer.spikes.action: got 'drop', expected one of ('log', 'skip', 'stop')"),
-    ({"warmup": 1}, "trainer.spikes.warmup: must be >= 2"),
-    ({"window": 8, "warmup": 16}, "trainer.spikes.window: must be >= trainer.spikes.warmup=16, got 8"),
-    ({"z_grad": -1}, "trainer.spikes.z_grad: must be >= 0"),
-    ({"max_consecutive_skips": 0}, "trainer.spikes.max_consecutive_skips: must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"action": "drop"}, "trainer.spikes.action: got 'drop', expected one of ('log', 'skip', 'stop')"),
+        ({"warmup": 1}, "trainer.spikes.warmup: must be >= 2"),
+        ({"window": 8, "warmup": 16}, "trainer.spikes.window: must be >= trainer.spikes.warmup=16, got 8"),
+        ({"z_grad": -1}, "trainer.spikes.z_grad: must be >= 0"),
+        ({"max_consecutive_skips": 0}, "trainer.spikes.max_consecutive_skips: must be >= 1, got 0"),
+    ],
+)
 def test_bad_settings_are_one_line_errors_naming_the_key(override, message):
     with pytest.raises(ValueError) as e:
         build(SpikesConfig, override, "trainer.spikes")
@@ -134,8 +147,11 @@ def check_z(recs: dict[int, dict]) -> None:
 def skip_run(tokenizer, tmp_path_factory):
     """ZeRO-2, action=skip, a checkpoint every step: the uninterrupted run."""
     tmp = tmp_path_factory.mktemp("skip")
-    run_train(tiny(tmp / "run", 2, *ARGS, "trainer.spikes.action=skip", "trainer.save_every_steps=1",
-                   "trainer.keep_last=20"), 2, tmp / "logs")
+    run_train(
+        tiny(tmp / "run", 2, *ARGS, "trainer.spikes.action=skip", "trainer.save_every_steps=1", "trainer.keep_last=20"),
+        2,
+        tmp / "logs",
+    )
     return tmp / "run"
 
 
@@ -192,11 +208,21 @@ def test_log_mode_detects_at_zero3_and_changes_nothing(skip_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage, extra, stop_at", [
-    (2, ["trainer.spikes.action=skip", "trainer.spikes.max_consecutive_skips=2",
-         "trainer.faults.loss_scale_at_steps=[7,8]"], 8),  # the cap: two skipped spikes in a row
-    (0, ["trainer.spikes.action=stop"], 7),  # stop at the first spike (ZeRO-0: the norm is ours, before the step)
-])
+@pytest.mark.parametrize(
+    "stage, extra, stop_at",
+    [
+        (
+            2,
+            [
+                "trainer.spikes.action=skip",
+                "trainer.spikes.max_consecutive_skips=2",
+                "trainer.faults.loss_scale_at_steps=[7,8]",
+            ],
+            8,
+        ),  # the cap: two skipped spikes in a row
+        (0, ["trainer.spikes.action=stop"], 7),  # stop at the first spike (ZeRO-0: the norm is ours, before the step)
+    ],
+)
 def test_the_cap_and_stop_save_and_exit_7(tokenizer, tmp_path, stage, extra, stop_at):
     run_dir = tmp_path / "run"
     """The saved checkpoint is the stopping step's, with the weights of the step before the first spike."""

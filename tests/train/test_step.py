@@ -2,6 +2,7 @@
 UpdateGate, a loader of in-memory batches, a spike guard and a hook; nothing faked. A step's record is the mean
 micro-batch loss of the model before the update and the schedule's lr; a NaN loss (from a hook's on_loss) drops the
 update on the engine's optimizer through the gate; a save wish made in on_step_start comes back as a save request."""
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,14 @@ def _two_steps(run_dir: str) -> dict:
     trainer = TrainerConfig(zero_stage=0, micro_batch_size=2, global_batch_tokens=32, tokens=64)
     opt = OptimConfig(lr=1e-2, warmup_steps=1, schedule="linear", min_lr=1e-3)
     budget = plan_budget(trainer, 8, 1)  # 2 steps of 2 micro-batches of 2 x 8 tokens
-    engine, optimizer = build_engine(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, max_seq_len=8),
-                                     trainer, opt, deepspeed_config(trainer, opt, budget, "fp32"), 0, UpdateGate())
+    engine, optimizer = build_engine(
+        ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, max_seq_len=8),
+        trainer,
+        opt,
+        deepspeed_config(trainer, opt, budget, "fp32"),
+        0,
+        UpdateGate(),
+    )
     g = torch.Generator().manual_seed(0)
     batches = [Batch(tokens=torch.randint(0, 64, (2, 9), generator=g)) for _ in range(4)]
 
@@ -50,8 +57,9 @@ def _two_steps(run_dir: str) -> dict:
     asks = Asks(StopFlag())
     view = make_view(run_dir, steps=budget.steps, request_save=asks.request_save)
     hooks = Hooks([NanAtStep2()], view)
-    step = Step(engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()), budget, opt, 0, torch.device("cpu"),
-                Watchdog(0))
+    step = Step(
+        engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()), budget, opt, 0, torch.device("cpu"), Watchdog(0)
+    )
     weights = lambda: [p.detach().clone() for p in engine.module.parameters()]  # noqa: E731
     with torch.no_grad():
         engine.eval()
@@ -62,13 +70,19 @@ def _two_steps(run_dir: str) -> dict:
     after_first = weights()
     saved, asks.save = asks.save, False
     second, _ = step(view.state, hooks, asks)
-    return {"loss": first["loss"], "want": sum(want) / 2, "lr": (first["lr"], second["lr"]),
-            "want_lr": (lr_at(0, 2, opt), lr_at(1, 2, opt)), "stop": stop, "saved": saved,
-            "moved": any(not torch.equal(a, b) for a, b in zip(before, after_first)),
-            "skipped": (first["skipped"], second["skipped"], second["loss"], second["grad_norm"]),
-            "kept": all(torch.equal(a, b) for a, b in zip(after_first, weights())),
-            "state": (view.state.step, view.state.tokens, view.state.skipped_steps, view.state.nonfinite_in_a_row),
-            "gate_clear": not optimizer.gate.force and optimizer.gate.judge is None}
+    return {
+        "loss": first["loss"],
+        "want": sum(want) / 2,
+        "lr": (first["lr"], second["lr"]),
+        "want_lr": (lr_at(0, 2, opt), lr_at(1, 2, opt)),
+        "stop": stop,
+        "saved": saved,
+        "moved": any(not torch.equal(a, b) for a, b in zip(before, after_first)),
+        "skipped": (first["skipped"], second["skipped"], second["loss"], second["grad_norm"]),
+        "kept": all(torch.equal(a, b) for a, b in zip(after_first, weights())),
+        "state": (view.state.step, view.state.tokens, view.state.skipped_steps, view.state.nonfinite_in_a_row),
+        "gate_clear": not optimizer.gate.force and optimizer.gate.judge is None,
+    }
 
 
 @pytest.mark.slow  # DeepSpeed's import and engine in a fresh process: ~15 s

@@ -1,4 +1,5 @@
 """W&B with a key but no network (a compute node): the online start gives up fast and logs offline, same run id."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ SCRIPT = textwrap.dedent("""
 def open_offline(tmp_path, base_url: str, timeout_s: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_API_KEY="x" * 40, WANDB_BASE_URL=base_url, HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path))
-    return subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run"), str(timeout_s)], env=env,
-                          capture_output=True, text=True, timeout=60)  # the old fallback took 90 s, then crashed
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "run"), str(timeout_s)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # the old fallback took 90 s, then crashed
 
 
 @pytest.mark.slow

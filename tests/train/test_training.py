@@ -1,5 +1,6 @@
 """Real 2-rank DeepSpeed training on real Shakespeare (gloo, CPU): loss falls under ZeRO 1/2/3, exact resume after
 SIGKILL and SIGTERM, resume on 1 rank from 2, zero_to_fp32 round trip, and non-finite steps."""
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,7 @@ def test_exact_resume_after_sigkill(reference, stage, tmp_path):
         assert run.procs[0].wait(timeout=120) != 0, run.output(0)
     killed_at = max(m["step"] for m in read_metrics(run_dir))
     with open(run_dir / "metrics.jsonl", "a") as f:  # what a kill during the append of a record leaves
-        f.write('{"step": %d, "loss": 5.' % (killed_at + 1))
+        f.write('{"step": %d, "loss": 5.' % (killed_at + 1))  # noqa: UP031
     resumed = run_train(args, 2, tmp_path / "logs2")
     out = resumed.output(0)
     assert "resumed from checkpoint" in out, out
@@ -121,8 +122,9 @@ def test_zero_to_fp32_round_trip_reproduces_the_trained_model(reference, tokeniz
     data = build(DataConfig, compose("train", ["data.seq_len=64", "data.tokenizer.vocab_size=1024"]).data, "data")
     batches = [b.tokens for b in build_val_batches(data, tokenizer, 4, 4)]
     with torch.no_grad():
-        total = sum(F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(), reduction="sum").item()
-                    for b in batches)
+        total = sum(
+            F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten(), reduction="sum").item() for b in batches
+        )
     ours = total / sum(b[:, 1:].numel() for b in batches)
     reported = json.loads((run_dir / "summary.json").read_text())["final_val_loss"]
     assert ours == pytest.approx(reported, abs=1e-5)
@@ -133,8 +135,14 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops(reference, tmp_path):
     """A NaN loss on rank 0 only (trainer.faults.nan_at_steps) makes both ranks skip that update: the weights after
     the step equal those before it, the run carries on; two NaN steps in a row stop it with exit code 4."""
     run_dir = tmp_path / "run"
-    args = tiny(run_dir, 2, "trainer.faults.nan_at_steps=[3,6,7]", "trainer.max_nonfinite_in_a_row=2",
-                "trainer.save_every_steps=1", "trainer.keep_last=20")
+    args = tiny(
+        run_dir,
+        2,
+        "trainer.faults.nan_at_steps=[3,6,7]",
+        "trainer.max_nonfinite_in_a_row=2",
+        "trainer.save_every_steps=1",
+        "trainer.keep_last=20",
+    )
     run = run_train(args, 2, tmp_path / "logs", expect=4)
     assert "2 steps in a row had a non-finite loss or gradient (step 7)" in run.output(0)
     recs = {m["step"]: m for m in read_metrics(run_dir) if "loss" in m}

@@ -1,5 +1,6 @@
 """The step watchdog in real processes: a stalled one exits with STALL_EXIT_CODE, naming the phase and showing the
 stuck thread's stack; one that keeps beating (or is given a longer allowance for a slow phase) runs to its end."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,8 +20,9 @@ def run(body: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, f
     """Run `body` (which may use Watchdog, time and threading) in a fresh interpreter; (result, seconds)."""
     code = "import threading, time\nfrom diffllm.train.watchdog import Watchdog\n" + textwrap.dedent(body)
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                         timeout=timeout)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=timeout
+    )
     return res, time.monotonic() - t0
 
 

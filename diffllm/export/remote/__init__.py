@@ -16,6 +16,7 @@ imports from sys.modules by name, so two exports of other variants loaded in one
 first one's attention. config.json's `auto_map` points transformers at the files. The weights keep
 diffllm's own parameter names, so the export and the import are the identity on the state dict.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,16 +28,17 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from ...errors import UserError
-
 import torch
 
+from ...errors import UserError
 from ...model import ModelConfig, documents, layers
 
 NAME, HF_CLASS, MODEL_TYPE = "remote", "DiffLLMForCausalLM", "diffllm"
 HERE = Path(__file__).parent
-AUTO_MAP = {"AutoConfig": "configuration_diffllm.DiffLLMConfig",
-            "AutoModelForCausalLM": "modeling_diffllm.DiffLLMForCausalLM"}
+AUTO_MAP = {
+    "AutoConfig": "configuration_diffllm.DiffLLMConfig",
+    "AutoModelForCausalLM": "modeling_diffllm.DiffLLMForCausalLM",
+}
 HEADER = '''"""The attention of this model's variant, {arch!r} ({label}): {names} from {module}, copied by
 diffllm export."""
 import math
@@ -61,11 +63,17 @@ def bundle(cfg: ModelConfig) -> dict[str, str]:
     v, classes = cfg.variant, cfg.variant.equations()
     if not classes:
         raise UserError(f"format=remote: {why_not(cfg)}")
-    attention = HEADER.format(arch=v.arch, label=v.label, names=", ".join(c.__qualname__ for c in classes),
-                              module=", ".join(dict.fromkeys(c.__module__ for c in classes)))
+    attention = HEADER.format(
+        arch=v.arch,
+        label=v.label,
+        names=", ".join(c.__qualname__ for c in classes),
+        module=", ".join(dict.fromkeys(c.__module__ for c in classes)),
+    )
     attention += "\n\n".join(inspect.getsource(c) for c in classes) + f"\n\nATTENTION = {classes[-1].__name__}\n"
-    shipped = {"diffllm_layers": Path(layers.__file__).read_text(),
-               "diffllm_documents": Path(documents.__file__).read_text()}
+    shipped = {
+        "diffllm_layers": Path(layers.__file__).read_text(),
+        "diffllm_documents": Path(documents.__file__).read_text(),
+    }
     h = hashlib.sha1(("".join(shipped.values()) + attention).encode()).hexdigest()[:10]
     named = {name: f"{name}_{h}" for name in (*shipped, "diffllm_attention")}
 
@@ -76,11 +84,14 @@ def bundle(cfg: ModelConfig) -> dict[str, str]:
 
     config = (HERE / "configuration_diffllm.py").read_text() + (
         f"\n# Bundle {h}. Each bundle's config class is its own: once transformers has loaded a remote model, it maps\n"
-        "# that config class to that model class, and would build any later export of another variant with it.\n")
-    return {"configuration_diffllm.py": config,
-            "modeling_diffllm.py": renamed((HERE / "modeling_diffllm.py").read_text()),
-            **{f"{named[name]}.py": text for name, text in shipped.items()},
-            f"{named['diffllm_attention']}.py": renamed(attention)}
+        "# that config class to that model class, and would build any later export of another variant with it.\n"
+    )
+    return {
+        "configuration_diffllm.py": config,
+        "modeling_diffllm.py": renamed((HERE / "modeling_diffllm.py").read_text()),
+        **{f"{named[name]}.py": text for name, text in shipped.items()},
+        f"{named['diffllm_attention']}.py": renamed(attention),
+    }
 
 
 def write_bundle(cfg: ModelConfig, out: Path) -> types.ModuleType:
@@ -103,11 +114,25 @@ def hf_config(cfg: ModelConfig, config_class=None):
     if config_class is None:
         from .configuration_diffllm import DiffLLMConfig as config_class
     return config_class(
-        arch=cfg.arch, preset=cfg.name, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-        n_kv_heads=cfg.kv_heads, ffn_dim=cfg.ffn_hidden, vocab_size=cfg.padded_vocab_size, norm=cfg.norm,
-        norm_eps=cfg.norm_eps, rotary_pct=cfg.rotary_pct, rope_theta=cfg.rope_theta,
-        rope_interleaved=cfg.rope_interleaved, qkv_bias=cfg.qkv_bias, tie_embeddings=cfg.tie_embeddings,
-        init_std=cfg.init_std, max_seq_len=cfg.max_seq_len, auto_map=dict(AUTO_MAP), **cfg.variant.remote_config(cfg),
+        arch=cfg.arch,
+        preset=cfg.name,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.kv_heads,
+        ffn_dim=cfg.ffn_hidden,
+        vocab_size=cfg.padded_vocab_size,
+        norm=cfg.norm,
+        norm_eps=cfg.norm_eps,
+        rotary_pct=cfg.rotary_pct,
+        rope_theta=cfg.rope_theta,
+        rope_interleaved=cfg.rope_interleaved,
+        qkv_bias=cfg.qkv_bias,
+        tie_embeddings=cfg.tie_embeddings,
+        init_std=cfg.init_std,
+        max_seq_len=cfg.max_seq_len,
+        auto_map=dict(AUTO_MAP),
+        **cfg.variant.remote_config(cfg),
     )
 
 

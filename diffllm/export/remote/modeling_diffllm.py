@@ -10,6 +10,7 @@ Rotary: the first rotary_pct of each head, interleaved (pairs 2i, 2i+1) or rotat
 Generation keeps a transformers Cache (keys after rotary), and padding masks come from `attention_mask`.
 This file is a template of the export bundle (diffllm/export/remote/__init__.py): its relative imports resolve there.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,8 +76,19 @@ class DiffLLMForCausalLM(PreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                labels=None, use_cache=None, logits_to_keep=0, past_key_values=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        past_key_values=None,
+        **kwargs,
+    ):
         cache = cache if cache is not None else past_key_values
         x = self.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, E)
         B, T, _ = x.shape
