@@ -62,9 +62,10 @@ test-fast: test
 train: install
 	$(BIN)/diffllm train
 
+# `make bench`: the CPU benchmarks side by side and one summary table of the ratios diffllm tracks (scripts/bench_all.py;
+# about 10-15 min on 2 cores: run it on a quiet machine).
 bench: install
-	$(BIN)/python scripts/bench_data.py
-	$(BIN)/python scripts/bench_train.py
+	$(BIN)/python scripts/bench_all.py
 
 clean:
 	rm -rf $(VENV) outputs runs .pytest_cache

@@ -6,11 +6,13 @@ forward is about a third of forward + backward). The last variant scores with th
 (B, V, T) logits that eval used before (4x slower than over (B*T, V) rows on CPU): the fix, measured side by side.
 
     .venv/bin/python scripts/bench_eval.py [--model diff-tiny] [--rounds 4] [--seq-len 256] [--batch 8 32] [--threads 1]
+                                           [--json PATH]   (the figures, for scripts/bench_all.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -33,6 +35,7 @@ def main() -> None:
         help="torch threads (0: torch's default); 1 on a shared machine, "
         "where spinning intra-op threads distort every figure",
     )
+    p.add_argument("--json", help="also write the figures to this file (scripts/bench_all.py reads it)")
     a = p.parse_args()
 
     import torch
@@ -102,6 +105,17 @@ def main() -> None:
     print("| variant | tokens/s | vs train step |\n|---|---|---|")
     for name, r in rates.items():
         print(f"| {name} | {statistics.median(r):,.0f} | {statistics.median(r) / base:.2f}x |")
+    if a.json:
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "model": a.model,
+                    "train_tokens_per_s": base,
+                    "eval_over_train": {bs: statistics.median(rates[f"eval ppl, batch {bs}"]) / base for bs in a.batch},
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

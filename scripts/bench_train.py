@@ -4,6 +4,10 @@ for Diff and Transformer presets of equal size. Variants run interleaved, round 
 whose load drifts (other jobs) hits them all alike; the medians and their ratios are printed side by side.
 
     .venv/bin/python scripts/bench_train.py [--rounds 4] [--steps 3] [--stages 2 0] [--seq-len 256] [--micro-batch 8]
+                                            [--archs transformer-tiny diff-tiny diff2-tiny] [--json PATH]
+
+The last table divides each preset's step-time ratio to the Transformer by its ratio of training FLOPs per token:
+above 1.0, the arch runs slower per FLOP than the Transformer (its attention kernels, not its size, cost the time).
 
 --doc-mask adds, per preset and stage, diffllm's step with data.doc_mask=true (attention within documents: an
 explicit block-diagonal mask instead of the causal flag) on the same windows, and prints its step-time ratio to the
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import sys
@@ -28,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--archs", nargs="+", default=["diff-tiny", "transformer-tiny"], help="model presets")
+    p.add_argument("--archs", nargs="+", default=["transformer-tiny", "diff-tiny", "diff2-tiny"], help="model presets")
     p.add_argument("--stages", nargs="+", type=int, default=[2, 0], help="ZeRO stages of the diffllm variants")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -38,6 +43,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--doc-mask", action="store_true", help="also time data.doc_mask=true (ratio to the plain step)")
     p.add_argument("--bf16", action="store_true", help="also time trainer.precision=bf16 (ratio to the fp32 step)")
     p.add_argument("--compile", action="store_true", help="also time trainer.compile=true (ratio to the eager step)")
+    p.add_argument("--json", help="also write the figures to this file (scripts/bench_all.py reads it)")
     return p.parse_args()
 
 
@@ -208,11 +214,54 @@ def main() -> None:
             for stage in args.stages:
                 loop = f"diffllm ZeRO-{stage}"
                 print(f"| {preset} | {loop} | {med[(preset, f'{loop}, {name}')] / med[(preset, loop)]:.3f} |")
-    if len(args.archs) == 2:
-        a, b = args.archs
-        print(f"\n| loop | {a} / {b} step-time ratio |\n|---|---|")
-        for loop in [k[1] for k in variants if k[0] == a]:
-            print(f"| {loop} | {med[(a, loop)] / med[(b, loop)]:.3f} |")
+    flops = {p: flops_per_token(p, args.seq_len, tok.vocab_size) for p in args.archs}
+    base = next((p for p in args.archs if p.startswith("transformer")), args.archs[0])
+    loops = [k[1] for k in variants if k[0] == base]
+    print(
+        f"\nstep-time ratio to {base} over the FLOP ratio (training FLOPs per token, diffllm.model.accounting): 1.0 "
+        f"= as fast per FLOP as the Transformer\n| preset | FLOP ratio | "
+        + " | ".join(f"{loop}: step ratio, / FLOP ratio" for loop in loops)
+        + " |\n|---|---|"
+        + "---|" * len(loops)
+    )
+    for p in args.archs:
+        r = flops[p] / flops[base]
+        print(
+            f"| {p} | {r:.3f} | "
+            + " | ".join(
+                f"{med[(p, lp)] / med[(base, lp)]:.3f}, {med[(p, lp)] / med[(base, lp)] / r:.3f}" for lp in loops
+            )
+            + " |"
+        )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "tokens_per_step": tokens,
+                    "baseline": base,
+                    "flops_per_token": flops,
+                    "ms_per_step": {f"{p} | {lp}": 1000 * m for (p, lp), m in med.items()},
+                    "vs_bare": {f"{p} | {lp}": m / med[(p, "bare torch AdamW")] for (p, lp), m in med.items()},
+                    "per_flop_vs_baseline": {
+                        f"{p} | {lp}": med[(p, lp)] / med[(base, lp)] / (flops[p] / flops[base])
+                        for p in args.archs
+                        for lp in loops
+                    },
+                },
+                indent=1,
+            )
+        )
+
+
+def flops_per_token(preset: str, seq_len: int, vocab: int) -> float:
+    """Training FLOPs per token of `preset` at `seq_len` (6 x matmul params + attention), as the trainer's MFU
+    counts."""
+    from diffllm.model.accounting import model_stats
+    from diffllm.model.presets import load_preset
+
+    cfg = load_preset(preset)
+    cfg.vocab_size = vocab
+    return model_stats(cfg, seq_len).flops_per_token
 
 
 if __name__ == "__main__":

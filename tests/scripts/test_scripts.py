@@ -1,0 +1,205 @@
+"""Every file in scripts/ runs, so that a change in the package that breaks one fails CI: each benchmark on tiny
+settings (one process of `bench_all.py --smoke` runs all three and prints their tables and the summary), the GPU
+check on CPU (GPU_CHECK_SMOKE=1), the plays_cloze task writer (byte-identical to the shipped task), the SLURM example
+(what `diffllm launch` writes) and the test repeater. Each test asserts the rows of the table its script prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+TESTED = {
+    "bench_all.py",
+    "bench_data.py",
+    "bench_train.py",
+    "bench_eval.py",
+    "gpu_check.sh",
+    "gpu_check.py",
+    "gpu_check_docmask.py",
+    "gpu_bench_attention.py",
+    "make_plays_cloze.py",
+    "train.sbatch",
+    "repeat_tests.sh",
+    "hostfile.example",
+}  # hostfile.example: the format docs/launch.md shows, read by tests/launch
+
+
+def env() -> dict:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def test_every_script_has_a_smoke_test():
+    assert {p.name for p in SCRIPTS.iterdir() if p.is_file()} == TESTED
+
+
+def table_rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells of every markdown table row whose first cell is `first_cell`."""
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("|")
+    ]
+    return [r for r in rows if r[0] == first_cell]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> str:
+    """The output of `bench_all.py --smoke`: the three benchmarks' tables, then the summary."""
+    res = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_all.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=tmp_path_factory.mktemp("bench"),
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def section(out: str, script: str) -> str:
+    return out.split(f"## {script}\n", 1)[1].split("\n## ", 1)[0].split("\n# diffllm benchmark summary", 1)[0]
+
+
+def test_bench_data_prints_every_process_layout_and_the_training_line(bench):
+    out = section(bench, "bench_data.py")
+    for label in ("1", "2: 2 ranks", "2: 1 rank, 2 workers"):
+        (row,) = table_rows(out, label)
+        assert len(row) == 9 and int(row[2].replace(",", "")) > 0, row  # pipeline tokens/s measured
+    assert re.search(r"1-process pipeline / training consumption: [\d,.]+x", out)
+
+
+def test_bench_train_prints_each_loop_and_the_per_flop_table(bench):
+    out = section(bench, "bench_train.py")
+    for preset in ("transformer-micro-1", "diff-micro-1", "diff2-micro-1"):
+        loops = {r[1] for r in table_rows(out, preset) if len(r) == 8}
+        assert loops == {"bare torch AdamW", "diffllm ZeRO-2", "diffllm ZeRO-0"}, loops
+        (flop,) = [r for r in table_rows(out, preset) if len(r) == 5]
+        assert float(flop[1]) > 0
+    (base,) = [r for r in table_rows(out, "transformer-micro-1") if len(r) == 5]
+    assert base[1] == "1.000"
+
+
+def test_bench_eval_prints_train_and_eval_rows(bench):
+    out = section(bench, "bench_eval.py")
+    assert table_rows(out, "train step (fwd+bwd+AdamW)")[0][2] == "1.00x"
+    assert float(table_rows(out, "eval ppl, batch 4")[0][2].rstrip("x")) > 0
+
+
+def test_bench_all_prints_the_summary_table(bench):
+    out = bench.split("# diffllm benchmark summary", 1)[1]
+    assert "machine: " in out and "command: " in out
+    names = [line.strip("|").split("|")[0].strip() for line in out.splitlines() if line.startswith("| ")]
+    for name in (
+        "framework / bare step, ZeRO-0",
+        "framework / bare step, ZeRO-2",
+        "diff-micro-1 step time / FLOP ratio to transformer-micro-1",
+        "diff2-micro-1 step time / FLOP ratio to transformer-micro-1",
+        "eval / training step (diff-micro-1)",
+        "data pipeline / raw tokenizer, processes 1",
+        "data pipeline / raw tokenizer, processes 2: 2 ranks",
+        "data pipeline / training consumption",
+    ):
+        assert name in names, (name, names)
+
+
+def test_gpu_check_runs_on_cpu_in_smoke_mode(tmp_path):
+    """The prepared GPU check (scripts/gpu_check.sh and the three scripts it runs) on tiny models; the throughput rows
+    get a budget of a few seconds, so most of them print as skipped."""
+    res = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={
+            **env(),
+            "GPU_CHECK_SMOKE": "1",
+            "GPU_BENCH_BUDGET_S": "5",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        },
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout
+    assert "going on" not in out, out  # none of the three scripts failed or timed out
+    assert len(table_rows(out, "transformer-tiny")) == 1 and len(table_rows(out, "diff-tiny")) == 1  # gpu_check.py
+    assert [r[1] for r in table_rows(out, "diff") if len(r) == 4] == ["eager", "flash", "triton"]  # gpu_check_docmask
+    agreement = table_rows(out, "agreement")  # gpu_bench_attention.py: every backend, both shapes
+    assert [r[2] for r in agreement] == ["eager", "sdpa", "flash", "triton"] * 2
+
+
+def test_make_plays_cloze_writes_the_shipped_task(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("make_plays_cloze", SCRIPTS / "make_plays_cloze.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    shipped = mod.OUT.read_bytes()
+    monkeypatch.setattr(mod, "OUT", tmp_path / "plays_cloze.jsonl")
+    mod.main()
+    assert (tmp_path / "plays_cloze.jsonl").read_bytes() == shipped
+
+
+def test_train_sbatch_is_what_diffllm_launch_writes(tmp_path):
+    cmd = [
+        "launch",
+        "--launcher",
+        "slurm",
+        "--nodes",
+        "2",
+        "--procs",
+        "8",
+        "--partition",
+        "gpu",
+        "--account",
+        "YOUR_ACCOUNT",
+        "--time",
+        "48:00:00",
+        "--setup",
+        "source .venv/bin/activate",
+        "--env",
+        "NCCL_DEBUG=WARN",
+        "--script",
+        "train.sbatch",
+        "--submit",
+        "false",
+        "model=diff-830m",
+        "trainer=paper-scaling",
+        "optim=paper-scaling",
+    ]  # the command docs/launch.md gives for it
+    res = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", *cmd],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    written = (tmp_path / "train.sbatch").read_text().replace(str(tmp_path), "/path/to/diffllm")
+    written = written.replace(str(Path(sys.executable).parent.parent), "/path/to/diffllm/.venv")
+    assert written == (SCRIPTS / "train.sbatch").read_text()
+
+
+def test_repeat_tests_counts_passes_and_failures(tmp_path):
+    (tmp_path / "test_one.py").write_text("import os\n\ndef test_one():\n    assert not os.environ.get('FAIL')\n")
+    run = lambda fail: subprocess.run(  # noqa: E731
+        ["bash", str(SCRIPTS / "repeat_tests.sh"), "2", "-l", str(tmp_path / "logs"), "--", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**env(), "PYTHON": sys.executable, **({"FAIL": "1"} if fail else {})},
+    )
+    good, bad = run(False), run(True)
+    assert good.returncode == 0 and "passed 2, failed 0 of 2 runs" in good.stdout, good.stdout
+    assert bad.returncode == 1 and "passed 0, failed 2 of 2 runs" in bad.stdout, bad.stdout
