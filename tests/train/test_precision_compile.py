@@ -107,7 +107,7 @@ def test_compiled_trains_resumes_exactly_and_tracks_eager(runs, stage, tmp_path)
     )
     assert max(gaps) < COMPILE_TOL, gaps
     out = (SESSION / f"pc-zero{stage}-compiled-logs" / "rank0.log").read_text()
-    assert out.count("note: attn_rms and lambda_mean are not logged") == 1, out
+    assert out.count("note: attn_rms and the variant's probes (Diff V2: lambda_mean) are not logged") == 1, out
     steps = [m for m in read_metrics(compiled) if "loss" in m]
     assert all("lambda_min" in m and "attn_rms/0" not in m for m in steps)
     assert all("attn_rms/0" in m for m in read_metrics(eager) if "loss" in m)
