@@ -25,6 +25,7 @@ from typing import Optional
 
 from ..config import run_key_values
 from ..errors import UserError
+from ..model.registry import baseline
 from ..runs import read_json, read_metrics
 from ..scaling.select import size_of
 from .common import LR, by_size, folder_of, reached, read_records, series_without_lr
@@ -97,12 +98,13 @@ def main_table(chosen: dict) -> list[str]:
         "steps to 0.9 (reached) | steps to 0.2 (reached) | minus Transformer, seed-paired [95% CI] |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base = {size: {r.seed: final_acc(r) for r in rs} for (s, size), rs in chosen.items() if s == "transformer"}
+    ref = baseline().arch  # the series every other is paired against (the Transformer)
+    base = {size: {r.seed: final_acc(r) for r in rs} for (s, size), rs in chosen.items() if s == ref}
     has_curves = all((Path(r.run_dir) / "metrics.jsonl").is_file() for rs in chosen.values() for r in rs)
     for (series, size), rs in by_size(chosen):
         accs = [final_acc(r) for r in rs]
         paired = [final_acc(r) - base[size][r.seed] for r in rs if r.seed in base.get(size, {})]
-        diff = "-" if series == "transformer" or not paired else f"{fmt_ci(paired)} (n={len(paired)})"
+        diff = "-" if series == ref or not paired else f"{fmt_ci(paired)} (n={len(paired)})"
         lr = rs[0].axes.get(LR)  # None: the lr is no axis (one value for every run)
         lines.append(
             f"| {series} | {size} | {'-' if lr is None else f'{lr:g}'} | {len(rs)} | {fmt_ci(accs)} | "
