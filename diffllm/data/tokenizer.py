@@ -54,16 +54,14 @@ class Tokenizer:
 
 def load_tokenizer(path: str, eos_token: str) -> Tokenizer:
     """From a tokenizer.json, or a HF tokenizer folder (its own eos_token wins over `eos_token`)."""
-    from tokenizers import Tokenizer as HFTokenizer
-
     p = Path(path).expanduser()
     if p.is_file():
-        return Tokenizer(HFTokenizer.from_file(str(p)), eos_token, str(p))
+        return Tokenizer(_read_json_tokenizer(p), eos_token, str(p))
     if not p.is_dir():
         raise DataError(f"data.tokenizer.path: {p}: no such file or folder")
     eos_token = _folder_eos(p) or eos_token
     if (p / "tokenizer.json").exists():
-        return Tokenizer(HFTokenizer.from_file(str(p / "tokenizer.json")), eos_token, str(p))
+        return Tokenizer(_read_json_tokenizer(p / "tokenizer.json"), eos_token, str(p))
     try:
         from transformers import AutoTokenizer
 
@@ -77,11 +75,26 @@ def load_tokenizer(path: str, eos_token: str) -> Tokenizer:
     return Tokenizer(hf.backend_tokenizer, eos_token, str(p))
 
 
+def _read_json_tokenizer(file: Path):
+    """A tokenizers.Tokenizer from a tokenizer.json; a file it cannot read (not JSON, cut short, not a tokenizer) is
+    a one-line DataError naming the file, not the library's traceback."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        return HFTokenizer.from_file(str(file))
+    except Exception as e:  # noqa: BLE001 - the library raises a bare Exception ("EOF while parsing a string ...")
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"{file}: not a readable tokenizer.json ({why})") from None
+
+
 def _folder_eos(folder: Path) -> Optional[str]:
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         f = folder / name
         if f.exists():
-            eos = json.loads(f.read_text()).get("eos_token")
+            try:
+                eos = json.loads(f.read_text()).get("eos_token")
+            except (ValueError, AttributeError) as e:  # not JSON, or not an object
+                raise DataError(f"{f}: not a JSON object ({str(e).splitlines()[0][:200]})") from None
             if isinstance(eos, dict):
                 eos = eos.get("content")
             if eos:
