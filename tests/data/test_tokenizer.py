@@ -137,3 +137,25 @@ def test_a_corrupt_file_in_a_tokenizer_folder_is_named(tmp_path, tok):
     (tmp_path / "tokenizer.json").write_text(CUT_SHORT)
     with pytest.raises(DataError, match=r"tokenizer.json: not a readable tokenizer.json \(EOF while parsing"):
         load_tokenizer(str(tmp_path), "<|endoftext|>")
+
+
+def test_a_vocab_size_below_the_byte_alphabet_is_said(tmp_path, capfd):
+    """data.tokenizer.vocab_size=100 cannot hold the 256 byte tokens and EOS: the BPE has 257, said in one line."""
+    corpus(tmp_path / "c", n_files=1, docs_per_file=20)
+    tok = ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 100}))
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
+    assert tok.vocab_size == 257 and warnings == [
+        "[diffllm.data] warning: data.tokenizer.vocab_size=100 is below the smallest byte-level BPE (256 byte tokens "
+        "+ 1 special): the tokenizer has 257 tokens; set data.tokenizer.vocab_size=257 or more to make it explicit"
+    ]
+
+
+def test_a_failed_tokenizer_training_leaves_no_cache_folder(tmp_path, monkeypatch):
+    """Training stops at a malformed line: the error names it, and no cache folder holding only `.lock` stays."""
+    monkeypatch.setenv("DIFFLLM_CACHE", str(tmp_path / "cache"))
+    corpus(tmp_path / "c", n_files=1, docs_per_file=20)
+    with open(tmp_path / "c" / "part-00.jsonl", "a") as f:
+        f.write('{"text": "cut short\n')
+    with pytest.raises(DataError, match=r"part-00.jsonl:21: not valid JSON"):
+        ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 300}))
+    assert list((tmp_path / "cache" / "tokenizers").iterdir()) == []
