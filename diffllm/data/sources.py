@@ -17,6 +17,7 @@ import numpy as np
 from . import needle, recall
 from .batch import Marked
 from .config import DataError, SourceConfig
+from .progress import quiet_library_bars
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
 HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
@@ -201,6 +202,8 @@ def hub_args(cfg: SourceConfig) -> tuple[tuple, dict]:
 def _load_hub(cfg: SourceConfig):
     from datasets import load_dataset
 
+    quiet_library_bars()
+
     args, kwargs = hub_args(cfg)
     return load_dataset(*args, **kwargs)
 
@@ -227,6 +230,7 @@ class Reader:
         if self._ds is None:
             from datasets import load_dataset
 
+            quiet_library_bars()  # a log file gets no "Resolving data files" bars
             cfg = self.src.cfg
             if self.src.kind == "hub":
                 self._ds = _load_hub(cfg)

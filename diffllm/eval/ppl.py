@@ -227,7 +227,7 @@ def score_sets(
 
 
 def run_ppl(c: PplConfig) -> dict:
-    from tqdm import tqdm
+    from ..data.progress import progress
 
     run, mcfg, model, tok = load_run(c.run, c.step)
     run_cfg = run.config()
@@ -258,7 +258,7 @@ def run_ppl(c: PplConfig) -> dict:
     ):
         say(f"scoring {s.what}")
         t0 = time.perf_counter()
-        with tqdm(total=s.total, desc=f"ppl {s.name}", unit="tok", unit_scale=True, leave=False) as bar:
+        with progress(s.total, f"ppl {s.name}") as bar:  # a bar on a terminal, plain lines in a log
             res = perplexity(model, s.batches, s.n_bytes, bar)
         res["tokens_per_s"] = round(s.total / (time.perf_counter() - t0))
         res["scored"] = s.what
