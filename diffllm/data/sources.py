@@ -7,6 +7,7 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -231,6 +232,8 @@ class Reader:
             from datasets import load_dataset
 
             quiet_library_bars()  # a log file gets no "Resolving data files" bars
+            # its "Failed to load JSON from file ..." line: ours names the file and line instead (docs below)
+            logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
             cfg = self.src.cfg
             if self.src.kind == "hub":
                 self._ds = _load_hub(cfg)
