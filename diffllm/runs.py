@@ -471,9 +471,11 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
         if ckpt.zero_stage == 0:
             module = torch.load(states, map_location="cpu", weights_only=False)["module"]
             return {k: v.float() for k, v in module.items()}
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        # DeepSpeed's import logs ("Setting accelerator to CPU") and its progress lines go to stderr: stdout is the
+        # caller's (generate's text, export's summary)
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is the caller's (generate's text)
             return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
         raise UserError(

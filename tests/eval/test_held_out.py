@@ -40,7 +40,8 @@ def test_max_tokens_takes_whole_held_out_windows(held_out_run, tmp_path):
     assert json.loads((tmp_path / "ppl.json").read_text())["sources"]["hamlet"]["tokens"] == 640  # 10 windows of 64
 
 
-def cli(*argv: str):
+def cli(*argv: str, unset: tuple[str, ...] = ()):
+    """`diffllm <argv>` in a subprocess (CPU, offline); `unset`: environment variables it runs without."""
     import subprocess
     import sys
 
@@ -49,7 +50,7 @@ def cli(*argv: str):
     return subprocess.run(
         [sys.executable, "-m", "diffllm.cli", *argv],
         cwd=REPO,
-        env=base_env(),
+        env={k: v for k, v in base_env().items() if k not in unset},
         capture_output=True,
         text=True,
         timeout=300,
@@ -75,3 +76,12 @@ def test_an_eval_commands_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
     got = cli("eval", "outliers", f"run={held_out_run}", "tokens=256", "bits=[4]", f"out={tmp_path}")
     assert got.returncode == 0, got.stderr
     assert got.stdout.startswith("| activation |") and "checkpoint" not in got.stdout and "deepspeed" not in got.stdout
+
+
+def test_exports_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
+    """Without DS_ACCELERATOR, importing DeepSpeed (to gather a ZeRO-1 checkpoint) logs "Setting accelerator to CPU"
+    to stdout: it goes to stderr, and stdout is export's three lines."""
+    got = cli("export", f"run={held_out_run}", f"out={tmp_path / 'hf'}", unset=("DS_ACCELERATOR",))
+    assert got.returncode == 0, got.stderr
+    assert [line.split()[0] for line in got.stdout.splitlines()] == ["format", "wrote", "load"], got.stdout
+    assert "Setting accelerator to CPU" in got.stderr
