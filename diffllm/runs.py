@@ -394,9 +394,7 @@ class Run:
 
     # ----- a trained model -----------------------------------------------------------------------------------------
     def tokenizer(self):
-        """The tokenizer the run trained with (see `choose_tokenizer`)."""
-        from .data import load_tokenizer
-
+        """The tokenizer the run trained with (see `choose_tokenizer`); a damaged one is a one-line error."""
         path, _ = choose_tokenizer(self)
         if path is None:
             raise UserError(
@@ -404,7 +402,7 @@ class Run:
                 f"trained with; an import of weights alone has none)"
             )
         tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
-        return load_tokenizer(str(path), tok_cfg.get("eos_token", "<|endoftext|>"))
+        return read_tokenizer(path, tok_cfg.get("eos_token", "<|endoftext|>"))
 
     def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
         """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
@@ -415,6 +413,7 @@ class Run:
             cfg = ModelConfig(**ckpt.meta["model"])
         except TypeError as e:
             raise UserError(f"{ckpt.path / 'meta.json'}: its model config does not fit this diffllm ({e})") from None
+        tok = self.tokenizer() if tokenizer else None  # a damaged tokenizer.json before the weights are gathered
         model = DecoderLM(cfg)
         missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
         if missing or unexpected:
@@ -422,7 +421,18 @@ class Run:
                 f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]}"
             )
-        return cfg, model.to(device).eval(), (self.tokenizer() if tokenizer else None)
+        return cfg, model.to(device).eval(), tok
+
+
+def read_tokenizer(path: Path, eos_token: str):
+    """The Tokenizer of a model's tokenizer.json (or HF tokenizer folder); a damaged one is a one-line UserError
+    naming it (the tokenizers library raises a bare Exception: "EOF while parsing a string at line 1 column 3000")."""
+    from .data import load_tokenizer
+
+    try:
+        return load_tokenizer(str(path), eos_token)
+    except Exception as e:  # noqa: BLE001 - a damaged file, whatever the library raises for it
+        raise UserError(f"{path}: cannot load this tokenizer ({exception_line(e)}); the file is damaged") from None
 
 
 def model_tokenizer(path: Union[str, Path]) -> Optional[Path]:
