@@ -404,15 +404,22 @@ class Run:
         tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
         return read_tokenizer(path, tok_cfg.get("eos_token", "<|endoftext|>"))
 
-    def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
-        """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
-        from .model import DecoderLM, ModelConfig
+    def model_config(self, step: Union[int, str] = "latest"):
+        """The ModelConfig of the checkpoint at `step`, from its meta.json alone (no weights are read)."""
+        from .model import ModelConfig
 
         ckpt = self.checkpoint(step)
         try:
-            cfg = ModelConfig(**ckpt.meta["model"])
+            return ModelConfig(**ckpt.meta["model"])
         except TypeError as e:
             raise UserError(f"{ckpt.path / 'meta.json'}: its model config does not fit this diffllm ({e})") from None
+
+    def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
+        """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
+        from .model import DecoderLM
+
+        ckpt = self.checkpoint(step)
+        cfg = self.model_config(step)
         tok = self.tokenizer() if tokenizer else None  # a damaged tokenizer.json before the weights are gathered
         model = DecoderLM(cfg)
         missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +21,10 @@ class EvalError(UserError):
     """Bad evaluation input: the message is one line naming the key or file and the problem."""
 
 
-def load_run(run: str, step: Any = "latest"):
-    """(Run, ModelConfig, DecoderLM, Tokenizer) of a run directory, or a one-line EvalError."""
+def load_run(run: str, step: Any = "latest", check: Optional[Callable[[Any, Any], None]] = None):
+    """(Run, ModelConfig, DecoderLM, Tokenizer) of a run directory, or a one-line EvalError. `check(run, model
+    config)`: the command's checks of its arguments, run before the checkpoint's weights are gathered (minutes for a
+    large ZeRO checkpoint), so that a bad argument answers at once."""
     from ..runs import Run
 
     if not run:
@@ -31,6 +33,8 @@ def load_run(run: str, step: Any = "latest"):
     if not path.exists():
         raise EvalError(f"run={run}: no such directory")
     r = Run(path)
+    if check is not None:
+        check(r, r.model_config(step))
     with library_output_to_stderr():  # DeepSpeed's zero_to_fp32 prints what it converts
         cfg, model, tok = r.model(step=step)
     return r, cfg, model, tok

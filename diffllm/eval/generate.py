@@ -158,10 +158,12 @@ class GenerateConfig:
 def run_generate(c: GenerateConfig) -> dict:
     if not c.prompt:
         raise EvalError('prompt: empty; pass prompt="..."')
+    sampling = Sampling(c.temperature, c.top_k, c.top_p, c.seed)
+    sampling.validate()  # before the run is loaded
+    if c.max_new_tokens is not None and c.max_new_tokens < 1:
+        raise EvalError(f"max_new_tokens={c.max_new_tokens}: must be >= 1 (null: up to the model's context)")
     _, _, model, tok = load_run(c.run, c.step)
-    out = generate(
-        model, tok, c.prompt, c.max_new_tokens, Sampling(c.temperature, c.top_k, c.top_p, c.seed), tuple(c.stop)
-    )
+    out = generate(model, tok, c.prompt, c.max_new_tokens, sampling, tuple(c.stop))
     print(c.prompt + out["text"])
     say(f"{len(out['tokens'])} new tokens, stopped at {out['stopped']}")
     return out

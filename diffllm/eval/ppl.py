@@ -229,11 +229,19 @@ def score_sets(
 def run_ppl(c: PplConfig) -> dict:
     from tqdm import tqdm
 
-    run, mcfg, model, tok = load_run(c.run, c.step)
+    def check(run, mcfg) -> None:  # the arguments, before the weights are gathered
+        if c.batch_size < 1:
+            raise EvalError(f"batch_size={c.batch_size}: must be >= 1")
+        if the_seq_len(run, mcfg) > mcfg.max_seq_len:
+            raise EvalError(f"seq_len={the_seq_len(run, mcfg)}: longer than the model's context ({mcfg.max_seq_len})")
+        eval_sources(run.config(), c.data)  # a data config that does not exist, a glob that matches nothing
+
+    def the_seq_len(run, mcfg) -> int:
+        return c.seq_len or ((run.config() or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
+
+    run, mcfg, model, tok = load_run(c.run, c.step, check)
     run_cfg = run.config()
-    seq_len = c.seq_len or ((run_cfg or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
-    if seq_len > mcfg.max_seq_len:
-        raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
+    seq_len = the_seq_len(run, mcfg)
     results: dict = {
         "run": str(run.dir),
         "step": run.checkpoint(c.step).step,

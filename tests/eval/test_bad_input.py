@@ -39,3 +39,28 @@ def test_a_damaged_tokenizer_json_is_one_line_naming_it(runs, tmp_path, command)
     assert line.startswith(f"diffllm {' '.join(command[:2]) if command[0] == 'eval' else command[0]}: error: {run}")
     assert f"{run / 'tokenizer.json'}: cannot load this tokenizer (Exception: EOF while parsing" in line
     assert line.endswith("the file is damaged")
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (("generate", "prompt=ROMEO:", "temperature=-1"), "temperature=-1.0: must be >= 0 (0 is greedy)"),
+        (("generate", "prompt=ROMEO:", "top_p=2"), "top_p=2.0: must be in (0, 1]"),
+        (("eval", "ppl", "data=nowhere/*.txt"), "data.val[0].path: {cwd}/nowhere/*.txt: no files match"),
+        (("eval", "outliers", "seq_len=4096"), "seq_len=4096: longer than the model's context (128)"),
+        (("eval", "needle", "lengths=[4096]"), "lengths: 4096 exceeds the model's context (128)"),
+    ],
+    ids=["temperature", "top_p", "ppl-data-glob", "outliers-seq_len", "needle-lengths"],
+)
+def test_arguments_are_checked_before_the_weights_are_read(runs, tmp_path, argv, error):
+    """The checkpoint's weights are damaged here: had they been read first, that would be the error reported."""
+    from tests.distributed import REPO
+
+    run = tmp_path / "run"
+    shutil.copytree(runs("diff"), run, ignore=shutil.ignore_patterns("eval"))
+    for states in (run / "checkpoints").glob("step*/*model_states.pt"):
+        states.write_bytes(states.read_bytes()[:100])
+    got = cli(*argv, f"run={run}")
+    assert got.returncode == 2 and got.stdout == ""
+    command = " ".join(a for a in argv if "=" not in a)
+    assert got.stderr.splitlines() == [f"diffllm {command}: error: {error.format(cwd=REPO)}"]
