@@ -414,6 +414,35 @@ class Run:
         except TypeError as e:
             raise UserError(f"{ckpt.path / 'meta.json'}: its model config does not fit this diffllm ({e})") from None
 
+    def fp32_weights(self, ckpt: Checkpoint) -> dict:
+        """`consolidated_state_dict(ckpt)`, gathered once per checkpoint: a ZeRO 1-3 checkpoint's fp32 weights are
+        kept in eval/fp32-<tag>.pt (the latest checkpoint read only), beside the identity of the checkpoint they came
+        from (its tag and each file's size and mtime), so every later eval, generate or export reads them back at
+        once, and a checkpoint saved again under the same tag is gathered again. ZeRO-0 checkpoints hold whole
+        weights: they are read directly. A run directory that cannot be written to keeps no cache."""
+        if ckpt.zero_stage == 0:
+            return consolidated_state_dict(ckpt)
+        import torch
+
+        cache, identity = self.dir / "eval" / f"fp32-{ckpt.tag}.pt", checkpoint_identity(ckpt)
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True, mmap=True)
+            if saved.get("identity") == identity:
+                return saved["state_dict"]
+        except Exception:  # noqa: BLE001 - none yet, or one cut short: gathered again
+            pass
+        state = consolidated_state_dict(ckpt)
+        with contextlib.suppress(OSError):  # a read-only run directory: no cache
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}")
+            torch.save({"identity": identity, "state_dict": state}, tmp)
+            os.replace(tmp, cache)
+            for old in cache.parent.glob("fp32-step*.pt"):  # one cache per run: its size is the model's in fp32
+                if old != cache:
+                    old.unlink()
+            print(f"[diffllm] cached the fp32 weights of {ckpt.tag} in {cache}", file=sys.stderr, flush=True)
+        return state
+
     def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
         """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
         from .model import DecoderLM
@@ -422,7 +451,7 @@ class Run:
         cfg = self.model_config(step)
         tok = self.tokenizer() if tokenizer else None  # a damaged tokenizer.json before the weights are gathered
         model = DecoderLM(cfg)
-        missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
+        missing, unexpected = model.load_state_dict(self.fp32_weights(ckpt), strict=False)
         if missing or unexpected:
             raise UserError(
                 f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
@@ -474,6 +503,12 @@ def choose_tokenizer(
     if init_from and resume is None:
         return model_tokenizer(init_from), False
     return None, False
+
+
+def checkpoint_identity(ckpt: Checkpoint) -> dict:
+    """What a checkpoint's weights depend on: its tag and each of its files' name, size and mtime."""
+    files = sorted(p for p in ckpt.path.iterdir() if p.is_file())
+    return {"tag": ckpt.tag, "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
 
 
 def consolidated_state_dict(ckpt: Checkpoint) -> dict:
