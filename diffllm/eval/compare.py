@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
-import numpy as np
-
 from ..config import run_key_values
 from ..runs import Run
 from .common import EvalError, library_output_to_stderr, read_json_or_none, say, write_json
@@ -163,6 +161,8 @@ def row(label: str, run: str, r: dict) -> list:
             node = node[p]
         return node
 
+    import numpy as np
+
     src = get("ppl", "sources", default={})
     ppl = next(iter(src.values())) if src else {}
     att = get("attention", "by_depth", default={})
@@ -200,6 +200,7 @@ def figure(results: dict, names: dict[str, str]):
     """Needle accuracy by N and attention to the answer by depth, one line per run, a panel for each kind of result
     some run has (None without any); one legend below the panels, so that long sweep labels cover no line."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

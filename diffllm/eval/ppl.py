@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
-import numpy as np
-import torch
-
 from ..config import run_key_values
 from .common import EvalError, load_run, out_dir, say, target_logprobs, write_json
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and torch are imported where they are used: `eval ppl --help` imports this module
+    import torch
+
     from ..data import Batch
 
 
@@ -74,6 +73,9 @@ def windows(
     """Batches of windows (B, seq_len+1) of  EOS d1 EOS d2 ...; windows overlap by one token and the loss mask marks
     targets that are document tokens; with doc_mask, document ids from the EOS tokens (an EOS ends its document, as
     the packer's windows have them). The last window is shorter; batches are never padded."""
+    import numpy as np
+    import torch
+
     from ..data.batch import Batch
 
     stream = np.concatenate([np.asarray([eos] + list(d), dtype=np.int64) for d in docs])
@@ -166,6 +168,8 @@ def held_out_set(cfg, src, tok, seq_len: int, batch_size: int, max_tokens: Optio
     """The windows the trainer holds out of `src` under data.val_fraction, packed by the trainer's own data code
     (diffllm.data.loader.val_windows): every target counts, EOS included, as in the trainer's val_loss."""
     import dataclasses
+
+    import numpy as np
 
     from ..data.batch import Batch
     from ..data.loader import val_windows
