@@ -432,15 +432,18 @@ class Run:
         except Exception:  # noqa: BLE001 - none yet, or one cut short: gathered again
             pass
         state = consolidated_state_dict(ckpt)
-        with contextlib.suppress(OSError):  # a read-only run directory: no cache
+        tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}")
+        try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}")
-            torch.save({"identity": identity, "state_dict": state}, tmp)
+            torch.save({"identity": identity, "state_dict": state}, tmp)  # written aside, then renamed
             os.replace(tmp, cache)
-            for old in cache.parent.glob("fp32-step*.pt"):  # one cache per run: its size is the model's in fp32
-                if old != cache:
-                    old.unlink()
-            print(f"[diffllm] cached the fp32 weights of {ckpt.tag} in {cache}", file=sys.stderr, flush=True)
+        except OSError:  # a read-only run directory, a full disk: no cache
+            tmp.unlink(missing_ok=True)
+            return state
+        for old in cache.parent.glob("fp32-step*.pt"):  # one cache per run: its size is the model's in fp32
+            if old != cache:
+                old.unlink(missing_ok=True)
+        print(f"[diffllm] cached the fp32 weights of {ckpt.tag} in {cache}", file=sys.stderr, flush=True)
         return state
 
     def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
