@@ -71,10 +71,11 @@ def _matches(item: str) -> list[str]:
 
 
 def resolve_runs(items: List[str]) -> List[str]:
-    """The run directories that `runs=` names. An unquoted list is split at every comma, the commas inside a sweep's
-    directory names too (`lr=0.008,lambda_init=0.8`): neighbouring pieces that join, commas and all, into an existing
-    directory (or a glob that matches some) are one item again; a glob stands for the directories it matches. Pieces
-    that join in two ways are a one-line EvalError (quote the list to say which)."""
+    """The run directories that `runs=` names. An unquoted list (`runs=[a,b]`, or `runs=a,b`) is split at every
+    comma, the commas inside a sweep's directory names too (`lr=0.008,lambda_init=0.8`): neighbouring pieces that
+    join, commas and all, into an existing directory (or a glob that matches some) are one item again; a glob stands
+    for the directories it matches. Pieces that join in two ways are a one-line EvalError."""
+    items = [piece for item in items for piece in item.split(",")]  # `runs=a,b` (no brackets) is one string
     runs: List[str] = []
     i = 0
     while i < len(items):

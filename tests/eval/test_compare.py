@@ -124,6 +124,7 @@ def test_an_unquoted_list_of_sweep_runs_keeps_their_commas_and_labels_each_below
     ]
     assert sorted(p.name for p in (sweep / "compare").iterdir()) == ["compare.json", "compare.md"]
     assert "no compare.png" in got.stderr
+    assert table_rows(cli(f"runs={a},{b}", "compute=false").stdout) == rows  # without brackets: the same
     got = cli(f"runs={sweep}/*/seed1", "compute=false", "evals=[ppl]")  # a glob: its runs, sorted
     names = [r[0] for r in table_rows(got.stdout)]
     assert names == ["lr=0.004,lambda_init=0.8/seed1", "lr=0.008,lambda_init=0.8/seed1"]
