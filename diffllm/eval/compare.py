@@ -142,13 +142,12 @@ def default_out(runs: List[str]) -> Path:
 def arch_step(run: str, r: dict) -> tuple:
     """(arch, step) of the results (the checkpoint they evaluated), else of the run's own files: config.yaml's
     model.arch (summary.json's arch) and the latest checkpoint's step (summary.json's steps); "?" where none says."""
-    first = next((v for name, v in r.items() if v and name not in ("training",)), {})
+    first = next((v for name, v in r.items() if v and name != "training"), {})
     arch, step = first.get("arch"), first.get("step")
     if arch is None or step is None:
-        run_ = Run(run)
-        summary = run_.summary() or {}
-        latest = run_.latest() if arch is None or step is None else None
-        arch = arch or ((run_.config() or {}).get("model") or {}).get("arch") or summary.get("arch")
+        files = Run(run)
+        summary, latest = files.summary() or {}, files.latest()
+        arch = arch or ((files.config() or {}).get("model") or {}).get("arch") or summary.get("arch")
         step = step if step is not None else latest.step if latest is not None else summary.get("steps")
     return ("?" if arch is None else arch), ("?" if step is None else step)
 
