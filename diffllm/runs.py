@@ -272,6 +272,18 @@ class Run:
         )
         return dest
 
+    def check_writable(self) -> None:
+        """Before anything is written: run_dir and its checkpoints folder, where they exist, must be writable, and a
+        new run_dir's nearest existing parent too (os.access: the process's own permissions, root's included)."""
+        for path in (self.dir, self.checkpoints_dir):
+            if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+                raise UserError(f"run_dir={self.dir}: {path} is not writable (permission denied); use another run_dir")
+        parent = self.dir
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if parent != self.dir and not os.access(parent, os.W_OK | os.X_OK):
+            raise UserError(f"run_dir={self.dir}: cannot create it ({parent} is not writable: permission denied)")
+
     def prepare(self) -> None:
         """Rank 0, once a launch's inputs (config, checkpoint, data) are checked: create the directory and delete
         interrupted saves. Nothing creates the directory before that, so bad input leaves no empty run_dir behind."""

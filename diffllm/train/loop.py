@@ -62,6 +62,7 @@ class Trainer:
                 f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
                 f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?"
             )
+        self.run_obj.check_writable()  # a read-only run_dir: one line now, not a traceback at its first write
         self.state, self.asks, self.spikes = TrainState(), Asks(StopFlag()), SpikeGuard(cfg.trainer.spikes)
         self.watchdog = Watchdog(cfg.trainer.stall_timeout_s, rank=int(os.environ.get("RANK", "0")))
         self.saved_step = -1

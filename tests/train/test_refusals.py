@@ -1,0 +1,82 @@
+"""Bad input to `diffllm train` is refused before the first write into the run directory (issue 31): one line naming
+the culprit, exit code 2, and the run directory byte for byte as it was (or never created). The run they relaunch
+stopped short of its budget: 8 steps asked, a non-finite step 6 ended it (exit 4) after the step-5 checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.train.helpers import TINY
+from tests.train.test_cli import diffllm_train
+from tests.train.test_run_dir import listing, one_error_line, snapshot
+
+pytestmark = pytest.mark.slow
+ARGS = [a for a in TINY if not a.startswith(("trainer.tokens=", "trainer.save_every_steps="))] + [
+    "trainer.tokens=8192",
+    "trainer.save_every_steps=5",
+]
+
+
+@pytest.fixture(scope="module")
+def stopped(tokenizer, tmp_path_factory) -> Path:
+    """A run of 8 steps stopped at step 6 (a NaN loss, trainer.max_nonfinite_in_a_row=1): its latest checkpoint is
+    step 5 (5,120 tokens), no summary.json."""
+    root = tmp_path_factory.mktemp("stopped")
+    nan = ["trainer.faults.nan_at_steps=[6]", "trainer.max_nonfinite_in_a_row=1"]
+    done = diffllm_train(root, *ARGS, *nan, f"run_dir={root / 'run'}")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert (root / "run" / "checkpoints" / "latest").read_text() == "step5"
+    return root / "run"
+
+
+@pytest.fixture
+def run_dir(stopped, tmp_path) -> Path:
+    shutil.copytree(stopped, tmp_path / "run")
+    return tmp_path / "run"
+
+
+@contextlib.contextmanager
+def unwritable(path: Path):
+    """`path` (a folder) made unwritable for this process and its children: chmod for a user; root ignores file
+    modes, so for root the folder is made immutable (chattr +i), which binds root too."""
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        undo = lambda: path.chmod(0o755)  # noqa: E731
+    else:
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"as root, only chattr +i makes a folder unwritable, and it failed: {done.stderr.strip()}")
+        undo = lambda: subprocess.run(["chattr", "-i", str(path)], check=True)  # noqa: E731
+    try:
+        assert not os.access(path, os.W_OK)
+        yield path
+    finally:
+        undo()
+
+
+def test_a_read_only_run_dir_is_one_line_naming_it(run_dir, tmp_path):
+    """Issue 31 defect 4: resuming into a run_dir that cannot be written was a 52-line traceback ending in
+    PermissionError on .tokenizer.json.tmp; a new run_dir under a read-only folder is the same one line."""
+    before, content = listing(run_dir), snapshot(run_dir)
+    with unwritable(run_dir):
+        line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}"))
+    assert line == (
+        f"diffllm train: error: run_dir={run_dir}: {run_dir} is not writable (permission denied); use another run_dir"
+    )
+    assert listing(run_dir) == before and snapshot(run_dir) == content
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    with unwritable(parent):
+        line = one_error_line(diffllm_train(tmp_path, *ARGS, f"run_dir={parent / 'a' / 'new'}"))
+    assert line == (
+        f"diffllm train: error: run_dir={parent / 'a' / 'new'}: cannot create it ({parent} is not writable: "
+        f"permission denied)"
+    )
+    assert list(parent.iterdir()) == []
