@@ -451,16 +451,19 @@ def choose_tokenizer(
     resume: Optional[Checkpoint] = None,
     configured: Optional[str] = None,
     init_from: Optional[Union[str, Path]] = None,
+    fresh: bool = False,
 ) -> tuple[Optional[Path], bool]:
     """Which tokenizer `run` uses -> (path or None, kept): the one decision, for training, import and reading back.
 
     1. kept (True): a run directory that holds its tokenizer.json keeps it (a trained, imported or resumed run; a
-       fresh start has moved the old one aside before asking), and a new run from another run's checkpoint `resume`
+       fresh start's old one does not count: `fresh`), and a new run from another run's checkpoint `resume`
        keeps that run's: data.tokenizer may not change it;
     2. data.tokenizer.path (`configured`), when set;
     3. a new run from model.init_from: that model's tokenizer (`model_tokenizer`);
-    4. None: the configured default (the byte-level BPE trained on the sources, cached)."""
-    owners = [run] + ([Run(resume.dir.parent)] if resume is not None else [])
+    4. None: the configured default (the byte-level BPE trained on the sources, cached).
+    `fresh`: the launch starts afresh in `run` (its old files are to be moved aside): its own tokenizer.json does not
+    count."""
+    owners = ([] if fresh else [run]) + ([Run(resume.dir.parent)] if resume is not None else [])
     for owner in owners:
         if (owner.dir / TOKENIZER_FILE).is_file():
             return owner.dir / TOKENIZER_FILE, True

@@ -356,4 +356,13 @@ class TrainConfig:
         )
         for c in (out.trainer, out.optim, out.logging):
             c.validate()
+        out.check_together()
         return out
+
+    def check_together(self) -> None:
+        """What no group can check alone: the training windows fit the model's context."""
+        if self.data.seq_len > self.model.max_seq_len:
+            raise UserError(
+                f"data.seq_len={self.data.seq_len}: longer than model.max_seq_len={self.model.max_seq_len} (the "
+                f"model's context); use data.seq_len <= {self.model.max_seq_len}, or set model.max_seq_len"
+            )

@@ -3,7 +3,8 @@ the engine is built (`plan_resume`: trainer.resume against run_dir, a WSD branch
 see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout), and the checks behind it: the
 checkpoint's architecture and ZeRO layout, a finished run's config, a branch's config against its parent's, the run's
 own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
-(a finished run is never changed, at any world size)."""
+(a finished run is never changed, at any world size); even a fresh start's old files are moved aside only once every
+input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
 
 from __future__ import annotations
 
@@ -236,14 +237,15 @@ class ResumePlan:
     branches: BranchPlan  # the run's WSD branching: checkpoints kept for branches; a branch's start from its parent
     saved: Optional[dict] = None  # the checkpoint's resumable state (Resumable.saved), read before any engine exists
     finished: bool = False  # run_dir holds a finished run at this budget: nothing is built, loaded or written
+    fresh: Optional[str] = None  # a new run in run_dir: why its old files are moved aside (once every input is checked)
 
 
 def plan_resume(
     cfg: TrainConfig, run: Run, rank: int, world_size: int, budget: Budget, say: Callable[[str], None]
 ) -> ResumePlan:
-    """The launch's plan for `budget`. A fresh start's old files are moved aside by rank 0 (after every rank found
-    no checkpoint); a resume writes nothing here: whether the run is finished (then its config must be unchanged) is
-    decided from its summary.json and checkpoint, before any universal conversion or write. The plan's `config` is
+    """The launch's plan for `budget`; it writes nothing. A fresh start's old files are not looked at (its tokenizer,
+    its config): they are moved aside later, once every input is checked (`fresh` says why). Whether a resumed run is
+    finished (then its config must be unchanged) is decided from its summary.json and checkpoint. The plan's `config` is
     `cfg` as trained (init_from's architecture, name and tokenizer, the tokenizer's vocabulary): a new TrainConfig,
     whose `resolved` is what config.yaml and the checkpoints record."""
     from .state import Resumable
@@ -253,18 +255,13 @@ def plan_resume(
     ckpt, source = resume_point(run, mode), None
     if cfg.trainer.branch_from:  # a relaunched branch resumes its own checkpoint, a new one its parent's
         ckpt, source = branch_source(cfg, run, ckpt, steps)
-    if ckpt is None or source is not None:
-        if rank == 0:
-            run.move_aside(
-                "trainer.resume=none"
-                if mode == "none"
-                else "a new branch"
-                if source
-                else "no checkpoint to resume from"
-            )
-        barrier()
+    fresh = None  # a new run: why run_dir's old files (if any) are moved aside
+    if source is not None:
+        fresh = "a new branch"
+    elif ckpt is None:
+        fresh = "trainer.resume=none" if mode == "none" else "no checkpoint to resume from"
     cfg, weights = init_from(cfg, run, ckpt, say)
-    tok = tokenizer(cfg, run, ckpt, rank)
+    tok = tokenizer(cfg, run, ckpt, rank, fresh is not None)
     if cfg.model.init_from is None:
         cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size))
     elif tok.vocab_size > cfg.model.padded_vocab_size:
@@ -272,7 +269,7 @@ def plan_resume(
             f"model.init_from={cfg.model.init_from}: its embedding has {cfg.model.padded_vocab_size} "
             f"rows, the tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)"
         )
-    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source))
+    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source), fresh=fresh)
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
@@ -305,7 +302,7 @@ def init_from(
         return replace(cfg, model=ModelConfig(**{**ckpt.meta["model"], **kept})), None
     pretrained, weights = load_pretrained(src)
     model = replace(pretrained, **kept)  # its name too: summary.json and sweeps must not call it the preset
-    tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src)
+    tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src, fresh=True)
     data = cfg.data
     if data.tokenizer.path is None and tok_file is not None:
         data = replace(data, tokenizer=replace(data.tokenizer, path=str(tok_file)))
@@ -316,16 +313,16 @@ def init_from(
     return replace(cfg, model=model, data=data), weights
 
 
-def tokenizer(cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], rank: int):
-    """The run's tokenizer (choose_tokenizer decides which): a kept one is loaded and checked against the config
-    (a changed data.tokenizer setting or another data.tokenizer.path is refused); otherwise the configured one (the
-    default BPE: trained once, by rank 0, and cached)."""
+def tokenizer(cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], rank: int, fresh: bool):
+    """The run's tokenizer (choose_tokenizer decides which; `fresh`: run_dir's old files do not count): a kept one is
+    loaded and checked against the config (a changed data.tokenizer setting or another data.tokenizer.path is
+    refused); otherwise the configured one (the default BPE: trained once, by rank 0, and cached)."""
     from ..data import ensure_tokenizer, load_tokenizer
 
     tok_cfg = cfg.data.tokenizer
-    kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path)
+    kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path, fresh=fresh)
     if is_kept:
-        saved = ((run.config() or {}).get("data") or {}).get("tokenizer")
+        saved = None if fresh else ((run.config() or {}).get("data") or {}).get("tokenizer")
         now = asdict(tok_cfg)
         changed = changed_keys(saved, now, ignore=keys_with(tok_cfg, "operational")) if saved else []
         if changed:

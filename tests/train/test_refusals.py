@@ -80,3 +80,28 @@ def test_a_read_only_run_dir_is_one_line_naming_it(run_dir, tmp_path):
         f"permission denied)"
     )
     assert list(parent.iterdir()) == []
+
+
+EVAL_TEXT_64 = ["trainer.eval.at_end=true", "trainer.eval.needle_mode=text", "trainer.eval.needle_n=[1]"]
+
+
+@pytest.mark.parametrize(
+    "bad, culprit",
+    [
+        (["data.seq_len=128", "model.max_seq_len=64"], "data.seq_len=128: longer than model.max_seq_len=64"),
+        (["trainer.resume=none", "data.sources.0.path=/nonexistent/x.txt"], "/nonexistent/x.txt: no such file"),
+        ([*EVAL_TEXT_64, "trainer.eval.needle_length=64"], "trainer.eval.needle_length=64: 64 tokens cannot hold"),
+    ],
+    ids=["seq-len-beyond-the-model", "fresh-start-with-missing-data", "eval-prompts-that-cannot-be-built"],
+)
+def test_bad_input_leaves_the_run_dir_as_it_was(run_dir, tmp_path, bad, culprit):
+    """Issue 31 defect 6: data.seq_len above model.max_seq_len was refused only after config.yaml and tokenizer.json
+    were written (and a fresh start moved the old run aside before its data was checked). Each bad input is one line,
+    the used run_dir unchanged byte for byte (and mtime for mtime), and a new run_dir never created."""
+    before, content = listing(run_dir), snapshot(run_dir)
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, *bad, f"run_dir={run_dir}"))
+    assert culprit in line, line
+    assert listing(run_dir) == before and snapshot(run_dir) == content
+    new = tmp_path / "runs" / "new"
+    assert culprit in one_error_line(diffllm_train(tmp_path, *ARGS, *bad, f"run_dir={new}"))
+    assert not (tmp_path / "runs").exists()
