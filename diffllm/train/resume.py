@@ -125,6 +125,17 @@ def check_finished_unchanged(run: Run, saved_config: dict, cfg: TrainConfig) -> 
         )
 
 
+def check_within_budget(saved: dict, ckpt: Checkpoint, cfg: TrainConfig, budget: Budget) -> None:
+    """A budget below what the checkpoint has trained cannot be kept (the run would finish past it): refused."""
+    done = int(saved["train_state"]["tokens"])
+    if done > budget.tokens:
+        raise UserError(
+            f"trainer.tokens={cfg.trainer.tokens}: a budget of {budget.tokens:,} tokens, below the {done:,} tokens "
+            f"that the checkpoint {ckpt.path} has trained (step {ckpt.step}); use trainer.tokens={done} or more, or "
+            f"trainer.resume=none to start afresh"
+        )
+
+
 def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> None:
     """A tokenizer passed with data.tokenizer.path must be the one the run was trained with."""
     if configured is not None and configured.fingerprint != kept.fingerprint:
@@ -282,6 +293,7 @@ def plan_resume(
     if run.is_finished() and ckpt.step >= steps:
         check_finished_unchanged(run, saved["config"], cfg)
         return replace(plan, saved=saved, finished=True)
+    check_within_budget(saved, ckpt, cfg, budget)
     return replace(plan, universal=needs_universal(ckpt, world_size, cfg.trainer.zero_stage), saved=saved)
 
 

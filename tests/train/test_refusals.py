@@ -105,3 +105,16 @@ def test_bad_input_leaves_the_run_dir_as_it_was(run_dir, tmp_path, bad, culprit)
     new = tmp_path / "runs" / "new"
     assert culprit in one_error_line(diffllm_train(tmp_path, *ARGS, *bad, f"run_dir={new}"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_budget_below_the_checkpoint_is_refused(run_dir, tmp_path):
+    """Issue 31 defect 5: relaunched with a budget below its checkpoint's step (5 steps = 5,120 tokens done, 4,096
+    asked), the run 'finished' at 5,120 tokens, above its budget. Refused in one line naming the key, both numbers."""
+    before, content = listing(run_dir), snapshot(run_dir)
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, "trainer.tokens=4096", f"run_dir={run_dir}"))
+    assert line == (
+        f"diffllm train: error: trainer.tokens=4096: a budget of 4,096 tokens, below the 5,120 tokens that the "
+        f"checkpoint {run_dir}/checkpoints/step5 has trained (step 5); use trainer.tokens=5120 or more, or "
+        f"trainer.resume=none to start afresh"
+    )
+    assert listing(run_dir) == before and snapshot(run_dir) == content
