@@ -289,6 +289,8 @@ class OptimConfig:
             bad("name", f"got {self.name!r}; only adamw is implemented")
         if self.schedule not in SCHEDULES:
             bad("schedule", f"got {self.schedule!r}, expected one of {SCHEDULES}")
+        if not self.lr >= 0.0:  # a NaN too
+            bad("lr", f"must be >= 0 (the peak learning rate), got {self.lr}")
         if not 0.0 <= self.min_lr <= self.lr:
             bad("min_lr", f"must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

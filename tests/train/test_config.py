@@ -83,6 +83,10 @@ def test_optim_validation_and_unknown_keys():
         OptimConfig(schedule="step").validate()
     with pytest.raises(ValueError, match=r"^optim\.min_lr: "):
         OptimConfig(lr=1e-4, min_lr=1e-3).validate()
+    for lr in (-1e-3, float("nan")):  # the lr itself is named, not min_lr (issue 31)
+        with pytest.raises(ValueError, match=rf"^optim\.lr: must be >= 0 \(the peak learning rate\), got {lr}$"):
+            OptimConfig(lr=lr).validate()
+    OptimConfig(lr=0.0, min_lr=0.0).validate()  # lr 0: weights that must not move (tests/train/test_init_from.py)
     with pytest.raises(ValueError, match=r"^trainer\.tokenz: unknown key"):
         build(TrainerConfig, {"tokenz": 5}, "trainer")
 
