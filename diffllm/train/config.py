@@ -213,6 +213,9 @@ class TrainerConfig:
     keep_last: int = operational(2)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
     # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
     resume: str = operational("auto")
+    # resuming with another optimisation schedule (any optim key, trainer.tokens, trainer.global_batch_tokens) is
+    # refused unless this is true (then each change is a note); a finished run may always train on to a larger budget
+    allow_changes: bool = operational(False)
     # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
     branch_budgets: list = operational(factory=list)
     # a WSD run directory: start this run (its own budget) from its branch checkpoint

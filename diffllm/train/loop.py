@@ -25,7 +25,7 @@ from .faults import fault_hooks
 from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation, View, val_losses_record
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
-from .resume import ResumePlan, note_changes, plan_resume
+from .resume import ResumePlan, plan_resume
 from .signals import StopFlag
 from .spikes import SpikeGuard
 from .state import Resumable, TrainState
@@ -188,8 +188,6 @@ class Trainer:
     def load(self, plan: ResumePlan) -> None:
         client, tag = self.ckpt.load(self.engine, plan.checkpoint, plan.universal)
         saved = Resumable.saved(client)
-        if plan.branches.source is None:
-            note_changes(saved["config"], self.cfg.resolved, say)
         self.resumable.restore(saved, self.rank)  # raises, naming the problem, if the data cannot resume exactly
         self.state = self.resumable.state
         res = plan.checkpoint

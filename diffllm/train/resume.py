@@ -146,19 +146,45 @@ def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> No
         )
 
 
-def note_changes(saved: dict, config: dict, say: Callable[[str], None]) -> None:
-    """A resumed run may change its budget, learning rate, schedule or data: each change is said, not refused."""
-    for group, key in (
-        ("trainer", "tokens"),
-        ("trainer", "global_batch_tokens"),
-        ("optim", "lr"),
-        ("optim", "schedule"),
-        ("optim", "warmup_steps"),
-        ("data", "name"),
-    ):
-        old, new = saved.get(group, {}).get(key), config[group].get(key)
-        if old != new:
-            say(f"note: {group}.{key} changed since the checkpoint ({old} -> {new}); the run continues with {new}")
+SCHEDULE = ("optim", "trainer.tokens", "trainer.global_batch_tokens")  # a run's optimisation schedule
+COUNTS = ("trainer.tokens", "trainer.global_batch_tokens")  # compared as numbers: 16K is 16384
+
+
+def schedule_changes(saved: dict, now: dict, at_budget: bool) -> list[str]:
+    """`key (old -> new)` for each key of the optimisation schedule (SCHEDULE) that differs from the checkpoint's
+    config (a key its diffllm did not have yet aside). `at_budget`: the checkpoint reached its own budget (a finished
+    run): a larger trainer.tokens trains on, which is no change."""
+    old, new = flatten(saved), flatten(now)
+    out = []
+    for k in sorted(k for k in old if k in new and any(k == s or k.startswith(s + ".") for s in SCHEDULE)):
+        a, b = old[k], new[k]
+        if k in COUNTS:
+            a_n, b_n = parse_count(a, k), parse_count(b, k)
+            if a_n == b_n or (k == "trainer.tokens" and at_budget and b_n > a_n):
+                continue
+        elif a == b:
+            continue
+        out.append(f"{k} ({a!r} -> {b!r})")
+    return out
+
+
+def check_changes(saved: dict, ckpt: Checkpoint, cfg: TrainConfig, say: Callable[[str], None]) -> None:
+    """A resumed run keeps its optimisation schedule: a change is refused in one line naming the keys, unless
+    trainer.allow_changes=true (then each is a note). Another data config is a note."""
+    sched = saved.get("schedule") or {}
+    at_budget = "total_steps" in sched and sched.get("step", 0) >= sched["total_steps"]
+    changed = schedule_changes(saved["config"], cfg.resolved, at_budget)
+    if changed and not cfg.trainer.allow_changes:
+        raise UserError(
+            f"{'; '.join(changed)}: changed since the checkpoint {ckpt.path}; a resumed run keeps its optimisation "
+            f"schedule: relaunch with the checkpoint's values, or add trainer.allow_changes=true to continue with the "
+            f"new ones"
+        )
+    for change in changed:
+        say(f"note: {change} since the checkpoint (trainer.allow_changes=true): the run continues with the new value")
+    old, new = (saved["config"].get("data") or {}).get("name"), cfg.data.name
+    if old != new:
+        say(f"note: data.name changed since the checkpoint ({old} -> {new}); the run continues with {new}")
 
 
 def check_prefix(parent: dict, cfg: TrainConfig, src: str) -> None:
@@ -294,6 +320,8 @@ def plan_resume(
         check_finished_unchanged(run, saved["config"], cfg)
         return replace(plan, saved=saved, finished=True)
     check_within_budget(saved, ckpt, cfg, budget)
+    if source is None:  # a branch's start is checked against its parent's config (check_prefix)
+        check_changes(saved, ckpt, cfg, say)
     return replace(plan, universal=needs_universal(ckpt, world_size, cfg.trainer.zero_stage), saved=saved)
 
 

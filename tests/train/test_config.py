@@ -164,6 +164,7 @@ def test_the_roles_of_keys_on_resume_are_field_metadata():
     operational = {
         "run_dir",
         "trainer.resume",
+        "trainer.allow_changes",
         "trainer.log_every",
         "trainer.save_every_steps",
         "trainer.save_every_minutes",

@@ -118,3 +118,50 @@ def test_a_budget_below_the_checkpoint_is_refused(run_dir, tmp_path):
         f"trainer.resume=none to start afresh"
     )
     assert listing(run_dir) == before and snapshot(run_dir) == content
+
+
+KEEPS = "a resumed run keeps its optimisation schedule: relaunch with the checkpoint's values, or add "
+
+
+@pytest.mark.parametrize(
+    "change, shown",
+    [
+        (["trainer.tokens=10240"], "trainer.tokens (8192 -> 10240)"),
+        (
+            ["optim.schedule=cosine", "optim.warmup_steps=2"],
+            "optim.schedule ('linear' -> 'cosine'); optim.warmup_steps (4 -> 2)",
+        ),
+        (
+            ["optim.min_lr=0.0", "trainer.global_batch_tokens=2048"],
+            "optim.min_lr (0.0003 -> 0.0); trainer.global_batch_tokens (1024 -> 2048)",
+        ),
+    ],
+)
+def test_a_changed_schedule_is_refused_on_resume(run_dir, tmp_path, change, shown):
+    """Issue 31 (frictions): a changed lr or budget on the resume of an unfinished run was a note; the optimisation
+    schedule (every optim key, the budget, the batch) is now changed only with trainer.allow_changes=true."""
+    before, content = listing(run_dir), snapshot(run_dir)
+    line = one_error_line(diffllm_train(tmp_path, *ARGS, *change, f"run_dir={run_dir}"))
+    ckpt = run_dir / "checkpoints" / "step5"
+    assert line == (
+        f"diffllm train: error: {shown}: changed since the checkpoint {ckpt}; {KEEPS}trainer.allow_changes=true to "
+        f"continue with the new ones"
+    )
+    assert listing(run_dir) == before and snapshot(run_dir) == content
+
+
+def test_allow_changes_continues_with_the_new_schedule(run_dir, tmp_path):
+    """The same count written otherwise (8.192K) is no change; another lr is, and trainer.allow_changes=true takes
+    it."""
+    line = one_error_line(
+        diffllm_train(tmp_path, *ARGS, "trainer.tokens=8.192K", "optim.lr=1e-3", f"run_dir={run_dir}")
+    )
+    assert line.startswith("diffllm train: error: optim.lr (0.003 -> 0.001): changed since the checkpoint"), line
+    done = diffllm_train(tmp_path, *ARGS, "optim.lr=1e-3", "trainer.allow_changes=true", f"run_dir={run_dir}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "note: optim.lr (0.003 -> 0.001) since the checkpoint (trainer.allow_changes=true): the run continues with "
+        "the new value" in done.stdout
+    ), done.stdout
+    assert f"resumed from checkpoint {run_dir}/checkpoints/step5" in done.stdout, done.stdout
+    assert "finished: 8,192 tokens" in done.stdout, done.stdout
