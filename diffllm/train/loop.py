@@ -63,7 +63,6 @@ class Trainer:
                 f"run_dir={self.run_dir}: a checkpoints or step folder, not a run directory; did you mean "
                 f"run_dir={self.run_obj.dir} (or trainer.resume={self.run_dir})?"
             )
-        self.run_obj.check_writable()  # a read-only run_dir: one line now, not a traceback at its first write
         self.state, self.asks, self.spikes = TrainState(), Asks(StopFlag()), SpikeGuard(cfg.trainer.spikes)
         self.watchdog = Watchdog(cfg.trainer.stall_timeout_s, rank=int(os.environ.get("RANK", "0")))
         self.saved_step = -1
@@ -95,6 +94,7 @@ class Trainer:
                 f"{self.state.tokens:,} tokens; summary.json)"
             )
             return plan
+        self.run_obj.check_writable()  # a read-only run_dir: one line now, not a traceback at its first write
         tok, data, trainer = plan.tokenizer, cfg.data, cfg.trainer
         self.stats = model_stats(cfg.model, data.seq_len)
         self.precision = resolve_precision(trainer)

@@ -4,15 +4,12 @@ stopped short of its budget: 8 steps asked, a non-finite step 6 ended it (exit 4
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.train.helpers import TINY
+from tests.train.helpers import TINY, unwritable
 from tests.train.test_cli import diffllm_train
 from tests.train.test_run_dir import listing, one_error_line, snapshot
 
@@ -39,25 +36,6 @@ def stopped(tokenizer, tmp_path_factory) -> Path:
 def run_dir(stopped, tmp_path) -> Path:
     shutil.copytree(stopped, tmp_path / "run")
     return tmp_path / "run"
-
-
-@contextlib.contextmanager
-def unwritable(path: Path):
-    """`path` (a folder) made unwritable for this process and its children: chmod for a user; root ignores file
-    modes, so for root the folder is made immutable (chattr +i), which binds root too."""
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        undo = lambda: path.chmod(0o755)  # noqa: E731
-    else:
-        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-        if done.returncode:
-            pytest.skip(f"as root, only chattr +i makes a folder unwritable, and it failed: {done.stderr.strip()}")
-        undo = lambda: subprocess.run(["chattr", "-i", str(path)], check=True)  # noqa: E731
-    try:
-        assert not os.access(path, os.W_OK)
-        yield path
-    finally:
-        undo()
 
 
 def test_a_read_only_run_dir_is_one_line_naming_it(run_dir, tmp_path):
