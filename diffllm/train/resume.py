@@ -1,8 +1,9 @@
 """Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
 the engine is built (`plan_resume`: trainer.resume against run_dir, a WSD branch's parent checkpoint (`branch_source`,
 see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout), and the checks behind it: the
-checkpoint's architecture and ZeRO layout, a finished run's config, a branch's config against its parent's, the run's
-own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
+checkpoint's architecture and ZeRO layout, a finished run's config, a resumed run's budget (not below what it trained)
+and optimisation schedule (changed only with trainer.allow_changes=true), a branch's config against its parent's, the
+run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
 (a finished run is never changed, at any world size); even a fresh start's old files are moved aside only once every
 input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
 
