@@ -213,6 +213,9 @@ class TrainerConfig:
     keep_last: int = operational(2)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
     # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
     resume: str = operational("auto")
+    # resuming with another optimisation schedule (any optim key, trainer.tokens, trainer.global_batch_tokens) is
+    # refused unless this is true (then each change is a note); a finished run may always train on to a larger budget
+    allow_changes: bool = operational(False)
     # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
     branch_budgets: list = operational(factory=list)
     # a WSD run directory: start this run (its own budget) from its branch checkpoint
@@ -289,6 +292,8 @@ class OptimConfig:
             bad("name", f"got {self.name!r}; only adamw is implemented")
         if self.schedule not in SCHEDULES:
             bad("schedule", f"got {self.schedule!r}, expected one of {SCHEDULES}")
+        if not self.lr >= 0.0:  # a NaN too
+            bad("lr", f"must be >= 0 (the peak learning rate), got {self.lr}")
         if not 0.0 <= self.min_lr <= self.lr:
             bad("min_lr", f"must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -356,4 +361,13 @@ class TrainConfig:
         )
         for c in (out.trainer, out.optim, out.logging):
             c.validate()
+        out.check_together()
         return out
+
+    def check_together(self) -> None:
+        """What no group can check alone: the training windows fit the model's context."""
+        if self.data.seq_len > self.model.max_seq_len:
+            raise UserError(
+                f"data.seq_len={self.data.seq_len}: longer than model.max_seq_len={self.model.max_seq_len} (the "
+                f"model's context); use data.seq_len <= {self.model.max_seq_len}, or set model.max_seq_len"
+            )
