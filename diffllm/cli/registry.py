@@ -157,6 +157,12 @@ def _study(name: str) -> Entry:
     return entry
 
 
+def _runs():
+    from ..overview import main
+
+    return main
+
+
 def _export():
     from ..export.commands import export_main
 
@@ -341,6 +347,12 @@ _REGISTRY: dict[str, Command] = {
         "a learning-rate stability sweep: divergences, spikes, grad norms, outliers, lambda",
         schema=_root("diffllm.studies.stability:Config"),
         examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",),
+    ),
+    "runs": Command(
+        _runs,
+        "one line per run below a folder: model, arch, tokens of budget, status, last val loss, last checkpoint",
+        schema=_root("diffllm.overview:RunsConfig"),
+        examples=("diffllm runs", "diffllm runs runs/sweep/micro"),
     ),
     "export": Command(
         _export,
