@@ -394,9 +394,7 @@ class Run:
 
     # ----- a trained model -----------------------------------------------------------------------------------------
     def tokenizer(self):
-        """The tokenizer the run trained with (see `choose_tokenizer`)."""
-        from .data import load_tokenizer
-
+        """The tokenizer the run trained with (see `choose_tokenizer`); a damaged one is a one-line error."""
         path, _ = choose_tokenizer(self)
         if path is None:
             raise UserError(
@@ -404,25 +402,76 @@ class Run:
                 f"trained with; an import of weights alone has none)"
             )
         tok_cfg = ((self.config() or {}).get("data") or {}).get("tokenizer") or {}
-        return load_tokenizer(str(path), tok_cfg.get("eos_token", "<|endoftext|>"))
+        return read_tokenizer(path, tok_cfg.get("eos_token", "<|endoftext|>"))
 
-    def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
-        """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
-        from .model import DecoderLM, ModelConfig
+    def model_config(self, step: Union[int, str] = "latest"):
+        """The ModelConfig of the checkpoint at `step`, from its meta.json alone (no weights are read)."""
+        from .model import ModelConfig
 
         ckpt = self.checkpoint(step)
         try:
-            cfg = ModelConfig(**ckpt.meta["model"])
+            return ModelConfig(**ckpt.meta["model"])
         except TypeError as e:
             raise UserError(f"{ckpt.path / 'meta.json'}: its model config does not fit this diffllm ({e})") from None
+
+    def fp32_weights(self, ckpt: Checkpoint) -> dict:
+        """`consolidated_state_dict(ckpt)`, gathered once per checkpoint: a ZeRO 1-3 checkpoint's fp32 weights are
+        kept in eval/fp32-<tag>.pt (the latest checkpoint read only), beside the identity of the checkpoint they came
+        from (its tag and each file's size and mtime), so every later eval, generate or export reads them back at
+        once, and a checkpoint saved again under the same tag is gathered again. ZeRO-0 checkpoints hold whole
+        weights: they are read directly. A run directory that cannot be written to keeps no cache."""
+        if ckpt.zero_stage == 0:
+            return consolidated_state_dict(ckpt)
+        import torch
+
+        cache, identity = self.dir / "eval" / f"fp32-{ckpt.tag}.pt", checkpoint_identity(ckpt)
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True, mmap=True)
+            if saved.get("identity") == identity:
+                return saved["state_dict"]
+        except Exception:  # noqa: BLE001 - none yet, or one cut short: gathered again
+            pass
+        state = consolidated_state_dict(ckpt)
+        tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}")
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"identity": identity, "state_dict": state}, tmp)  # written aside, then renamed
+            os.replace(tmp, cache)
+        except OSError:  # a read-only run directory, a full disk: no cache
+            tmp.unlink(missing_ok=True)
+            return state
+        for old in cache.parent.glob("fp32-step*.pt"):  # one cache per run: its size is the model's in fp32
+            if old != cache:
+                old.unlink(missing_ok=True)
+        print(f"[diffllm] cached the fp32 weights of {ckpt.tag} in {cache}", file=sys.stderr, flush=True)
+        return state
+
+    def model(self, step: Union[int, str] = "latest", device: str = "cpu", tokenizer: bool = True):
+        """(ModelConfig, DecoderLM in eval mode with the checkpoint's fp32 weights, Tokenizer or None)."""
+        from .model import DecoderLM
+
+        ckpt = self.checkpoint(step)
+        cfg = self.model_config(step)
+        tok = self.tokenizer() if tokenizer else None  # a damaged tokenizer.json before the weights are gathered
         model = DecoderLM(cfg)
-        missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
+        missing, unexpected = model.load_state_dict(self.fp32_weights(ckpt), strict=False)
         if missing or unexpected:
             raise UserError(
                 f"{ckpt.path}: weights do not fit {cfg.name} ({cfg.arch}): missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]}"
             )
-        return cfg, model.to(device).eval(), (self.tokenizer() if tokenizer else None)
+        return cfg, model.to(device).eval(), tok
+
+
+def read_tokenizer(path: Path, eos_token: str):
+    """The Tokenizer of a model's tokenizer.json (or HF tokenizer folder); a damaged one is a one-line UserError
+    naming it (the tokenizers library raises a bare Exception: "EOF while parsing a string at line 1 column 3000")."""
+    from .data import load_tokenizer
+
+    try:
+        return load_tokenizer(str(path), eos_token)
+    except Exception as e:  # noqa: BLE001 - a damaged file, whatever the library raises for it
+        raise UserError(f"{path}: cannot load this tokenizer ({exception_line(e)}); the file is damaged") from None
 
 
 def model_tokenizer(path: Union[str, Path]) -> Optional[Path]:
@@ -459,6 +508,12 @@ def choose_tokenizer(
     return None, False
 
 
+def checkpoint_identity(ckpt: Checkpoint) -> dict:
+    """What a checkpoint's weights depend on: its tag and each of its files' name, size and mtime."""
+    files = sorted(p for p in ckpt.path.iterdir() if p.is_file())
+    return {"tag": ckpt.tag, "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
 def consolidated_state_dict(ckpt: Checkpoint) -> dict:
     """fp32 weights of a checkpoint of any ZeRO stage and world size: ZeRO-0 keeps whole weights in its model-states
     file; ZeRO 1-3 are gathered from their fp32 optimizer shards by DeepSpeed's zero_to_fp32."""
@@ -471,9 +526,11 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
         if ckpt.zero_stage == 0:
             module = torch.load(states, map_location="cpu", weights_only=False)["module"]
             return {k: v.float() for k, v in module.items()}
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        # DeepSpeed's import logs ("Setting accelerator to CPU") and its progress lines go to stderr: stdout is the
+        # caller's (generate's text, export's summary)
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is the caller's (generate's text)
             return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
         raise UserError(

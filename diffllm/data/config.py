@@ -12,6 +12,7 @@ from ..errors import UserError
 FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle", "recall")  # synthetic: needle.py, recall.py
 SAMPLE_BY = ("document", "paragraph", "line")
 LOSS_ON = ("all", "marked")
+ON_BAD_RECORD = ("error", "skip")
 
 
 class DataError(UserError):
@@ -86,6 +87,8 @@ class DataConfig:
     num_workers: int = field(default=1, metadata={"resume": ("operational",)})
     # fail (one line, non-zero exit) when no batch comes from the workers for this long; 0 = wait forever
     worker_timeout_s: float = field(default=600.0, metadata={"resume": ("operational",)})
+    # a JSONL line that is not valid JSON: error (stop, naming file:line) | skip (skip it, count it, go on)
+    on_bad_record: str = field(default="error", metadata={"resume": ("operational",)})
     num_streams: Optional[int] = None  # independent packed streams; null -> world_size * max(1, num_workers)
     shuffle_files: bool = True  # reshuffle each stream's file order every epoch (seeded)
     epochs: Optional[int] = None  # null = loop forever (training); N = stop after N passes
@@ -143,6 +146,8 @@ class DataConfig:
             )
         if self.worker_timeout_s < 0:
             raise DataError(f"data.worker_timeout_s: must be >= 0 (0 = wait forever), got {self.worker_timeout_s}")
+        if self.on_bad_record not in ON_BAD_RECORD:
+            raise DataError(f"data.on_bad_record: got {self.on_bad_record!r}, expected one of {ON_BAD_RECORD}")
         if self.loss_on not in LOSS_ON:
             raise DataError(f"data.loss_on: got {self.loss_on!r}, expected one of {LOSS_ON}")
         if self.restart_positions and not self.doc_mask:

@@ -19,6 +19,7 @@ import torch
 from . import workers
 from .batch import Batch
 from .config import DataConfig, DataError
+from .packing import COUNTS
 from .sources import Source, resolve
 from .stream import Stream, data_fingerprint
 from .tokenizer import Tokenizer, say
@@ -194,12 +195,13 @@ class TrainLoader:
         }
 
     def consumed(self) -> dict:
-        """Per source, summed over this rank's streams: documents, empty documents, undecodable chars, tokens."""
-        out: dict = {s.name: {"docs": 0, "empty": 0, "undecodable": 0, "tokens": 0, "epoch": 0} for s in self.sources}
+        """Per source, summed over this rank's streams: documents, empty documents, undecodable chars, bad records
+        skipped (data.on_bad_record=skip), tokens."""
+        out: dict = {s.name: {**dict.fromkeys(COUNTS, 0), "epoch": 0} for s in self.sources}
         for st in self.stream_states.values():
             for name, ps in (st or {}).get("sources", {}).items():
-                for k in ("docs", "empty", "undecodable", "tokens"):
-                    out[name][k] += ps[k]
+                for k in COUNTS:
+                    out[name][k] += ps.get(k, 0)
                 out[name]["tokens"] += ps["offset"]  # the partly used current document
                 out[name]["epoch"] = max(out[name]["epoch"], ps["epoch"])
         return out

@@ -15,6 +15,8 @@ from .config import DataError
 from .sources import Reader, Source
 from .tokenizer import Tokenizer, say
 
+COUNTS = ("docs", "empty", "undecodable", "bad_records", "tokens")  # per source and stream, in its state
+
 Item = tuple[int, int, int]  # (file index, stride, phase): examples phase, phase+stride, ... of that file
 
 
@@ -49,6 +51,7 @@ def fresh_state(order: list[Item]) -> dict:
         "docs": 0,
         "empty": 0,
         "undecodable": 0,
+        "bad_records": 0,
         "tokens": 0,
     }
 
@@ -74,10 +77,11 @@ class Packer:
         self.split = split  # (val_fraction, True: only held-out documents | False: all but them); None: every document
         self.order_seed, self.epochs, self.tokenize_chars = order_seed, epochs, tokenize_chars
         st = dict(state or fresh_state(self.order(0)))
-        self.counts = {k: st[k] for k in ("docs", "empty", "undecodable", "tokens")}
+        self.counts = {k: st.get(k, 0) for k in COUNTS}  # bad_records: absent from states saved before it
         self._next = (st["epoch"], st["item"], st["example"])  # where reading resumes once the queue is empty
         self._skip = st["offset"]  # tokens of the first document already consumed
-        self._queue: deque = deque()  # [(epoch, item, example), stride, tokens (with EOS), undecodable, loss marks]
+        # [(epoch, item, example), stride, tokens (with EOS), undecodable, loss marks, bad records skipped before it]
+        self._queue: deque = deque()
         self._off = 0  # tokens of the queue's first document already consumed
         self._buffered = 0  # tokens in the queue not yet consumed
         self._docs: Optional[Iterator] = None
@@ -110,7 +114,7 @@ class Packer:
                         continue
                     found += bool(doc is not None and len(doc))
                     empty += not (doc is not None and len(doc))
-                    yield (e, i, jj), stride, doc, bad
+                    yield (e, i, jj), stride, doc, bad, self.reader.skipped.pop((f, jj), 0)
                 i += 1
                 j = order[i][2] if i < len(order) else 0
             if whole_epoch and not found:
@@ -133,15 +137,15 @@ class Packer:
                 if batch:
                     break
                 continue
-            pos, stride, doc, bad = entry
+            doc = entry[2]
             batch.append(entry)
             chars += len(doc) if isinstance(doc, str) else 4 * (0 if doc is None else len(doc))
             if chars >= self.tokenize_chars:
                 break
         if not batch:
             return False
-        for (pos, stride, _, bad), (toks, marks) in zip(batch, self._tokenize([d for _, _, d, _ in batch])):
-            self._queue.append((pos, stride, toks, bad, marks))
+        for (pos, stride, _, bad, skipped), (toks, marks) in zip(batch, self._tokenize([e[2] for e in batch])):
+            self._queue.append((pos, stride, toks, bad, marks, skipped))
             self._buffered += len(toks)
             if self._skip:  # restoring: the first document was partly used before the state was saved
                 self._off, self._skip = self._skip, 0
@@ -181,7 +185,7 @@ class Packer:
         out = np.empty((3, self.window), np.int32)
         at = doc = 0
         while at < self.window:
-            _, _, toks, _, marks = self._queue[0]
+            toks, marks = self._queue[0][2], self._queue[0][4]
             take = min(len(toks) - self._off, self.window - at)
             if take:
                 out[TOKENS, at : at + take] = toks[self._off : self._off + take]
@@ -197,9 +201,10 @@ class Packer:
         return out
 
     def _pop(self) -> None:
-        (e, i, j), stride, toks, bad, _ = self._queue.popleft()
+        (e, i, j), stride, toks, bad, _, skipped = self._queue.popleft()
         self.counts["docs" if len(toks) else "empty"] += 1
         self.counts["undecodable"] += bad
+        self.counts["bad_records"] += skipped
         self._report(not len(toks), "empty documents are skipped (no tokens, no EOS) and counted", (e, i, j))
         self._report(bad, "undecodable bytes are replaced by U+FFFD and counted", (e, i, j))
         self.counts["tokens"] += len(toks)

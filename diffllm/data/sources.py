@@ -7,6 +7,7 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from . import needle, recall
 from .batch import Marked
 from .config import DataError, SourceConfig
+from .progress import quiet_library_bars
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
 HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
@@ -68,7 +70,7 @@ def _expand(pattern: str, where: str) -> list[str]:
     return [pattern]
 
 
-def _check_file(path: str, kind: str) -> str:
+def _check_file(path: str, kind: str, where: str) -> str:
     """Readable, non-empty, plausible; returns a fingerprint line (relative name added by the caller)."""
     try:
         size = os.path.getsize(path)
@@ -80,7 +82,10 @@ def _check_file(path: str, kind: str) -> str:
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
     if size == 0:
-        raise DataError(f"{path}: empty file")
+        raise DataError(
+            f"{path}: empty file (0 bytes); delete it, or leave it out with {where}.exclude: "
+            f"[{os.path.basename(path)!r}] in the data config"
+        )
     if kind == "parquet" and (size < 8 or head[:4] != b"PAR1" or tail != b"PAR1"):
         raise DataError(f"{path}: corrupt parquet (no PAR1 magic at start and end; truncated or not parquet)")
     if kind in ("text", "json"):
@@ -156,7 +161,7 @@ def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -
         raise DataError(f"{where}: files of several formats {sorted(kinds)}; split them into one source per format")
     kind = kinds.pop()
     root = os.path.commonpath([os.path.dirname(f) for f in kept])
-    lines = [f"{os.path.relpath(f, root)}:{_check_file(f, kind)}" for f in kept]
+    lines = [f"{os.path.relpath(f, root)}:{_check_file(f, kind, where)}" for f in kept]
     return Source(cfg, kind, kept, _digest(kind, cfg.text_field, cfg.sample_by, lines))
 
 
@@ -198,6 +203,8 @@ def hub_args(cfg: SourceConfig) -> tuple[tuple, dict]:
 def _load_hub(cfg: SourceConfig):
     from datasets import load_dataset
 
+    quiet_library_bars()
+
     args, kwargs = hub_args(cfg)
     return load_dataset(*args, **kwargs)
 
@@ -208,17 +215,25 @@ def _one_line(e: BaseException) -> str:
 
 
 class Reader:
-    """Documents of one source by (file, example index); opened lazily so each worker process opens its own."""
+    """Documents of one source by (file, example index); opened lazily so each worker process opens its own.
+    skip_bad (data.on_bad_record=skip): a JSON-lines file with lines that are not valid JSON is read line by line
+    instead, those lines skipped; `skipped[(file, example)]` then holds how many of them precede that example (the
+    last example also owns those after it), for the reader of that example to count."""
 
-    def __init__(self, src: Source, tokenizer_fingerprint: Optional[str] = None):
+    def __init__(self, src: Source, tokenizer_fingerprint: Optional[str] = None, skip_bad: bool = False):
         self.src = src
         self._ds = None
         self._tok_fp = tokenizer_fingerprint
+        self.skip_bad = skip_bad
+        self.skipped: dict[tuple[int, int], int] = {}
 
     def _dataset(self):
         if self._ds is None:
             from datasets import load_dataset
 
+            quiet_library_bars()  # a log file gets no "Resolving data files" bars
+            # its "Failed to load JSON from file ..." line: ours names the file and line instead (docs below)
+            logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
             cfg = self.src.cfg
             if self.src.kind == "hub":
                 self._ds = _load_hub(cfg)
@@ -264,8 +279,49 @@ class Reader:
                     j += 1
         except DataError:
             raise
-        except Exception as e:  # pyarrow/json/OS errors from the reader: name the file
-            raise DataError(f"{label}: cannot read {self.src.kind} ({_one_line(e)}) after {j} examples") from None
+        except Exception as e:  # pyarrow/json/OS errors from the reader: name the file (and line)
+            bad = _bad_json_lines(label) if self.src.kind == "json" else None
+            if not bad:
+                raise DataError(f"{label}: cannot read {self.src.kind} ({_one_line(e)})") from None
+            if not self.skip_bad:
+                line, why = bad[0]
+                raise DataError(
+                    f"{label}:{line}: not valid JSON ({why}; {len(bad) - 1} such line(s) in the file); fix or delete "
+                    "it, or set data.on_bad_record=skip to skip such records and count them"
+                ) from None
+        else:
+            return
+        yield from self._good_json_lines(f, j, start, stride, bad)
+
+    def _good_json_lines(self, f: int, j: int, start: int, stride: int, bad: list) -> Iterator[tuple[int, Doc, int]]:
+        """The rest of file f from example j on, read line by line without its `bad` lines (data.on_bad_record=skip):
+        the examples are the file's valid records, numbered as the arrow reader numbers them. Each bad line is
+        counted with the next example (those after the last example, with it), so once by whichever stream reads it."""
+        label, field = self.src.files[f], self.src.cfg.text_field
+        *bad, (last, _) = bad
+        skip = {line for line, _ in bad}
+        _say_skipped(label, bad)
+        k, owed = 0, 0
+        with open(label, encoding="utf-8", errors="replace") as lines:
+            for n, line in enumerate(lines, 1):
+                if n in skip:
+                    owed += 1
+                    continue
+                if not line.strip():
+                    continue
+                if n == last:
+                    owed += sum(b > last for b in skip)
+                mine, owed_here, owed = k >= j and (k - start) % stride == 0, owed, 0
+                if mine:
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or field not in record:
+                        raise DataError(f"{label}:{n}: example {k} has no field {field!r}")
+                    text = record[field]
+                    if text is not None and not isinstance(text, str):
+                        raise DataError(f"{label}:{n}: field {field!r} holds {type(text).__name__}, not text")
+                    self.skipped[(f, k)] = owed_here
+                    yield k, text, (text.count("\ufffd") if text else 0)
+                k += 1
 
     def _prepared_docs(self, f: int, start: int, stride: int) -> Iterator[tuple[int, Doc, int]]:
         folder = Path(self.src.prepared)
@@ -284,6 +340,44 @@ class Reader:
         for j in range(start, len(idx), stride):
             lo = idx[j - 1, 0] if j else 0
             yield j, np.asarray(tokens[lo : idx[j, 0]], dtype=np.int32), int(idx[j, 1])
+
+
+def _bad_json_lines(path: str) -> list[tuple[int, str]]:
+    """(line number, why) of each non-blank line of a JSON-lines file that is not a JSON object; last, (the number of
+    the last good line, "") when there are any."""
+    bad, last = [], 0
+    try:
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            for n, line in enumerate(lines, 1):
+                if line.strip():
+                    try:
+                        ok = isinstance(json.loads(line.rstrip("\r\n")), dict)
+                    except json.JSONDecodeError as e:
+                        bad.append((n, f"{e.msg}, column {e.colno}"))
+                        continue
+                    if not ok:
+                        bad.append((n, "not a JSON object"))
+                    else:
+                        last = n
+    except OSError:  # gone or unreadable: the reader's own error says so
+        return []
+    return bad + [(last, "")] if bad else []
+
+
+_SAID: set = set()
+
+
+def _say_skipped(label: str, bad: list) -> None:
+    """Once per file and process: which lines data.on_bad_record=skip skips."""
+    if label not in _SAID:
+        from .tokenizer import say
+
+        _SAID.add(label)
+        line, why = bad[0]
+        say(
+            f"{label}:{line}: not valid JSON ({why}): skipped, with {len(bad) - 1} more in this file "
+            "(data.on_bad_record=skip; counted in summary.json's bad_records)"
+        )
 
 
 def _texts(col, label: str, field: str) -> list:

@@ -55,7 +55,7 @@ class Stream:
         self.packers = [
             Packer(
                 src,
-                Reader(src, tok.fingerprint),
+                Reader(src, tok.fingerprint, skip_bad=cfg.on_bad_record == "skip"),
                 tok,
                 cfg.seq_len + 1,
                 assign_items(src.n_files, n_streams, index),

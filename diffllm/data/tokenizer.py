@@ -54,16 +54,14 @@ class Tokenizer:
 
 def load_tokenizer(path: str, eos_token: str) -> Tokenizer:
     """From a tokenizer.json, or a HF tokenizer folder (its own eos_token wins over `eos_token`)."""
-    from tokenizers import Tokenizer as HFTokenizer
-
     p = Path(path).expanduser()
     if p.is_file():
-        return Tokenizer(HFTokenizer.from_file(str(p)), eos_token, str(p))
+        return Tokenizer(_read_json_tokenizer(p), eos_token, str(p))
     if not p.is_dir():
         raise DataError(f"data.tokenizer.path: {p}: no such file or folder")
     eos_token = _folder_eos(p) or eos_token
     if (p / "tokenizer.json").exists():
-        return Tokenizer(HFTokenizer.from_file(str(p / "tokenizer.json")), eos_token, str(p))
+        return Tokenizer(_read_json_tokenizer(p / "tokenizer.json"), eos_token, str(p))
     try:
         from transformers import AutoTokenizer
 
@@ -77,11 +75,26 @@ def load_tokenizer(path: str, eos_token: str) -> Tokenizer:
     return Tokenizer(hf.backend_tokenizer, eos_token, str(p))
 
 
+def _read_json_tokenizer(file: Path):
+    """A tokenizers.Tokenizer from a tokenizer.json; a file it cannot read (not JSON, cut short, not a tokenizer) is
+    a one-line DataError naming the file, not the library's traceback."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        return HFTokenizer.from_file(str(file))
+    except Exception as e:  # noqa: BLE001 - the library raises a bare Exception ("EOF while parsing a string ...")
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"{file}: not a readable tokenizer.json ({why})") from None
+
+
 def _folder_eos(folder: Path) -> Optional[str]:
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         f = folder / name
         if f.exists():
-            eos = json.loads(f.read_text()).get("eos_token")
+            try:
+                eos = json.loads(f.read_text()).get("eos_token")
+            except (ValueError, AttributeError) as e:  # not JSON, or not an object
+                raise DataError(f"{f}: not a JSON object ({str(e).splitlines()[0][:200]})") from None
             if isinstance(eos, dict):
                 eos = eos.get("content")
             if eos:
@@ -109,9 +122,10 @@ def train_bpe(texts: Iterator[str], tcfg: TokenizerConfig):
     return tk
 
 
-def training_texts(sources: list[Source], max_chars: int) -> Iterator[str]:
-    """Documents of the sources in file order, round-robin across sources, up to max_chars characters."""
-    streams = [_source_texts(s) for s in sources]
+def training_texts(sources: list[Source], max_chars: int, skip_bad: bool = False) -> Iterator[str]:
+    """Documents of the sources in file order, round-robin across sources, up to max_chars characters (skip_bad:
+    data.on_bad_record=skip)."""
+    streams = [_source_texts(s, skip_bad) for s in sources]
     total = 0
     while streams and total < max_chars:
         for it in list(streams):
@@ -124,8 +138,8 @@ def training_texts(sources: list[Source], max_chars: int) -> Iterator[str]:
                 yield text
 
 
-def _source_texts(src: Source) -> Iterator[str]:
-    reader = Reader(src)
+def _source_texts(src: Source, skip_bad: bool) -> Iterator[str]:
+    reader = Reader(src, skip_bad=skip_bad)
     for f in range(src.n_files):
         for _, text, _ in reader.docs(f, 0, 1):
             if text:
@@ -170,20 +184,27 @@ def train_and_save(cfg: DataConfig, sources: list[Source], out: Path) -> tuple[T
     chars = [0]
 
     def counted() -> Iterator[str]:
-        for text in training_texts(sources, cfg.tokenizer.train_chars):
+        for text in training_texts(sources, cfg.tokenizer.train_chars, cfg.on_bad_record == "skip"):
             chars[0] += len(text)
             yield text
 
     tk = train_bpe(counted(), cfg.tokenizer)
     tok = Tokenizer(tk, cfg.tokenizer.eos_token, str(out))
     tok.save(out)
-    warn_small_vocab(tok, cfg.tokenizer, chars[0])
+    warn_vocab_size(tok, cfg.tokenizer, chars[0])
     return tok, chars[0], time.perf_counter() - t0
 
 
-def warn_small_vocab(tok: Tokenizer, tcfg: TokenizerConfig, chars: int) -> None:
-    """BPE stops merging when no pair of tokens occurs min_frequency times any more: say so when that left the
-    vocabulary short of what was asked (the model's embedding follows tok.vocab_size, so a run still works)."""
+def warn_vocab_size(tok: Tokenizer, tcfg: TokenizerConfig, chars: int) -> None:
+    """Say so, in one line, when the trained vocabulary is not the size asked (the model's embedding follows
+    tok.vocab_size, so a run still works): below the byte-level minimum (256 bytes + the special tokens) it grows to
+    that; BPE stops merging when no pair of tokens occurs min_frequency times any more, short of the size asked."""
+    if tok.vocab_size > tcfg.vocab_size:
+        say(
+            f"warning: data.tokenizer.vocab_size={tcfg.vocab_size} is below the smallest byte-level BPE (256 byte "
+            f"tokens + {tok.vocab_size - 256} special): the tokenizer has {tok.vocab_size} tokens; set "
+            f"data.tokenizer.vocab_size={tok.vocab_size} or more to make it explicit"
+        )
     if tok.vocab_size >= tcfg.vocab_size:
         return
     say(
@@ -209,9 +230,23 @@ def ensure_tokenizer(cfg: DataConfig) -> Tokenizer:
                     f"no cached tokenizer for data={cfg.name}: training a byte-level BPE (vocab "
                     f"{cfg.tokenizer.vocab_size}) -> {path}"
                 )
-                tok, chars, secs = train_and_save(cfg, sources, path)
+                try:
+                    tok, chars, secs = train_and_save(cfg, sources, path)
+                except BaseException:  # bad data, Ctrl-C: leave no cache folder that holds only its lock
+                    _drop_if_only_lock(path.parent)
+                    raise
                 say(f"trained on {chars:,} characters in {secs:.1f} s: vocab {tok.vocab_size}")
     return load_tokenizer(str(path), cfg.tokenizer.eos_token)
+
+
+def _drop_if_only_lock(folder: Path) -> None:
+    """Remove a cache folder whose training failed, when nothing but its `.lock` is in it."""
+    try:
+        if [p.name for p in folder.iterdir()] == [".lock"]:
+            (folder / ".lock").unlink()
+            folder.rmdir()
+    except OSError:  # another process got there first, or wrote into it: leave it
+        pass
 
 
 def encode_throughput(tok: Tokenizer, texts: list[str], batch_docs: int = 64) -> tuple[int, float]:

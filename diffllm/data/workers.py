@@ -9,8 +9,12 @@ imports the data stack once (this module and the one that runs in the workers, n
 preload), and every worker is forked from it, so a worker starts in
 milliseconds after the first and never inherits a thread. Nothing outlives the training process, however it ends
 (a watchdog's os._exit, SIGKILL): the kernel kills the forkserver when the training process ends and each worker
-when its forkserver does (die_with_parent). DataLoader's own parent watchdog cannot do this: a worker's parent is the
-forkserver, not the trainer (seen: forkservers and workers of a stalled rank still alive an hour later)."""
+when its forkserver does (die_with_parent, requested by the forkserver itself first thing, and by each worker right
+after its fork, before it unpickles anything: a worker still starting when its forkserver died used to live on,
+re-parented, holding the resource tracker's pipe, so that one lived on too). DataLoader's own parent watchdog cannot
+do this: a worker's parent is the forkserver, not the trainer (seen: forkservers and workers of a stalled rank still
+alive an hour later). A training process that ends by os._exit first ends every process below it (end_children),
+so that nothing is left even for a moment, and its resource tracker unlinks the shared-memory semaphores."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
+from multiprocessing import resource_tracker
 
 START_METHOD = "forkserver"
 _FORKSERVER_OF = "DIFFLLM_DATA_FORKSERVER_OF"  # pid of the training process whose forkserver may ignore SIGTERM
@@ -48,9 +54,9 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 def worker_init(_: object = None) -> None:
-    """DataLoader worker_init_fn: stop signals are the trainer's; die with the forkserver (and so with the trainer)."""
+    """DataLoader worker_init_fn: stop signals are the trainer's (the worker already dies with its forkserver: the
+    forkserver's at-fork hook asked for that before the worker ran a line, see `_preload`)."""
     ignore_stop_signals()
-    die_with_parent()
 
 
 def context(preload: tuple[str, ...] = ()) -> multiprocessing.context.BaseContext:
@@ -90,6 +96,8 @@ def _preload(trainer: int) -> None:
     one dying during the imports leaves nothing behind), ignore stop signals, load what every worker needs (the
     forkserver then imports the caller's modules: `context(preload)`)."""
     die_with_parent(trainer)
+    forkserver = os.getpid()
+    os.register_at_fork(after_in_child=lambda: die_with_parent(forkserver))  # each worker, before it runs a line
     ignore_stop_signals()
     import datasets  # noqa: F401 - about 2 s, paid once per training process instead of once per worker
     import torch.utils.data  # noqa: F401
@@ -103,6 +111,72 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
+        return True
+
+
+def end_children(wait_s: float = 30.0) -> None:
+    """Before this process ends by os._exit (no atexit handler, no finalizer runs): SIGKILL every process below it
+    (its forkserver, DataLoader workers, anything else it started), frozen first (SIGSTOP) so that none can fork a
+    new one unseen, and wait for them to end (up to wait_s: a loaded machine can take seconds); then let its resource
+    tracker go (close our end of its pipe: it unlinks the semaphores left in /dev/shm and leaves), killed too if it has
+    not left within wait_s. Linux (/proc); a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    tracker = resource_tracker._resource_tracker
+    tracker_pid = getattr(tracker, "_pid", None)
+    frozen: list[int] = []
+    while found := [p for p in _descendants(os.getpid()) if p != tracker_pid and p not in frozen]:
+        frozen += found
+        _signal(found, signal.SIGSTOP)
+    _signal(frozen, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while (alive := [p for p in frozen if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if alive:
+        sys.stderr.write(f"[diffllm] warning: processes {alive} still ending {wait_s:g} s after SIGKILL\n")
+    if tracker_pid is not None and getattr(tracker, "_fd", None) is not None:
+        try:
+            os.close(tracker._fd)  # the last writer gone: the tracker cleans up and exits
+        except OSError:
+            pass
+        while not _reaped(tracker_pid) and time.monotonic() < deadline + wait_s:
+            time.sleep(0.01)
+        if not _reaped(tracker_pid):
+            _signal([tracker_pid], signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    """Live processes below `root` (children, their children, ...), read from /proc; zombies left out."""
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        if state not in ("Z", "X"):
+            children.setdefault(int(ppid), []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:  # already gone
+            pass
+
+
+def _reaped(child: int) -> bool:
+    """Whether our child process `child` has ended (and reap it)."""
+    try:
+        return os.waitpid(child, os.WNOHANG)[0] != 0
+    except ChildProcessError:
         return True
 
 

@@ -143,11 +143,7 @@ def allocation_table(keys: List[str], cells: List[tuple]) -> str:
 
 def needle_attention(c: AttentionConfig, run, mcfg, model, tok) -> tuple[dict, dict, str]:
     """(settings, results, table) of task=needle."""
-    if c.mode not in ("synthetic", "text"):
-        raise EvalError(f"mode={c.mode!r}: expected one of ('synthetic', 'text')")
     length = c.length or mcfg.max_seq_len
-    if length > mcfg.max_seq_len:
-        raise EvalError(f"length={length}: exceeds the model's context ({mcfg.max_seq_len})")
     hay = haystack_tokens(run.config(), c.data, tok, 4 * length) if c.mode == "text" else None
     by_depth = attention_by_depth(model, tok, c.mode, hay, c.n_needles, c.depths, length, c.trials, c.seed)
     settings = {"mode": c.mode, "length": length, "n_needles": c.n_needles}
@@ -164,9 +160,15 @@ def recall_attention(c: AttentionConfig, run, mcfg, model, tok) -> tuple[dict, d
 
 
 def run_attention(c: AttentionConfig) -> dict:
-    if c.task not in TASKS:
-        raise EvalError(f"task={c.task!r}: expected one of {TASKS}")
-    run, mcfg, model, tok = load_run(c.run, c.step)
+    def check(run, mcfg) -> None:  # the arguments, before the weights are gathered
+        if c.task not in TASKS:
+            raise EvalError(f"task={c.task!r}: expected one of {TASKS}")
+        if c.task == "needle" and c.mode not in ("synthetic", "text"):
+            raise EvalError(f"mode={c.mode!r}: expected one of ('synthetic', 'text')")
+        if c.task == "needle" and (c.length or mcfg.max_seq_len) > mcfg.max_seq_len:  # (recall's length is in words)
+            raise EvalError(f"length={c.length}: exceeds the model's context ({mcfg.max_seq_len})")
+
+    run, mcfg, model, tok = load_run(c.run, c.step, check)
     settings, results, table = (recall_attention if c.task == "recall" else needle_attention)(c, run, mcfg, model, tok)
     res = {
         "run": str(run.dir),

@@ -5,24 +5,27 @@ gradient-free scorer (log-probabilities of target tokens) that perplexity, needl
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class EvalError(UserError):
     """Bad evaluation input: the message is one line naming the key or file and the problem."""
 
 
-def load_run(run: str, step: Any = "latest"):
-    """(Run, ModelConfig, DecoderLM, Tokenizer) of a run directory, or a one-line EvalError."""
+def load_run(run: str, step: Any = "latest", check: Optional[Callable[[Any, Any], None]] = None):
+    """(Run, ModelConfig, DecoderLM, Tokenizer) of a run directory, or a one-line EvalError. `check(run, model
+    config)`: the command's checks of its arguments, run before the checkpoint's weights are gathered (minutes for a
+    large ZeRO checkpoint), so that a bad argument answers at once."""
     from ..runs import Run
 
     if not run:
@@ -31,6 +34,8 @@ def load_run(run: str, step: Any = "latest"):
     if not path.exists():
         raise EvalError(f"run={run}: no such directory")
     r = Run(path)
+    if check is not None:
+        check(r, r.model_config(step))
     with library_output_to_stderr():  # DeepSpeed's zero_to_fp32 prints what it converts
         cfg, model, tok = r.model(step=step)
     return r, cfg, model, tok
@@ -85,15 +90,32 @@ def read_json_or_none(path: Path) -> Any:
         raise EvalError(f"{path}: not valid JSON; delete it to recompute") from None
 
 
+def inference_mode(fn: Callable) -> Callable:
+    """`fn` under torch.inference_mode(), torch imported when it first runs: the eval modules import no torch at
+    import time, so a command's --help (which imports its module for the typed config) answers at once."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import torch
+
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def out_dir(out: Optional[str], run_dir: Path) -> Path:
     """Where a command writes its results: `out`, or <run>/eval/."""
     return Path(out) if out else Path(run_dir) / "eval"
 
 
-@torch.inference_mode()
+@inference_mode
 def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor, **model_kwargs) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) in fp32: tokens (B, T+1) -> (B, T). model_kwargs: document ids
     (Batch.model_kwargs())."""
+    import torch
+    import torch.nn.functional as F
+
     logits = model(tokens[:, :-1], **model_kwargs).float()  # (B, T, V)
     B, T, V = logits.shape
     rows, targets = logits.view(B * T, V), tokens[:, 1:].reshape(B * T)
@@ -107,19 +129,23 @@ def target_logprobs(model: torch.nn.Module, tokens: torch.Tensor, **model_kwargs
 
 def padded(seqs: list[list[int]]) -> torch.Tensor:
     """Right-padded (B, W) token tensor; a causal model's logits at a real position never see the padding."""
+    import torch
+
     tokens = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
     for j, s in enumerate(seqs):
         tokens[j, : len(s)] = torch.tensor(s)
     return tokens
 
 
-@torch.inference_mode()
+@inference_mode
 def score_continuations(
     model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], max_len: int, batch_size: int = 16
 ) -> list[tuple[float, bool]]:
     """(sum log p(continuation | context), continuation is the greedy choice) for each (context, continuation) pair.
     The last `max_len` + 1 tokens are kept (the context is cut on the left). This is the scorer of lm-eval's
     loglikelihood and the reference of our own multiple-choice scoring."""
+    import torch
+
     out: list[tuple[float, bool]] = []
     for i in range(0, len(pairs), batch_size):
         chunk = pairs[i : i + batch_size]

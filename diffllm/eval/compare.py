@@ -2,20 +2,20 @@
 Transformer report after a sweep), with each run's stability record from training (spikes, skipped steps, max grad
 norm: its summary.json). Each run's results are read from <run>/eval/*.json; a missing one is computed
 first with the command's defaults (compute=false: leave it blank); what will be computed is said before it starts.
-The table and plots go to `out`, by default <the runs' common parent>/compare."""
+A row is labelled by the run's path below the runs' common folder (a sweep's `lr=0.008,lambda_init=0.8/seed1`).
+The table and plots go to `out`, by default <the runs' common parent>/compare; stdout holds the table alone."""
 
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
-import numpy as np
-
 from ..config import run_key_values
 from ..runs import Run
-from .common import EvalError, read_json_or_none, say, write_json
+from .common import EvalError, library_output_to_stderr, read_json_or_none, say, write_json
 from .report import markdown
 
 
@@ -61,6 +61,46 @@ class CompareConfig:
     out: Optional[str] = None  # folder for compare.{md,json,png}; null: <the runs' common parent folder>/compare
 
 
+def _matches(item: str) -> list[str]:
+    """The run directories `item` names: itself when it is one, else those it matches as a glob (sorted)."""
+    if Path(item).is_dir():
+        return [item]
+    if any(ch in item for ch in "*?"):
+        return sorted(p for p in glob.glob(item) if Path(p).is_dir())
+    return []
+
+
+def resolve_runs(items: List[str]) -> List[str]:
+    """The run directories that `runs=` names. An unquoted list (`runs=[a,b]`, or `runs=a,b`) is split at every
+    comma, the commas inside a sweep's directory names too (`lr=0.008,lambda_init=0.8`): neighbouring pieces that
+    join, commas and all, into an existing directory (or a glob that matches some) are one item again; a glob stands
+    for the directories it matches. Pieces that join in two ways are a one-line EvalError."""
+    items = [piece for item in items for piece in item.split(",")]  # `runs=a,b` (no brackets) is one string
+    runs: List[str] = []
+    i = 0
+    while i < len(items):
+        found = [(j, m) for j in range(i + 1, len(items) + 1) if (m := _matches(",".join(items[i:j])))]
+        if len(found) > 1:
+            ways = " and ".join(repr(",".join(items[i:j])) for j, _ in found)
+            raise EvalError(
+                f"runs: {ways} both name run directories; quote each run to say which: runs=\"['a,b','c']\""
+            )
+        j, matched = found[0] if found else (i + 1, [items[i]])
+        runs += matched
+        i = j
+    return runs
+
+
+def labels(runs: List[str]) -> dict[str, str]:
+    """{run: its path below the runs' common folder} (a sweep's `lr=0.008,lambda_init=0.8/seed1`, not `seed1`); one
+    run, or one run given twice: its folder name."""
+    paths = [Path(run).resolve() for run in runs]
+    if len(set(paths)) < 2:
+        return {run: path.name for run, path in zip(runs, paths)}
+    common = Path(os.path.commonpath(paths))
+    return {run: str(path.relative_to(common)) if path != common else path.name for run, path in zip(runs, paths)}
+
+
 def missing(runs: List[str], evals: List[str]) -> dict[str, List[str]]:
     """{evaluation: [runs without its results file]} (only evaluations some run lacks)."""
     out: dict[str, List[str]] = {}
@@ -87,7 +127,8 @@ def collect(run: str, evals: List[str], compute: bool) -> dict:
         res = read_json_or_none(Path(run) / "eval" / file)
         if res is None and compute:
             say(f"{run}: computing {name}")
-            res = fn(run)
+            with library_output_to_stderr():  # its own table: stdout is the compare table alone
+                res = fn(run)
         got[name] = res
     return got
 
@@ -98,7 +139,20 @@ def default_out(runs: List[str]) -> Path:
     return Path(os.path.commonpath(parents)) / "compare"
 
 
-def row(run: str, r: dict) -> list:
+def arch_step(run: str, r: dict) -> tuple:
+    """(arch, step) of the results (the checkpoint they evaluated), else of the run's own files: config.yaml's
+    model.arch (summary.json's arch) and the latest checkpoint's step (summary.json's steps); "?" where none says."""
+    first = next((v for name, v in r.items() if v and name != "training"), {})
+    arch, step = first.get("arch"), first.get("step")
+    if arch is None or step is None:
+        files = Run(run)
+        summary, latest = files.summary() or {}, files.latest()
+        arch = arch or ((files.config() or {}).get("model") or {}).get("arch") or summary.get("arch")
+        step = step if step is not None else latest.step if latest is not None else summary.get("steps")
+    return ("?" if arch is None else arch), ("?" if step is None else step)
+
+
+def row(label: str, run: str, r: dict) -> list:
     def get(name, *path, default=float("nan")):
         node = r.get(name)
         for p in path:
@@ -107,14 +161,14 @@ def row(run: str, r: dict) -> list:
             node = node[p]
         return node
 
-    first = next((v for name, v in r.items() if v and name != "training"), {})
+    import numpy as np
+
     src = get("ppl", "sources", default={})
     ppl = next(iter(src.values())) if src else {}
     att = get("attention", "by_depth", default={})
     return [
-        Path(run).name,
-        first.get("arch", "?"),
-        first.get("step", "?"),
+        label,
+        *arch_step(run, r),
         ppl.get("loss", float("nan")),
         ppl.get("bits_per_byte", float("nan")),
         get("needle", "mean"),
@@ -142,32 +196,56 @@ HEADER = [
 ]
 
 
-def plots(results: dict, folder: Path) -> list[Path]:
+def figure(results: dict, names: dict[str, str]):
+    """Needle accuracy by N and attention to the answer by depth, one line per run, a panel for each kind of result
+    some run has (None without any); one legend below the panels, so that long sweep labels cover no line."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made = []
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for run, r in results.items():
-        label = f"{Path(run).name}"
+    kinds = [k for k in ("needle", "attention") if any(r.get(k) for r in results.values())]
+    if not kinds:
+        return None
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.5), squeeze=False)
+    panels = dict(zip(kinds, axes[0]))
+    for i, (run, r) in enumerate(results.items()):
+        line = dict(marker="o", label=names[run], color=f"C{i % 10}")  # a run's colour is the same in both panels
         if r.get("needle"):
             by_n = r["needle"]["by_n"]
-            a1.plot([int(n) for n in by_n], list(by_n.values()), marker="o", label=label)
+            panels["needle"].plot([int(n) for n in by_n], list(by_n.values()), **line)
         if r.get("attention"):
             bd = r["attention"]["by_depth"]
-            a2.plot([float(d) for d in bd], [np.mean(v["answer"]) for v in bd.values()], marker="o", label=label)
-    a1.set(xlabel="needles N", ylabel="accuracy", title="multi-needle retrieval", ylim=(0, 1))
-    a2.set(xlabel="answer depth (%)", ylabel="attention to answer", title="attention allocation")
-    for ax in (a1, a2):
-        if ax.get_legend_handles_labels()[0]:  # no results of this kind: no empty legend
-            ax.legend(fontsize=7)
+            panels["attention"].plot([float(d) for d in bd], [np.mean(v["answer"]) for v in bd.values()], **line)
+    if "needle" in panels:
+        ns = sorted({int(n) for r in results.values() if r.get("needle") for n in r["needle"]["by_n"]})
+        panels["needle"].set_xticks(ns)  # the numbers of needles evaluated: no 1.5 needles
+        panels["needle"].set(xlabel="needles N", ylabel="accuracy", title="multi-needle retrieval", ylim=(0, 1))
+    if "attention" in panels:
+        panels["attention"].set(xlabel="answer depth (%)", ylabel="attention to answer", title="attention allocation")
+    by_label = {}
+    for ax in axes[0]:  # every run once, whichever panel it has results in
+        by_label.update({label: h for h, label in zip(*ax.get_legend_handles_labels())})
+    fig.tight_layout()
+    fig.legend(
+        list(by_label.values()), list(by_label), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(3, len(by_label))
+    )
+    return fig
+
+
+def plots(results: dict, names: dict[str, str], folder: Path) -> list[Path]:
+    """compare.png (`figure`); with nothing to plot none, and an older one is removed."""
     path = folder / "compare.png"
+    fig = figure(results, names)
+    if fig is None:
+        path.unlink(missing_ok=True)
+        return []
+    import matplotlib.pyplot as plt  # (figure chose the Agg backend)
+
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    made.append(path)
-    return made
+    return [path]
 
 
 def run_compare(c: CompareConfig) -> dict:
@@ -176,31 +254,34 @@ def run_compare(c: CompareConfig) -> dict:
     unknown = [e for e in c.evals if e not in EVALS]
     if unknown:
         raise EvalError(f"evals: unknown {unknown[0]!r} (known: {', '.join(EVALS)})")
-    for run in c.runs:
+    runs = resolve_runs(c.runs)
+    for run in runs:
         if not Path(run).is_dir():
             raise EvalError(f"runs: {run}: no such directory")
-    todo = missing(c.runs, c.evals)
+    names = labels(runs)
+    todo = missing(runs, c.evals)
     if todo and c.compute:
         n = sum(len(r) for r in todo.values())
         say(
             f"computing {n} missing evaluation(s) with each command's defaults (a few minutes each on CPU; "
             f"compute=false leaves them blank): "
-            + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}" for name, runs in todo.items())
+            + "; ".join(f"{name} for {', '.join(names[r] for r in lacking)}" for name, lacking in todo.items())
         )
     elif todo:
         say(
             "left blank (compute=false): "
-            + "; ".join(f"{name} for {', '.join(Path(r).name for r in runs)}" for name, runs in todo.items())
+            + "; ".join(f"{name} for {', '.join(names[r] for r in lacking)}" for name, lacking in todo.items())
         )
-    results = {run: {**collect(run, c.evals, c.compute), "training": training(run)} for run in c.runs}
-    folder = Path(c.out) if c.out else default_out(c.runs)
+    results = {run: {**collect(run, c.evals, c.compute), "training": training(run)} for run in runs}
+    folder = Path(c.out) if c.out else default_out(runs)
     folder.mkdir(parents=True, exist_ok=True)
-    table = markdown(HEADER, [row(run, r) for run, r in results.items()])
+    table = markdown(HEADER, [row(names[run], run, r) for run, r in results.items()])
     (folder / "compare.md").write_text(table + "\n")
     write_json(folder / "compare.json", results)
-    plots(results, folder)
+    png = plots(results, names, folder)
     print(table)
-    say(f"wrote {folder}/compare.{{md,json,png}}")
+    nothing = " (no needle or attention results to plot: no compare.png)"
+    say(f"wrote {folder}/compare.{{md,json,png}}" if png else f"wrote {folder}/compare.{{md,json}}{nothing}")
     return results
 
 

@@ -8,12 +8,13 @@ whole sequence every time (the reference the cache is tested against).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..config import run_key_values
-from .common import EvalError, load_run, say
+from .common import EvalError, inference_mode, load_run, say
+
+if TYPE_CHECKING:  # torch is imported where it is used: `generate --help` imports this module
+    import torch
 
 
 @dataclass
@@ -37,6 +38,8 @@ class Sampling:
 def next_token(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]) -> int:
     """One token from next-token logits (V,): argmax at temperature 0, else a draw from the temperature-scaled
     distribution restricted to the top_k most likely tokens and to the smallest set whose mass reaches top_p."""
+    import torch
+
     if s.temperature == 0:
         return int(logits.argmax())
     logits = logits.float() / s.temperature
@@ -53,8 +56,9 @@ def next_token(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]
 
 def full_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
     """next_logits for a model without a cache: the whole sequence again, the last position's logits."""
+    import torch
 
-    @torch.inference_mode()
+    @inference_mode
     def next_logits(tokens: List[int]) -> torch.Tensor:
         return model(torch.tensor([tokens]))[0, -1].float()  # (V,)
 
@@ -63,11 +67,13 @@ def full_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
 
 def cached_forward(model: torch.nn.Module) -> Callable[[List[int]], torch.Tensor]:
     """next_logits with a KV cache: the tokens not yet cached (the whole prompt first, then one per call)."""
+    import torch
+
     from ..model import KVCache
 
     cache = KVCache(model.cfg.max_seq_len)
 
-    @torch.inference_mode()
+    @inference_mode
     def next_logits(tokens: List[int]) -> torch.Tensor:
         return model(torch.tensor([tokens[cache.pos :]]), cache)[0, -1].float()  # (V,)
 
@@ -101,6 +107,8 @@ def decode(
 ) -> tuple[List[int], str]:
     """(new tokens, why it stopped: eos | stop | length). Stops after EOS (not returned), or once the decoded new
     text contains a stop string (`detok` decodes new tokens; the caller cuts the text at the stop string)."""
+    import torch
+
     sampling.validate()
     gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
     tokens, new = list(prompt), []
@@ -158,10 +166,12 @@ class GenerateConfig:
 def run_generate(c: GenerateConfig) -> dict:
     if not c.prompt:
         raise EvalError('prompt: empty; pass prompt="..."')
+    sampling = Sampling(c.temperature, c.top_k, c.top_p, c.seed)
+    sampling.validate()  # before the run is loaded
+    if c.max_new_tokens is not None and c.max_new_tokens < 1:
+        raise EvalError(f"max_new_tokens={c.max_new_tokens}: must be >= 1 (null: up to the model's context)")
     _, _, model, tok = load_run(c.run, c.step)
-    out = generate(
-        model, tok, c.prompt, c.max_new_tokens, Sampling(c.temperature, c.top_k, c.top_p, c.seed), tuple(c.stop)
-    )
+    out = generate(model, tok, c.prompt, c.max_new_tokens, sampling, tuple(c.stop))
     print(c.prompt + out["text"])
     say(f"{len(out['tokens'])} new tokens, stopped at {out['stopped']}")
     return out

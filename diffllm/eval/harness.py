@@ -10,6 +10,7 @@ lm-eval task whose dataset is already in the local HF cache (nothing is download
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -126,19 +127,42 @@ def evaluate(
                 near = difflib.get_close_matches(t, sorted(known), n=1)
                 raise EvalError(f"tasks: unknown task {t!r}" + (f"; did you mean {near[0]}?" if near else ""))
         try:
-            return simple_evaluate(
-                model=adapter(model, tok, batch_size),
-                tasks=tasks,
-                task_manager=tm,
-                limit=limit,
-                num_fewshot=num_fewshot,
-                log_samples=False,
-            )
+            with quiet_git_probe():
+                return simple_evaluate(
+                    model=adapter(model, tok, batch_size),
+                    tasks=tasks,
+                    task_manager=tm,
+                    limit=limit,
+                    num_fewshot=num_fewshot,
+                    log_samples=False,
+                )
         except ConnectionError as e:
             raise EvalError(
                 f"tasks: a task's data is not in the local cache and nothing may be downloaded "
                 f"({str(e).splitlines()[0][:100]})"
             ) from None
+
+
+@contextlib.contextmanager
+def quiet_git_probe():
+    """Inside: lm-eval's record of the current folder's git commit (`git describe --always`, which prints "fatal: not
+    a git repository" to the terminal outside one) runs with git's stderr discarded; the same value is recorded."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def probe() -> Optional[str]:
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+
+    saved, evaluator.get_git_commit_hash = evaluator.get_git_commit_hash, probe
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = saved
 
 
 @dataclass

@@ -261,8 +261,15 @@ class NeedleConfig(NeedleTask):
 def run_needle(c: NeedleConfig) -> dict:
     from .report import needle_heatmap, needle_table
 
-    c.validate()
-    run, mcfg, model, tok = load_run(c.run, c.step)
+    def check(run, mcfg) -> None:  # the arguments, before the weights are gathered
+        c.validate()
+        c.resolved_lengths(mcfg.max_seq_len)
+        if c.mode == "text":
+            from .ppl import eval_sources
+
+            eval_sources(run.config(), c.data)  # a data config that does not exist, a glob that matches nothing
+
+    run, mcfg, model, tok = load_run(c.run, c.step, check)
     hay = haystack_tokens(run.config(), c.data, tok, 4 * mcfg.max_seq_len) if c.mode == "text" else None
     task = NeedleTask(**{k: getattr(c, k) for k in NeedleTask.__dataclass_fields__})
     res = needle_accuracy(model, tok, task, hay)

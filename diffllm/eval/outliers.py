@@ -20,7 +20,7 @@ from ..config import run_key_values
 from ..model.documents import causal_mask
 from .common import EvalError, load_run, out_dir, say, write_json
 from .maps import capture, scores_transformed
-from .ppl import perplexity
+from .ppl import eval_sources, perplexity
 
 TOPS = (1, 2, 3, 10, 100)
 SAMPLE = 1 << 20
@@ -132,13 +132,21 @@ def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_l
 
 
 def run_outliers(c: OutliersConfig) -> dict:
-    run, mcfg, model, tok = load_run(c.run, c.step)
-    if any(b < 2 for b in c.bits):
-        raise EvalError(f"bits={c.bits}: each must be >= 2")
+    def the_seq_len(run, mcfg) -> int:
+        return c.seq_len or ((run.config() or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
+
+    def check(run, mcfg) -> None:  # the arguments, before the weights are gathered
+        if any(b < 2 for b in c.bits):
+            raise EvalError(f"bits={c.bits}: each must be >= 2")
+        if c.tokens < 1 or c.batch_size < 1:
+            raise EvalError(f"tokens={c.tokens}, batch_size={c.batch_size}: each must be >= 1")
+        if the_seq_len(run, mcfg) > mcfg.max_seq_len:
+            raise EvalError(f"seq_len={the_seq_len(run, mcfg)}: longer than the model's context ({mcfg.max_seq_len})")
+        eval_sources(run.config(), c.data)  # a data config that does not exist, a glob that matches nothing
+
+    run, mcfg, model, tok = load_run(c.run, c.step, check)
     run_cfg = run.config()
-    seq_len = c.seq_len or ((run_cfg or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
-    if seq_len > mcfg.max_seq_len:
-        raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
+    seq_len = the_seq_len(run, mcfg)
     batches = sample_batches(run_cfg, c.data, tok, c.tokens, seq_len, c.batch_size)
     res = outlier_stats(model, batches)
     res["quantised_loss"] = quantised_losses(model, batches, c.bits)

@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
-import numpy as np
-import torch
-
 from ..config import run_key_values
 from .common import EvalError, load_run, out_dir, say, target_logprobs, write_json
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and torch are imported where they are used: `eval ppl --help` imports this module
+    import torch
+
     from ..data import Batch
 
 
@@ -74,6 +73,9 @@ def windows(
     """Batches of windows (B, seq_len+1) of  EOS d1 EOS d2 ...; windows overlap by one token and the loss mask marks
     targets that are document tokens; with doc_mask, document ids from the EOS tokens (an EOS ends its document, as
     the packer's windows have them). The last window is shorter; batches are never padded."""
+    import numpy as np
+    import torch
+
     from ..data.batch import Batch
 
     stream = np.concatenate([np.asarray([eos] + list(d), dtype=np.int64) for d in docs])
@@ -167,6 +169,8 @@ def held_out_set(cfg, src, tok, seq_len: int, batch_size: int, max_tokens: Optio
     (diffllm.data.loader.val_windows): every target counts, EOS included, as in the trainer's val_loss."""
     import dataclasses
 
+    import numpy as np
+
     from ..data.batch import Batch
     from ..data.loader import val_windows
 
@@ -227,13 +231,21 @@ def score_sets(
 
 
 def run_ppl(c: PplConfig) -> dict:
-    from tqdm import tqdm
+    from ..data.progress import progress
 
-    run, mcfg, model, tok = load_run(c.run, c.step)
+    def check(run, mcfg) -> None:  # the arguments, before the weights are gathered
+        if c.batch_size < 1:
+            raise EvalError(f"batch_size={c.batch_size}: must be >= 1")
+        if the_seq_len(run, mcfg) > mcfg.max_seq_len:
+            raise EvalError(f"seq_len={the_seq_len(run, mcfg)}: longer than the model's context ({mcfg.max_seq_len})")
+        eval_sources(run.config(), c.data)  # a data config that does not exist, a glob that matches nothing
+
+    def the_seq_len(run, mcfg) -> int:
+        return c.seq_len or ((run.config() or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
+
+    run, mcfg, model, tok = load_run(c.run, c.step, check)
     run_cfg = run.config()
-    seq_len = c.seq_len or ((run_cfg or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
-    if seq_len > mcfg.max_seq_len:
-        raise EvalError(f"seq_len={seq_len}: longer than the model's context ({mcfg.max_seq_len})")
+    seq_len = the_seq_len(run, mcfg)
     results: dict = {
         "run": str(run.dir),
         "step": run.checkpoint(c.step).step,
@@ -258,7 +270,7 @@ def run_ppl(c: PplConfig) -> dict:
     ):
         say(f"scoring {s.what}")
         t0 = time.perf_counter()
-        with tqdm(total=s.total, desc=f"ppl {s.name}", unit="tok", unit_scale=True, leave=False) as bar:
+        with progress(s.total, f"ppl {s.name}") as bar:  # a bar on a terminal, plain lines in a log
             res = perplexity(model, s.batches, s.n_bytes, bar)
         res["tokens_per_s"] = round(s.total / (time.perf_counter() - t0))
         res["scored"] = s.what

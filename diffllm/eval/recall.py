@@ -183,7 +183,7 @@ class RecallConfig(RecallTask):
 
 
 def run_recall(c: RecallConfig) -> dict:
-    c.validate()
+    c.validate()  # before the run is loaded
     run, mcfg, model, tok = load_run(c.run, c.step)
     task = RecallTask(**{k: getattr(c, k) for k in RecallTask.__dataclass_fields__})
     res = recall_accuracy(model, tok, task)

@@ -33,6 +33,26 @@ def needle_table(res: dict) -> str:
     return markdown(header, [r for b in blocks for r in b])
 
 
+def short_path(path: str, limit: int = 48) -> str:
+    """`path` whole, or its last parts behind ".../" when it is longer than `limit` characters (a sweep run's
+    `.../diff-micro-1/lr=0.008,lambda_init=0.8/seed1`)."""
+    if len(path) <= limit:
+        return path
+    parts = Path(path).parts
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + len(kept) + 5 > limit:
+            break
+        kept = f"{part}/{kept}"
+    return f".../{kept}"
+
+
+def heatmap_title(res: dict) -> str:
+    """The run (its path: runs of one preset in a sweep differ there), then preset, arch, step and mode."""
+    what = f"{res.get('model', '')} ({res.get('arch', '')}), step {res.get('step', '')}: {res.get('mode', '')} needles"
+    return f"{short_path(str(res['run']))}\n{what}" if res.get("run") else what
+
+
 def needle_heatmap(res: dict, path: Path) -> None:
     """One panel per N: depth (rows, 0% at the top) x context length (columns), green = retrieved."""
     import matplotlib
@@ -54,10 +74,7 @@ def needle_heatmap(res: dict, path: Path) -> None:
                 ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=6)
     axes[0][0].set_ylabel("answer needle depth")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-    fig.suptitle(
-        f"{res.get('model', '')} ({res.get('arch', '')}), step {res.get('step', '')}: {res.get('mode', '')} needles",
-        fontsize=10,
-    )
+    fig.suptitle(heatmap_title(res), fontsize=10, y=1.0, va="bottom")  # above the panel titles, not over them
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

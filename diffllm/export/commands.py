@@ -4,6 +4,7 @@ ExportConfig and ImportConfig (named in their registry entries, diffllm/cli/regi
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -28,6 +29,7 @@ class ExportConfig:
     step: Any = "latest"  # latest | a step number
     format: str = "auto"  # auto | stablelm | llama | diffllama | remote
     dtype: str = "float32"  # of the written weights: float32 | bfloat16 | float16
+    force: bool = False  # replace a non-empty out (and everything in it); false: refuse it
 
 
 @dataclass
@@ -42,7 +44,8 @@ def _export(cfg: DictConfig) -> None:
 
     c = build(ExportConfig, cfg, "")
     _required(c, ("run", "out"), "export", "run=runs/diff-tiny out=hf/diff-tiny")
-    done = export_run(c.run, c.out, step=c.step, format=c.format, dtype=c.dtype)
+    with contextlib.redirect_stdout(sys.stderr):  # what libraries print (DeepSpeed's "Setting accelerator to CPU")
+        done = export_run(c.run, c.out, step=c.step, format=c.format, dtype=c.dtype, force=c.force)
     print(f"format               {done.format} ({done.hf_class}): {done.reason}")
     print(f"wrote                {done.out}")
     remote = ", trust_remote_code=True" if done.format == "remote" else ""

@@ -13,10 +13,13 @@ remote code for the rest (LayerNorm or partial-rotary Diff, Diff V2), saying whi
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -46,6 +49,38 @@ def check_format_name(fmt: str) -> None:
         near = difflib.get_close_matches(fmt, list(FORMATS) + ["auto"], n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise UserError(f"format={fmt!r}: expected one of auto, {', '.join(FORMATS)}{hint}")
+
+
+def check_out(out: Path, force: bool) -> None:
+    """`out` must be a new or empty folder, unless `force` (then the export replaces it whole): a model written over
+    another would mix their files. A one-line UserError, before any run is read."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"out={out}: is a file, not a folder")
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if entries and not force:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise UserError(
+            f"out={out}: not empty ({shown}); choose a new folder, or pass force=true to replace it and all it holds"
+        )
+
+
+@contextlib.contextmanager
+def replacing(out: Path) -> Iterator[Path]:
+    """A temporary sibling folder to write into; when the body succeeds it takes `out`'s place (an old `out` is
+    removed only then), when it fails it is removed: `out` holds a whole export or what it held before."""
+    tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.parent / f".{out.name}.old{os.getpid()}"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def choose_format(cfg: ModelConfig, fmt: str = "auto") -> tuple[ModuleType, str]:
@@ -186,14 +221,21 @@ def export_run(
     step: Union[int, str] = "latest",
     format: str = "auto",
     dtype: str = "float32",
+    force: bool = False,
 ) -> Exported:
-    """Export one checkpoint of a run (its latest by default) to `out` (the conversions run in fp32/fp64, then
-    the weights are cast to `dtype`)."""
-    check_format_name(format)  # a mistyped format first: it needs no run
+    """Export one checkpoint of a run (its latest by default) to `out`, a new or empty folder (`force`: replace a
+    non-empty one). The conversions run in fp32/fp64, then the weights are cast to `dtype`; the files are written
+    into a temporary sibling that is renamed to `out` when complete."""
+    check_format_name(format)  # the arguments first: they need no run
+    if dtype not in DTYPES:
+        raise UserError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    out = Path(out)
+    check_out(out, force)
     run = Run(run_path)
     ckpt = run.checkpoint(step)  # a one-line error for a run without checkpoints or a missing step
     cfg, model, tok = run.model(ckpt.step if run.pinned is None else "latest")
     fmt, reason = choose_format(cfg, format)
     card = model_card(run, cfg, ckpt.meta, fmt, reason, sum(p.numel() for p in model.parameters()))
-    write_hf(cfg, model.state_dict(), out, fmt, tok, card, dtype)
-    return Exported(Path(out), fmt.NAME, fmt.HF_CLASS, reason)
+    with replacing(out) as tmp:
+        write_hf(cfg, model.state_dict(), tmp, fmt, tok, card, dtype)
+    return Exported(out, fmt.NAME, fmt.HF_CLASS, reason)

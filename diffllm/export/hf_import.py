@@ -15,7 +15,7 @@ import torch
 
 from ..errors import UserError
 from ..model import DecoderLM, ModelConfig
-from ..runs import Run, choose_tokenizer, consolidated_state_dict, read_json
+from ..runs import Run, choose_tokenizer, consolidated_state_dict, read_json, read_tokenizer
 from .hf import FORMATS, remote
 
 BY_MODEL_TYPE = {m.MODEL_TYPE: m for m in FORMATS.values()}
@@ -89,8 +89,6 @@ def load_pretrained(path: Union[str, Path]) -> tuple[ModelConfig, dict[str, torc
 def import_hf(src: Union[str, Path], out: Union[str, Path]) -> tuple[ModelConfig, Path]:
     """Write run directory `out` holding `src`'s weights as checkpoint step 0 (DeepSpeed's ZeRO-0 layout) and, when
     `src` has one, its tokenizer (diffllm.runs writes every file; choose_tokenizer decides the tokenizer)."""
-    from ..data import load_tokenizer
-
     src, out = Path(src), Path(out)
     run = Run(out.resolve())
     if run.files():
@@ -98,7 +96,7 @@ def import_hf(src: Union[str, Path], out: Union[str, Path]) -> tuple[ModelConfig
         raise UserError(f"out={out}: already holds {what}; choose a new run directory")
     cfg, sd = read_hf(src)
     tok_path, _ = choose_tokenizer(run, init_from=src)
-    tok = load_tokenizer(str(tok_path), "<|endoftext|>") if tok_path else None  # the folder's own eos_token wins
+    tok = read_tokenizer(tok_path, "<|endoftext|>") if tok_path else None  # the folder's own eos_token wins
     run.write_weights(
         sd,
         {

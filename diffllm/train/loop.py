@@ -30,7 +30,7 @@ from .signals import StopFlag
 from .spikes import SpikeGuard
 from .state import Resumable, TrainState
 from .step import Asks, Step
-from .summary import Summary, banner, summary_of
+from .summary import Summary, bad_records, banner, summary_of
 from .tracking import new_run_id, open_wandb
 from .watchdog import STALL_EXIT_CODE, Watchdog
 
@@ -291,7 +291,10 @@ class Trainer:
         """The line of the exit (after the save it made), or the finished run's summary."""
         s, t = self.state, self.cfg.trainer
         if code == EXIT_FINISHED:
-            self.hooks.call("on_finish", summary_of(self.cfg, self.budget, self.stats, self.precision, s, self.run_obj))
+            skipped = bad_records(self.loader)  # collective: every rank finishes here
+            self.hooks.call(
+                "on_finish", summary_of(self.cfg, self.budget, self.stats, self.precision, s, self.run_obj, skipped)
+            )
         elif code == EXIT_NONFINITE:
             last = self.run_obj.latest()
             say(

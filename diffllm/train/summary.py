@@ -38,11 +38,25 @@ def banner(cfg: TrainConfig, budget: Budget, stats: ModelStats, precision: str, 
         )
 
 
+def bad_records(loader) -> int:
+    """Records the data skipped as malformed (data.on_bad_record=skip), summed over sources and ranks (collective)."""
+    from .dist import all_reduce_sum
+
+    return int(all_reduce_sum([sum(c["bad_records"] for c in loader.consumed().values())])[0])
+
+
 def summary_of(
-    cfg: TrainConfig, budget: Budget, stats: ModelStats, precision: str, state: TrainState, run: Run
+    cfg: TrainConfig,
+    budget: Budget,
+    stats: ModelStats,
+    precision: str,
+    state: TrainState,
+    run: Run,
+    skipped_records: int = 0,
 ) -> dict:
     """summary.json's record. wall_time_s adds up each launch's time until its last checkpoint: steps that a kill
-    threw away (and then were redone) are not counted twice, nor is relaunching a finished run."""
+    threw away (and then were redone) are not counted twice, nor is relaunching a finished run. skipped_records:
+    bad_records(loader), the training records skipped as malformed by this launch's loader since the data began."""
     s, st, m = state, stats, cfg.model
     return {
         "model": m.name,
@@ -71,6 +85,7 @@ def summary_of(
         "seed": cfg.seed,
         "doc_mask": cfg.data.doc_mask,
         "loss_on": cfg.data.loss_on,
+        "bad_records": skipped_records,  # malformed training records skipped (data.on_bad_record=skip)
         "checkpoint": str(run.checkpoints_dir / f"step{s.step}"),
         "run_dir": str(Path(cfg.run_dir)),
         "branch": run.branch(),  # a WSD cooldown: parent, step, tokens, parent_config_hash (None otherwise)
@@ -93,3 +108,5 @@ class Summary(Hook):
                 f"val loss {summary['final_val_loss']}, {summary['wall_time_s']:.0f} s -> "
                 f"{view.run.summary_path()}"
             )
+            if summary.get("bad_records"):
+                view.say(f"data: {summary['bad_records']:,} malformed records skipped (data.on_bad_record=skip)")

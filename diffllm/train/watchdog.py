@@ -9,8 +9,8 @@ a phase ("data", "forward/backward", "optimizer step", "validation", "checkpoint
 
 then every thread's stack (faulthandler) to stderr, and ends the process with exit code STALL_EXIT_CODE (5), so that
 torchrun / Slurm / the launcher see a failed rank, stop the others, and can restart the job from its last checkpoint.
-The exit is immediate (os._exit: the stuck thread cannot run atexit handlers); DataLoader workers and their
-forkserver leave by themselves once their parent is gone."""
+The exit is immediate (os._exit: the stuck thread cannot run atexit handlers); first, the process ends everything it
+started (its DataLoader forkserver and workers; its resource tracker cleans up, leaves): data.workers.end_children."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 from typing import Callable, Optional
+
+from ..data.workers import end_children  # imported now: the stuck thread may hold the import lock at exit
 
 STALL_EXIT_CODE = 5  # distinct from 1 (an error raised) and 3 (stopped by SIGTERM after saving)
 
@@ -96,4 +98,5 @@ class Watchdog:
         except (ValueError, OSError, AttributeError):  # no usable file descriptor behind stderr
             faulthandler.dump_traceback(file=2, all_threads=True)
         err.flush()
+        end_children()
         os._exit(STALL_EXIT_CODE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -13,9 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from diffllm.data import build_train_loader, build_val_batches
+from diffllm.data import DataError, build_train_loader, build_val_batches
+from diffllm.data.loader import resolve_sources
+from diffllm.data.stream import Stream
 
-from .helpers import cfg, make_docs, write_jsonl
+from .helpers import cfg, corpus, make_docs, split_docs, write_jsonl
 
 
 def error_of(fn) -> str:
@@ -96,7 +100,7 @@ def test_file_that_vanishes(tmp_path, tok):
         lambda: next(before)
     )
     msg = error_of(lambda: [next(during) for _ in range(50)])
-    assert f"{path}: cannot read json (FileNotFoundError" in msg and msg.endswith("after 0 examples")
+    assert f"{path}: cannot read json (FileNotFoundError" in msg
 
 
 def test_missing_files(tmp_path, tok):
@@ -148,7 +152,46 @@ def test_invalid_json_line(tmp_path, tok):
     with open(path, "a") as f:
         f.write('{"text": "unterminated\n')
     msg = error_of(lambda: [next(build_train_loader(cfg([{"path": str(path)}], seq_len=3000), tok, 0, 1, 1))])
-    assert f"{path}: cannot read json (ArrowInvalid: JSON parse error" in msg
+    assert msg == (
+        f"{path}:4: not valid JSON (Unterminated string starting at, column 10; 1 such line(s) in the file); fix or "
+        "delete it, or set data.on_bad_record=skip to skip such records and count them"
+    )
+
+
+def test_on_bad_record_skip_skips_and_counts_each_malformed_line_once(tmp_path, tok):
+    """Three bad lines (cut short, not JSON, and the file's cut last line) among 40 records, read by two streams:
+    data.on_bad_record=skip yields every valid record exactly once and counts each bad line once."""
+    docs = make_docs("s", 40, 0)
+    lines = [json.dumps({"text": t}) for t in docs]
+    lines.insert(5, '{"text": "cut sh')
+    lines.insert(20, "not json at all")
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + '\n{"text": "the last line, cut')
+    assert error_of(lambda: first_batch(cfg([{"path": str(path)}]), tok)).startswith(f"{path}:6: not valid JSON (")
+    with pytest.raises(DataError, match="data.on_bad_record: got 'drop', expected one of"):
+        cfg([{"path": str(path)}], on_bad_record="drop")
+    data = cfg([{"path": str(path)}], on_bad_record="skip")
+    read, bad = [], 0
+    for s in range(2):
+        stream = Stream(resolve_sources(data), tok, data, s, 2, epochs=1)
+        windows = []
+        with contextlib.suppress(StopIteration):
+            while True:
+                windows.append(stream.next_window()[0])
+        read += split_docs(np.concatenate(windows + [p.tail() for p in stream.packers]), tok)
+        bad += stream.state()["sources"]["s"]["bad_records"]
+    assert sorted(read) == sorted(docs) and bad == 3
+
+
+def test_an_empty_shard_among_good_ones_is_named_with_the_way_to_leave_it_out(tmp_path, tok):
+    corpus(tmp_path, n_files=3, docs_per_file=10)
+    (tmp_path / "part-03.jsonl").write_bytes(b"")
+    msg = error_of(lambda: first_batch(cfg([{"path": str(tmp_path / "*.jsonl")}]), tok))
+    assert msg == (
+        f"{tmp_path / 'part-03.jsonl'}: empty file (0 bytes); delete it, or leave it out with data.sources[0].exclude: "
+        "['part-03.jsonl'] in the data config"
+    )
+    first_batch(cfg([{"path": str(tmp_path / "*.jsonl"), "exclude": ["part-03.jsonl"]}]), tok)  # the hint works
 
 
 def test_config_errors_name_the_key(tmp_path, tok):

@@ -56,3 +56,29 @@ def test_bad_source_is_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.strip() == (
         f"diffllm tokenizer train: error: data.sources[0].path: {tmp_path}/none/*.jsonl: no files match"
     )
+
+
+@pytest.mark.slow
+def test_skipped_bad_records_are_counted_in_the_log_and_summary(tmp_path):
+    """`diffllm train data.on_bad_record=skip` over a shard with two malformed lines: the run finishes, its log names
+    the first bad line, and summary.json counts both (each once, whichever stream read it)."""
+    from tests.distributed import run_train
+    from tests.train.helpers import tiny
+
+    corpus(tmp_path / "c", n_files=1, docs_per_file=100)
+    corpus(tmp_path / "v", n_files=1, docs_per_file=20, tag="v")
+    shard = tmp_path / "c" / "part-00.jsonl"
+    lines = shard.read_text().splitlines()  # bad lines 1 and 3: counted with the first two documents
+    shard.write_text("\n".join(['{"text": "cut sh', lines[0], "not json"] + lines[1:]) + "\n")
+    data = [
+        f"data.sources=[{{name:c,path:'{tmp_path}/c/*.jsonl'}}]",
+        f"data.val=[{{name:v,path:'{tmp_path}/v/*.jsonl'}}]",
+        "data.on_bad_record=skip",
+        "trainer.tokens=2048",
+    ]
+    env = {"DIFFLLM_CACHE": str(tmp_path / "cache")}
+    run = run_train(tiny(tmp_path / "run", 0, *data), 1, tmp_path / "logs", env=env, launcher="plain")
+    out = run.output(0)
+    assert f"{shard}:1: not valid JSON (Unterminated string" in out, out[-3000:]
+    assert "data: 2 malformed records skipped (data.on_bad_record=skip)" in out, out[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["bad_records"] == 2

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -101,3 +104,58 @@ def test_train_on_limits_the_bpe_to_the_named_sources(tmp_path):
         DataError, match=r"^data.tokenizer.train_on: no training source named 'txt'; did you mean 'text'\?$"
     ):
         ensure_tokenizer(cfg([text, needles], tokenizer={"vocab_size": 300, "train_on": ["txt"]}))
+
+
+CUT_SHORT = '{"version": "1.0", "truncation": null, "added_tokens": [{"id": 0, "cont'
+
+
+def test_a_corrupt_tokenizer_json_is_one_line_naming_the_file(tmp_path):
+    """`diffllm train data.tokenizer.path=...` with a tokenizer.json cut short: exit 2, one line naming the file
+    (it was 60 lines of traceback prefixed [rank0]:)."""
+    (tmp_path / "tokenizer.json").write_text(CUT_SHORT)
+    res = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "train", f"data.tokenizer.path={tmp_path / 'tokenizer.json'}"]
+        + [f"run_dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DIFFLLM_CACHE": str(tmp_path / "cache")},
+        timeout=300,
+    )
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines() == [
+        f"diffllm train: error: {tmp_path / 'tokenizer.json'}: not a readable tokenizer.json "
+        "(EOF while parsing a string at line 1 column 71)"
+    ], res.stderr[-3000:]
+
+
+def test_a_corrupt_file_in_a_tokenizer_folder_is_named(tmp_path, tok):
+    tok.save(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": ')
+    with pytest.raises(DataError, match=r"tokenizer_config.json: not a JSON object \(Expecting value"):
+        load_tokenizer(str(tmp_path), "<|endoftext|>")
+    (tmp_path / "tokenizer_config.json").unlink()
+    (tmp_path / "tokenizer.json").write_text(CUT_SHORT)
+    with pytest.raises(DataError, match=r"tokenizer.json: not a readable tokenizer.json \(EOF while parsing"):
+        load_tokenizer(str(tmp_path), "<|endoftext|>")
+
+
+def test_a_vocab_size_below_the_byte_alphabet_is_said(tmp_path, capfd):
+    """data.tokenizer.vocab_size=100 cannot hold the 256 byte tokens and EOS: the BPE has 257, said in one line."""
+    corpus(tmp_path / "c", n_files=1, docs_per_file=20)
+    tok = ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 100}))
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
+    assert tok.vocab_size == 257 and warnings == [
+        "[diffllm.data] warning: data.tokenizer.vocab_size=100 is below the smallest byte-level BPE (256 byte tokens "
+        "+ 1 special): the tokenizer has 257 tokens; set data.tokenizer.vocab_size=257 or more to make it explicit"
+    ]
+
+
+def test_a_failed_tokenizer_training_leaves_no_cache_folder(tmp_path, monkeypatch):
+    """Training stops at a malformed line: the error names it, and no cache folder holding only `.lock` stays."""
+    monkeypatch.setenv("DIFFLLM_CACHE", str(tmp_path / "cache"))
+    corpus(tmp_path / "c", n_files=1, docs_per_file=20)
+    with open(tmp_path / "c" / "part-00.jsonl", "a") as f:
+        f.write('{"text": "cut short\n')
+    with pytest.raises(DataError, match=r"part-00.jsonl:21: not valid JSON"):
+        ensure_tokenizer(cfg([{"path": str(tmp_path / "c/*.jsonl")}], tokenizer={"vocab_size": 300}))
+    assert list((tmp_path / "cache" / "tokenizers").iterdir()) == []

@@ -55,7 +55,8 @@ def test_compare_says_what_it_computes_and_writes_beside_the_runs(runs, tmp_path
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     compare.main([f"runs=[{a},{b}]", "evals=[ppl]"])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("| run |") and len(out.splitlines()) == 4  # not b's ppl table before it
     plan = next(line for line in err.splitlines() if "missing evaluation" in line)
     assert "computing 1 missing evaluation(s)" in plan and plan.endswith("ppl for b")
     assert err.index(plan) < err.index("b: computing ppl")  # said before it starts
@@ -74,3 +75,71 @@ def test_compare_shows_each_runs_stability_record_from_its_summary(tmp_path):
     lines = (tmp_path / "cmp" / "compare.md").read_text().splitlines()
     assert lines[0].endswith("| spikes | skipped steps | max grad norm |")
     assert lines[2].endswith("| 3 | 2 | 893 |") and lines[3].endswith("| - | - | - |")
+
+
+def cli(*argv: str):
+    import subprocess
+    import sys
+
+    from tests.distributed import REPO, base_env
+
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "eval", "compare", *argv],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def sweep_run(folder, arch: str, steps: int):
+    """A run directory as a sweep leaves it (config.yaml, summary.json), without eval results or checkpoints."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(f"model:\n  name: {arch}-micro-1\n  arch: {arch}\n")
+    (folder / "summary.json").write_text(json.dumps({"arch": arch, "steps": steps, "spikes": 0}))
+    return folder
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    lines = stdout.splitlines()
+    assert lines[0].startswith("| run | arch | step |") and lines[1].startswith("|---|")  # stdout is the table alone
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_an_unquoted_list_of_sweep_runs_keeps_their_commas_and_labels_each_below_the_common_folder(tmp_path):
+    """`runs=[.../lr=0.008,lambda_init=0.8/seed1,...]` typed unquoted is split at every comma: the pieces that join into
+    a run directory are one run again (a glob names runs too). Each row is labelled by its path below the runs' common
+    folder, arch and step come from config.yaml and summary.json without results (compute=false), and with nothing
+    to plot no compare.png is written."""
+    sweep = tmp_path / "sweep" / "micro-1"
+    a = sweep_run(sweep / "lr=0.008,lambda_init=0.8" / "seed1", "diff", 12)
+    b = sweep_run(sweep / "lr=0.004,lambda_init=0.8" / "seed1", "transformer", 10)
+    got = cli(f"runs=[{a},{b}]", "compute=false")
+    assert got.returncode == 0, got.stderr
+    rows = table_rows(got.stdout)
+    assert [r[:3] for r in rows] == [
+        ["lr=0.008,lambda_init=0.8/seed1", "diff", "12"],
+        ["lr=0.004,lambda_init=0.8/seed1", "transformer", "10"],
+    ]
+    assert sorted(p.name for p in (sweep / "compare").iterdir()) == ["compare.json", "compare.md"]
+    assert "no compare.png" in got.stderr
+    assert table_rows(cli(f"runs={a},{b}", "compute=false").stdout) == rows  # without brackets: the same
+    got = cli(f"runs={sweep}/*/seed1", "compute=false", "evals=[ppl]")  # a glob: its runs, sorted
+    names = [r[0] for r in table_rows(got.stdout)]
+    assert names == ["lr=0.004,lambda_init=0.8/seed1", "lr=0.008,lambda_init=0.8/seed1"]
+    sweep_run(sweep / "lr=0.008", "diff", 1)  # now `lr=0.008` and `lr=0.008,lambda_init=0.8/seed1` both exist
+    got = cli(f"runs=[{sweep}/lr=0.008,lambda_init=0.8/seed1]", "compute=false")
+    assert got.returncode == 2 and got.stdout == "" and len(got.stderr.splitlines()) == 1
+    assert f"'{sweep}/lr=0.008' and '{sweep}/lr=0.008,lambda_init=0.8/seed1' both name run directories" in got.stderr
+
+
+def test_the_needle_panel_ticks_the_numbers_of_needles_and_the_legend_covers_no_panel():
+    results = {
+        f"s/lr=0.00{i},lambda_init=0.8/seed1": {"needle": {"by_n": {"1": 0.5, "2": 0.25, "4": 0.1}}} for i in range(4)
+    }
+    fig = compare.figure(results, {run: run[2:] for run in results})
+    (ax,) = fig.axes  # no attention results: no empty attention panel
+    assert list(ax.get_xticks()) == [1, 2, 4]  # not 1.5 needles
+    assert ax.get_legend() is None and len(fig.legends) == 1  # one legend, below the panel
+    assert compare.figure({"a": {"needle": None, "attention": None}}, {"a": "a"}) is None

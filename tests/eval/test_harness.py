@@ -83,3 +83,26 @@ def test_unknown_task_is_one_line(runs, capsys):
         main([f"run={runs('diff')}", "tasks=[plays_clozе]"])
     main_err = capsys.readouterr().err
     assert "tasks: unknown task 'plays_clozе'; did you mean plays_cloze?" in main_err and main_err.count("\n") == 1
+
+
+def test_the_git_probe_is_quiet_outside_a_repository(tmp_path, monkeypatch, capfd):
+    """The probe simple_evaluate calls (looked up in lm_eval.evaluator when it runs), in a folder outside git."""
+    import lm_eval.evaluator
+
+    from diffllm.eval.harness import quiet_git_probe
+
+    monkeypatch.chdir(tmp_path)
+    with quiet_git_probe():
+        assert lm_eval.evaluator.get_git_commit_hash() is None
+    assert "not a git repository" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_no_git_message_outside_a_repository(loaded, tmp_path, monkeypatch, capfd):
+    """lm-eval records the current folder's git commit with `git describe`: outside a repository git's "fatal: not a
+    git repository" stays off the terminal (fd 2, where the git process writes)."""
+    _, model, tok = loaded("transformer")
+    monkeypatch.chdir(tmp_path)
+    res = evaluate(model, tok, ["plays_cloze"], limit=2)
+    assert "plays_cloze" in res["results"] and res["git_hash"] is None
+    assert "not a git repository" not in capfd.readouterr().err

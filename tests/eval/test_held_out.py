@@ -40,7 +40,8 @@ def test_max_tokens_takes_whole_held_out_windows(held_out_run, tmp_path):
     assert json.loads((tmp_path / "ppl.json").read_text())["sources"]["hamlet"]["tokens"] == 640  # 10 windows of 64
 
 
-def cli(*argv: str):
+def cli(*argv: str, unset: tuple[str, ...] = ()):
+    """`diffllm <argv>` in a subprocess (CPU, offline); `unset`: environment variables it runs without."""
     import subprocess
     import sys
 
@@ -49,7 +50,7 @@ def cli(*argv: str):
     return subprocess.run(
         [sys.executable, "-m", "diffllm.cli", *argv],
         cwd=REPO,
-        env=base_env(),
+        env={k: v for k, v in base_env().items() if k not in unset},
         capture_output=True,
         text=True,
         timeout=300,
@@ -64,14 +65,50 @@ def test_generate_stdout_is_only_the_text_and_quotes_are_hydras(held_out_run):
     prompt = "Anne Elliot was"
     _, model, tok = Run(held_out_run).model()
     want = prompt + generate(model, tok, prompt, max_new_tokens=8)["text"] + "\n"
+    for cache in (held_out_run / "eval").glob("fp32-*.pt"):
+        cache.unlink()  # the weights are gathered again, and DeepSpeed prints
     got = cli("generate", f"run={held_out_run}", f"prompt='{prompt}'", "max_new_tokens=8")
     assert got.returncode == 0 and got.stdout == want, got.stderr
+    assert "zero checkpoint" in got.stderr  # DeepSpeed's chatter is not lost, only moved
     got = cli("generate", f"run={held_out_run}", f'prompt="{prompt}"', "max_new_tokens=8")
     assert got.stdout == want
-    assert "zero checkpoint" in got.stderr  # DeepSpeed's chatter is not lost, only moved
+    assert "zero checkpoint" not in got.stderr  # the second time from the cache (eval/fp32-step<N>.pt)
 
 
 def test_an_eval_commands_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
     got = cli("eval", "outliers", f"run={held_out_run}", "tokens=256", "bits=[4]", f"out={tmp_path}")
     assert got.returncode == 0, got.stderr
     assert got.stdout.startswith("| activation |") and "checkpoint" not in got.stdout and "deepspeed" not in got.stdout
+
+
+def test_exports_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
+    """Without DS_ACCELERATOR, importing DeepSpeed (to gather a ZeRO-1 checkpoint) logs "Setting accelerator to CPU"
+    to stdout: it goes to stderr, and stdout is export's three lines."""
+    got = cli("export", f"run={held_out_run}", f"out={tmp_path / 'hf'}", unset=("DS_ACCELERATOR",))
+    assert got.returncode == 0, got.stderr
+    assert [line.split()[0] for line in got.stdout.splitlines()] == ["format", "wrote", "load"], got.stdout
+    assert "Setting accelerator to CPU" in got.stderr
+
+
+def test_the_gathered_fp32_weights_are_cached_per_checkpoint(held_out_run, tmp_path, capsys):
+    """A ZeRO-1 checkpoint's weights are gathered by zero_to_fp32 once, then read from <run>/eval/fp32-<tag>.pt; a
+    checkpoint whose files change (saved again under the same tag) is gathered again."""
+    import os
+    import shutil
+
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(held_out_run, run, ignore=shutil.ignore_patterns("eval"))
+    _, first, _ = Run(run).model()
+    err = capsys.readouterr().err
+    tag = Run(run).latest().tag
+    assert "Processing zero checkpoint" in err and f"cached the fp32 weights of {tag}" in err
+    assert [p.name for p in (run / "eval").iterdir()] == [f"fp32-{tag}.pt"]  # written aside, then renamed
+    _, again, _ = Run(run).model()
+    assert "Processing zero checkpoint" not in capsys.readouterr().err
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
+    shard = next((run / "checkpoints" / tag).glob("*optim_states.pt"))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # saved again
+    Run(run).model()
+    assert "Processing zero checkpoint" in capsys.readouterr().err

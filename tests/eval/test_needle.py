@@ -142,3 +142,19 @@ def test_bad_input_is_one_line(runs, capsys, argv, message):
         main([f"run={runs('diff')}", *argv])
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_the_heatmap_is_titled_by_its_run():
+    """Two runs of one preset (a sweep's) get two titles: the run's path first (its tail when long), then the preset."""
+    from diffllm.eval.report import heatmap_title
+
+    sweep = "runs/sweep/micro/diff-micro-1"
+    res = {"model": "diff-micro-1", "arch": "diff", "step": 64, "mode": "synthetic"}
+    a = heatmap_title({**res, "run": f"{sweep}/lr=0.008,lambda_init=0.8/seed1"})
+    b = heatmap_title({**res, "run": f"{sweep}/lr=0.004,lambda_init=0.8/seed1"})
+    assert a.splitlines() == [
+        ".../diff-micro-1/lr=0.008,lambda_init=0.8/seed1",
+        "diff-micro-1 (diff), step 64: synthetic needles",
+    ]
+    assert b.splitlines()[0] == ".../diff-micro-1/lr=0.004,lambda_init=0.8/seed1"
+    assert heatmap_title({**res, "run": "runs/diff-tiny"}).splitlines()[0] == "runs/diff-tiny"

@@ -77,7 +77,8 @@ def test_command_reports_each_source(runs, tmp_path, capsys):
     assert res["sources"]["a"]["bytes"] == len(TEXT.encode()) and res["sources"]["b"]["bytes"] == 3 * len(
         OTHER.encode()
     )
-    assert "bits/byte" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bits/byte" in err and "\r" not in err and "ppl a: " in err  # stderr no terminal: plain progress lines
 
 
 def test_default_data_is_the_runs_held_out_sources(runs, tmp_path):
