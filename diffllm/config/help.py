@@ -56,11 +56,14 @@ def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
     """{dotted field: its source comment} of a dataclass, nested dataclasses included: the comment after the field on
     its line (with the comment lines under it that carry it on, when the next field has a comment of its own), or
     else the comment lines right above it (where the formatter left no room on the line)."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):  # a field inherited from a dataclass base keeps its comment there
+        if dataclasses.is_dataclass(base):
+            out.update(field_comments(base, prefix))
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
+        return out
     above: list[str] = []  # the comment lines just above the current line
     last = None  # the last field line's field, when it had a comment on its line
     for line in source.splitlines() + [""]:

@@ -86,19 +86,21 @@ def recall_allocation(model: torch.nn.Module, prompts: List[RecallPrompt]) -> di
 class AttentionConfig:
     """Attention to the answer (needle, or recall pair) vs the rest of the context, per layer, depth or N x gap."""
 
-    run: str = ""
-    step: Any = "latest"
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
     task: str = "needle"  # needle | recall (the associative-recall task's held-out prompts, see eval recall)
     mode: str = "synthetic"  # needle: synthetic | text (see eval needle)
+    # needle mode=text: the text the needles hide in (a data config name or files); null: the run's held-out sources
     data: Any = None
-    n_needles: int = 1
+    n_needles: int = 1  # needle: needles per prompt
+    # needle: where the needle sits, % of the context
     depths: List[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
     n: List[int] = field(default_factory=lambda: [2, 4, 8])  # recall: key-value pairs per prompt
     gaps: List[int] = field(default_factory=lambda: [0, 16])  # recall: filler words between pairs and queries
     length: Optional[int] = None  # needle: tokens (null: the model's context); recall: words (null: 64)
     trials: int = 4  # prompts per depth (needle) or per N x gap (recall)
-    seed: int = 0
-    out: Optional[str] = None
+    seed: int = 0  # the prompts' generator
+    out: Optional[str] = None  # folder for the results; null: <run>/eval
 
 
 def attention_by_depth(

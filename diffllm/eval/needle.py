@@ -181,13 +181,14 @@ class NeedleTask:
     """The grid: accuracy for every N x depth x length, `trials` prompts per cell, min(queries, N) queries each."""
 
     mode: str = "synthetic"  # synthetic | text
-    n_needles: List[int] = field(default_factory=lambda: [1, 2, 4])
+    n_needles: List[int] = field(default_factory=lambda: [1, 2, 4])  # N: needles per prompt
     queries: int = 1  # R (the paper: 1 at N=1, 2 otherwise)
+    # where the queried needle sits, % of the context
     depths: List[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
     lengths: Optional[List[int]] = None  # null: 64, 128, ... up to the model's context
-    trials: int = 8
-    seed: int = 0
-    batch_size: int = 8
+    trials: int = 8  # prompts per N x depth x length cell
+    seed: int = 0  # the prompts' generator
+    batch_size: int = 8  # prompts per forward
 
     def resolved_lengths(self, max_seq_len: int) -> List[int]:
         if self.lengths:
@@ -252,8 +253,8 @@ def haystack_tokens(run_config: Optional[dict], data: Any, tok, n_tokens: int) -
 class NeedleConfig(NeedleTask):
     """Multi-needle retrieval: accuracy by N x depth x length (JSON, markdown table, heatmap PNG)."""
 
-    run: str = ""
-    step: Any = "latest"
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
     data: Any = None  # mode=text: data config name or files for the haystack (default: the run's held-out text)
     out: Optional[str] = None  # folder for needle-<mode>.{json,md,png}; null: <run>/eval
 

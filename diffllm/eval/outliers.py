@@ -104,14 +104,15 @@ class OutliersConfig:
     """Activation outliers (top-k and median of attention logits and hidden states) and the loss after absmax
     quantisation of attention logits, over held-out windows (default: the run's held-out sources)."""
 
-    run: str = ""
-    step: Any = "latest"
-    data: Any = None
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
+    data: Any = None  # null: the run's held-out sources | a data config name | files/globs
     tokens: int = 16384  # the token sample (the paper: 0.4M)
     seq_len: Optional[int] = None  # null: the run's data.seq_len
-    batch_size: int = 4
+    batch_size: int = 4  # windows per forward
+    # attention-logit quantisation widths (absmax, per head) the loss is measured at
     bits: List[int] = field(default_factory=lambda: [16, 8, 6, 4])
-    out: Optional[str] = None
+    out: Optional[str] = None  # folder for outliers.json; null: <run>/eval
 
 
 def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_len: int, batch_size: int) -> list:

@@ -73,7 +73,7 @@ class RecallTask:
     seed: int = 0  # the prompts' generator (held-out binding sets whatever the seed)
     batch_size: int = 8  # prompts per forward
     bootstrap: int = 1000  # resamples for the intervals (0: none)
-    level: float = 0.95
+    level: float = 0.95  # interval coverage
 
     def validate(self) -> None:
         if not self.n or not self.gaps or not self.lengths:
@@ -177,8 +177,8 @@ def recall_table(res: dict) -> str:
 class RecallConfig(RecallTask):
     """Associative recall on held-out binding sets: accuracy by N x gap x length with bootstrap intervals."""
 
-    run: str = ""
-    step: Any = "latest"
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
     out: Optional[str] = None  # folder for recall.{json,md}; null: <run>/eval
 
 

@@ -170,7 +170,7 @@ def _keys_and_meanings(out: str) -> dict[str, str]:
         if ln.startswith("   ") and key:
             rows[key] = (rows[key] + " " + ln.strip()).strip()
         else:
-            key, _, meaning = ln.strip().partition(" ")
+            key, _, meaning = ln.strip().partition("  ")  # key=default, then two or more spaces
             rows[key] = meaning.strip()
     return rows
 
