@@ -15,11 +15,11 @@ DEFAULT_SELECT_BY = "final_val_loss"  # ... and the metric it chooses by (scalin
 @dataclass
 class PlanConfig:
     seq_len: Optional[int] = None  # None -> the preset's max_seq_len
-    global_batch_tokens: str = "4194304"
+    global_batch_tokens: str = "4194304"  # tokens per optimizer step, all ranks together
     tokens: str = "100B"  # the training budget
-    nodes: int = 1
-    gpus_per_node: int = 8
-    gpu: str = "h100"
+    nodes: int = 1  # machines
+    gpus_per_node: int = 8  # GPUs per machine (ranks per node)
+    gpu: str = "h100"  # the GPU type whose memory and peak bf16 FLOPs are used (plan gpus=true lists them)
     mfu: float = 0.40  # model FLOPs utilisation assumed for the time estimate
     zero_stage: Optional[int] = None  # None -> rows for 0, 1, 2, 3
     activation_checkpointing: Optional[bool] = None  # None -> rows with and without
@@ -38,7 +38,7 @@ class PlanConfig:
 
 @dataclass
 class ScalingConfig:
-    sweep_dir: str = "runs/sweep/micro"
+    sweep_dir: str = "runs/sweep/micro"  # a collected sweep folder, or its runs.csv
     out: Optional[str] = None  # null: <sweep_dir>/scaling
     params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
     loss: str = "final_val_loss"  # final_val_loss | final_train_loss
@@ -47,8 +47,8 @@ class ScalingConfig:
     curve_min_fraction: float = 0.25  # learning-curve points before this fraction of the budget are left out
     reps: int = 400  # bootstrap replicates for L(N); a quarter of it for L(N, D)
     level: float = 0.9  # interval coverage
-    seed: int = 0
-    title: str = "diffllm scaling"
+    seed: int = 0  # of the bootstrap
+    title: str = "diffllm scaling"  # the report's and plots' title
     select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
     include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
