@@ -69,7 +69,7 @@ class EvalConfig:
     recall_gaps: list = field(default_factory=lambda: [0, 16])  # filler words between the pairs and the queries
     recall_length: int = 64  # words per recall prompt
     recall_trials: int = 16  # held-out prompts per N x gap
-    recall_seed: int = 0
+    recall_seed: int = 0  # the recall prompts' own generator (never the training RNG)
 
     @property
     def on(self) -> bool:
@@ -273,11 +273,11 @@ class TrainerConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # the optimizer; adamw (decoupled weight decay) is the one implemented
     lr: float = 3.2e-4  # peak learning rate
     min_lr: float = 1.28e-5  # floor reached at the last step (linear, cosine, wsd)
-    betas: list = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-6
+    betas: list = field(default_factory=lambda: [0.9, 0.95])  # AdamW (beta1, beta2)
+    eps: float = 1e-6  # AdamW epsilon
     weight_decay: float = 0.1  # not applied to norms, biases and the Diff lambda_* parameters
     grad_clip: float = 1.0  # global-norm clipping (0: off)
     schedule: str = "linear"  # linear (the paper's) | cosine | wsd | constant
@@ -310,10 +310,10 @@ class OptimConfig:
 @dataclass
 class LoggingConfig:
     wandb: str = "auto"  # auto: online with a W&B key, else offline | online | offline | disabled
-    project: str = "diffllm"
-    entity: Optional[str] = None
+    project: str = "diffllm"  # W&B project
+    entity: Optional[str] = None  # W&B team or user (null: the key's default)
     name: Optional[str] = None  # None -> the run_dir's name
-    tags: list = field(default_factory=list)
+    tags: list = field(default_factory=list)  # W&B run tags
     peak_tflops: Optional[float] = None  # override the per-device dense bf16 peak used for MFU
     online_timeout_s: float = 20.0  # W&B online start: give up and log offline after this long
 
