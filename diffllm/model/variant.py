@@ -108,6 +108,12 @@ class AttentionVariant:
         raise NotImplementedError
 
     @classmethod
+    def rotary_dim(cls, cfg: ModelConfig) -> int:
+        """The width the model's cos/sin cover (`rotary_cos_sin(T, rotary_dim, ...)`, handed to `project`): rotary_pct
+        of the head dim d by default (MLA: its decoupled RoPE width)."""
+        return int(cfg.head_dim * cfg.rotary_pct)
+
+    @classmethod
     def kv_cache_width(cls, cfg: ModelConfig) -> int:
         """Numbers the KV cache holds per token and layer: what `project` hands the cache (k and v, or whatever the
         variant caches instead). Default, from its heads: kv x (key_dim + value_dim). `diffllm info` and the planner

@@ -4,9 +4,6 @@ resumes exactly after SIGTERM, evaluates and exports with logits equal in transf
 
 from __future__ import annotations
 
-import json
-import signal
-
 import pytest
 import torch
 
@@ -14,6 +11,8 @@ from diffllm.model import DecoderLM, variants
 from diffllm.model.accounting import model_stats
 from diffllm.model.info import table
 from diffllm.model.presets import load_preset, preset_names
+
+from .checklist import train_resume_evaluate_export
 
 # size -> kv heads: Llama-3-style groups of 4 at the paper sizes (2.8b: 20 heads, 4 kv heads, because 5 is odd and
 # Diff pairs its key heads), half the heads at the CPU sizes
@@ -58,45 +57,8 @@ def test_info_table_lists_the_gqa_presets_with_their_kv_heads():
     assert "| diff2-1.4b-gqa | diff2 | 2048 | 24 | 16 (4), 32 q | 128 |" in rows
 
 
-STEPS = 6
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [a for a in variants() if f"{a}-tiny-gqa" in preset_names()])
 def test_tiny_gqa_run_trains_resumes_evaluates_and_exports(arch, tokenizer, tmp_path):
-    """The same checks the toy variant passes (tests/model/test_toy_variant.py): an uninterrupted run and one stopped
-    by SIGTERM and relaunched log the same numbers; ppl evaluates; the export loads in transformers with our logits."""
-    from diffllm.runs import Run, read_metrics
-    from tests.distributed import launch_train, run_train
-    from tests.train.helpers import TINY, comparable
-
-    def args(run_dir):
-        extra = [f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=0", "trainer.zero_stage=0"]
-        return TINY + [f"model={arch}-tiny-gqa", f"run_dir={run_dir}", *extra]
-
-    ref, run_dir = tmp_path / "ref", tmp_path / "run"
-    run_train(args(ref), 1, tmp_path / "logs-ref", launcher="plain")
-    run = launch_train(args(run_dir), 1, tmp_path / "logs1", launcher="plain")
-    run.wait_until(lambda: any(m.get("step", 0) >= 2 for m in read_metrics(run_dir)), timeout=240)
-    run.send(signal.SIGTERM)
-    assert run.wait(120) == [3], run.output(0)
-    assert max(m["step"] for m in read_metrics(run_dir)) < STEPS
-    run_train(args(run_dir), 1, tmp_path / "logs2", launcher="plain")
-    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref))
-    cfg, model, tok = Run(ref).model()
-    assert (cfg.name, cfg.n_kv_heads) == (f"{arch}-tiny-gqa", 2)
-
-    from diffllm.eval import ppl
-
-    ppl.main([f"run={ref}", "max_tokens=256", f"out={tmp_path / 'eval'}"])
-    assert json.loads((tmp_path / "eval" / "ppl.json").read_text())["arch"] == arch
-
-    import transformers
-
-    from diffllm.export.hf import export_run
-
-    done = export_run(ref, tmp_path / "hf", format="auto")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
-    ids = torch.tensor([tok.encode("ROMEO: But soft, what light through yonder window breaks?")])
-    with torch.no_grad():
-        assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-4, done
+    cfg = train_resume_evaluate_export(f"{arch}-tiny-gqa", tmp_path)
+    assert (cfg.arch, cfg.n_kv_heads) == (arch, 2)
