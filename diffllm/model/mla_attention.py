@@ -13,7 +13,8 @@ The KV cache holds c_KV and k^R only, d_c + d_r numbers per token and layer. `pr
 k, v: what training, eval's maps and the export run); a forward with a cache runs the absorbed form: W_UK folded into
 the queries (q^C_i W_UK_i: d_c wide) and W_UV into the output, one standard call of H query heads over ONE key head
 [c_KV; k^R] and ONE value head c_KV (MQA over the latent), then v_i = o_i W_UV_i. Both give the same outputs
-(tests/model/test_mla_attention.py). Parameter names follow transformers' DeepseekV3Attention.
+(tests/model/test_mla_attention.py). Parameter names follow transformers' DeepseekV3Attention
+(but out_proj, every variant's name for W_O; HF's o_proj).
 
 Config keys (ModelConfig variant options, None -> DeepSeek-V2's ratios to d = d_model / n_heads): q_lora_rank (None: a
 full W_Q), kv_lora_rank (4d), qk_nope_head_dim (d), qk_rope_head_dim (d/2, rounded down to even), v_head_dim (d).
@@ -65,7 +66,7 @@ class MLAEquations(AttentionEquations):
         self.kv_a_proj_with_mqa = nn.Linear(E, dc + self.rope_dim, bias=cfg.qkv_bias)  # W_DKV and W_KR
         self.kv_a_layernorm = RMSNorm(dc, eps=self.latent_norm_eps)
         self.kv_b_proj = nn.Linear(dc, H * (self.nope_dim + self.v_dim), bias=False)  # W_UK and W_UV, per head
-        self.o_proj = nn.Linear(H * self.v_dim, E, bias=False)
+        self.out_proj = nn.Linear(H * self.v_dim, E, bias=False)
 
     def queries(self, x, cos, sin):
         """q^C (B, H, T, d_n), RoPE(q^R) (B, H, T, d_r)."""
@@ -108,7 +109,7 @@ class MLAEquations(AttentionEquations):
     def finish(self, x, y):
         """y (B, H, T, d_v) -> W_O concat_i y_i."""
         B, T = x.shape[:2]
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 mla_dims = MLAEquations.dims

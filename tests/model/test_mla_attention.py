@@ -49,7 +49,7 @@ def _module(dims, interleaved=True, backend="sdpa", n_heads=4):
 
 def _weights(m) -> dict:
     names = {"q": "q_proj", "dq": "q_a_proj", "q_norm": "q_a_layernorm", "uq": "q_b_proj"}
-    names |= {"dkv": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "ukv": "kv_b_proj", "out": "o_proj"}
+    names |= {"dkv": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "ukv": "kv_b_proj", "out": "out_proj"}
     return {k: getattr(m, n).weight.detach() for k, n in names.items() if hasattr(m, n)}
 
 
