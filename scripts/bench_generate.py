@@ -5,7 +5,8 @@ round after round, so a machine whose load drifts hits them all alike; medians o
 preset (MHA).
 
     .venv/bin/python scripts/bench_generate.py [--presets transformer-tiny transformer-tiny-gqa mla-tiny diff-tiny
-        diff2-tiny] [--contexts 64 192 448] [--new-tokens 32] [--rounds 5] [--batch 1] [--dtype float32] [--json PATH]
+        diff2-tiny] [--contexts 64 192 448] [--new-tokens 32] [--rounds 5] [--batch 1] [--dtype float32]
+        [--threads 1] [--json PATH]
 
 "cache B/token" is measured: the bytes of every tensor the KVCache holds after decoding, per cached position of one
 sequence, in --dtype; "declared bf16" is the variant's own declaration (`diffllm info`'s KV bytes/token), which the
@@ -34,6 +35,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (each preset and context once per round)")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: a tiny decode step is latency-bound)")
     p.add_argument("--json", help="also write the figures to this file")
     return p.parse_args(argv)
 
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from diffllm.model.accounting import kv_cache_bytes_per_token
 
+    torch.set_num_threads(args.threads)  # more threads than free cores made every step 10x slower on a shared CPU
     dtype = getattr(torch, args.dtype)
     models = {p: build(p, dtype) for p in args.presets}
     for p, m in models.items():  # every context must fit the model
@@ -118,8 +121,8 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
             f"{r['cache_bytes_per_token']:,.0f} | {r['declared_bf16']:,} | {r['cache_mib']:.3f} |"
         )
     lines.append(
-        f"(medians of {args.rounds} interleaved rounds of {args.new_tokens} decode steps, batch {args.batch}; "
-        f"cache MiB at context + new tokens)"
+        f"(medians of {args.rounds} interleaved rounds of {args.new_tokens} decode steps, batch {args.batch}, "
+        f"{args.threads} thread(s); cache MiB at context + new tokens)"
     )
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """The toy-variant checklist (tests/model/test_toy_variant.py) for a preset: it trains, resumes exactly after SIGTERM,
-evaluates (ppl) and exports with logits equal in transformers. Used by the GQA and MLA tests (slow: real runs)."""
+evaluates (ppl), exports with logits equal in transformers and imports back. Used by the GQA and MLA tests (slow:
+real runs)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def train_resume_evaluate_export(preset: str, tmp_path: Path, *overrides: str) -
 
     from diffllm.eval import ppl
     from diffllm.export.hf import export_run
+    from diffllm.export.hf_import import read_hf
+    from diffllm.model import DecoderLM
     from diffllm.runs import Run, read_metrics
     from tests.distributed import launch_train, run_train
     from tests.train.helpers import TINY, comparable
@@ -51,4 +54,9 @@ def train_resume_evaluate_export(preset: str, tmp_path: Path, *overrides: str) -
     ids = torch.tensor([tok.encode("ROMEO: But soft, what light through yonder window breaks?")])
     with torch.no_grad():
         assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-4, done
+    back_cfg, back_sd = read_hf(tmp_path / "hf")  # `diffllm import`'s reader: the same model back
+    back = DecoderLM(back_cfg).eval()
+    back.load_state_dict(back_sd)
+    with torch.no_grad():
+        assert (back(ids) - model(ids)).abs().max().item() <= 1e-5
     return cfg
