@@ -59,8 +59,7 @@ def _inputs(cfg, T=11, B=2):
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
-@pytest.mark.parametrize("dims", SHAPES)
-@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dims,interleaved", [(SHAPES[0], True), (SHAPES[1], False), (SHAPES[2], True)])
 def test_matches_float64_reference_from_the_paper(backend, dims, interleaved):
     cfg, m = _module(dims, interleaved, backend)
     x, cos, sin = _inputs(cfg)
