@@ -62,3 +62,18 @@ def test_what_deepseek_v3_cannot_express_goes_remote():
     assert fmt.NAME == "remote" and "DeepseekV3 biases o_proj" in why
     with pytest.raises(ValueError, match="format=deepseek_v3 cannot represent this model exactly"):
         choose_format(_ours(norm="layernorm").cfg, "deepseek_v3")
+
+
+def test_remote_export_rotates_mla_s_own_rope_width(tmp_path):
+    """format=remote (what an MLA with qkv_bias gets): the bundle's model rotates qk_rope_head_dim dims (config.json
+    `rotary_dim`), not rotary_pct of d, and gives our logits (before: cos/sin of d/2 pairs met an 8-wide RoPE part
+    and the forward died)."""
+    from diffllm.export.hf import FORMATS, write_hf
+
+    ours = _ours(qkv_bias=True, rope_interleaved=False)
+    assert ours.cfg.rotary_dim == 8 != int(ours.cfg.head_dim * ours.cfg.rotary_pct)
+    write_hf(ours.cfg, ours.state_dict(), tmp_path, FORMATS["remote"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    ids = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (hf(ids).logits - ours(ids)).abs().max().item() <= 1e-5
