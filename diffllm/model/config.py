@@ -44,6 +44,12 @@ class ModelConfig:
     # Variant options: read (and checked) only by the variant that documents them, ignored by the others.
     lambda_init: Optional[float] = None  # diff: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # diff: init std of lambda_{q,k}{1,2}
+    # mla (DeepSeek-V2 latent attention, mla_attention.py); None -> DeepSeek-V2's ratios to d = d_model / n_heads
+    q_lora_rank: Optional[int] = None  # mla: width of the query latent c_Q; None -> a full-rank W_Q
+    kv_lora_rank: Optional[int] = None  # mla: width of the cached latent c_KV; None -> 4 d
+    qk_nope_head_dim: Optional[int] = None  # mla: per-head query/key width without RoPE; None -> d
+    qk_rope_head_dim: Optional[int] = None  # mla: decoupled RoPE width (one key for all heads); None -> d/2, even
+    v_head_dim: Optional[int] = None  # mla: per-head value width; None -> d
     # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at
     # step 0
     init_from: Optional[str] = field(default=None, metadata={"resume": ("kept",)})
@@ -86,7 +92,8 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        return int(self.head_dim * self.rotary_pct)
+        """The width RoPE rotates, as the variant declares it (default: rotary_pct of d; MLA: qk_rope_head_dim)."""
+        return self.variant.rotary_dim(self)
 
     @property
     def ffn_hidden(self) -> int:

@@ -26,6 +26,9 @@ class PlanConfig:
     offload: Optional[bool] = None  # None -> rows with and without (optimizer, and for ZeRO-3 also params, to CPU)
     micro_batch_size: Optional[int] = None  # None -> the largest that fits
     usable_fraction: float = 0.90  # of GPU memory; the rest for the CUDA context, NCCL buffers, fragmentation
+    # inference: bf16 weights + the KV cache of `batch` sequences of `context` tokens (the variant's KV bytes/token)
+    context: Optional[int] = None  # None -> seq_len
+    batch: int = 1
 
     def validate(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -34,6 +37,8 @@ class PlanConfig:
             raise UserError(f"mfu={self.mfu}: must be in (0, 1]")
         if self.zero_stage not in (None, 0, 1, 2, 3):
             raise UserError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
+        if self.batch < 1 or (self.context is not None and self.context < 1):
+            raise UserError(f"context={self.context}, batch={self.batch}: need at least one token and one sequence")
 
 
 @dataclass
