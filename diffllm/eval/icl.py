@@ -219,9 +219,11 @@ def evaluate(model, p: Prompts, k: int, permutations: int, seed: int, batch_size
 def table(res: dict) -> str:
     from .report import markdown
 
+    def span(lo: float, hi: float) -> str:
+        return f"{lo:.3g}-{hi:.3g}"
+
     rows = [
-        [k, r["accuracy"], f"[{r['interval'][0]:.3g}, {r['interval'][1]:.3g}]", r["std"], f"{r['min']:.3g}-{r['max']:.3g}",
-         r["prompt_tokens"]]  # fmt: skip
+        [k, r["accuracy"], span(*r["interval"]), r["std"], span(r["min"], r["max"]), r["prompt_tokens"]]
         for k, r in res["by_k"].items()
     ]
     head = ["k", "accuracy", f"{res['level']:.0%} interval", "std over orders", "min-max", "prompt tokens (max)"]
