@@ -108,12 +108,16 @@ def label_strings(rows: list, field: str, given: Optional[Sequence[str]], class_
     return sorted(values)
 
 
-def examples(rows: list, where: str, text_field: str, label_field: str, labels: list[str]) -> list[tuple[str, int]]:
-    out = []
+def check_fields(rows: list, where: str, text_field: str, label_field: str) -> None:
     for n, r in enumerate(rows):
         if text_field not in r or label_field not in r:
             missing = text_field if text_field not in r else label_field
             raise EvalError(f"task={where}: row {n} has no field {missing!r} (fields: {', '.join(r)})")
+
+
+def examples(rows: list, where: str, text_field: str, label_field: str, labels: list[str]) -> list[tuple[str, int]]:
+    out = []
+    for n, r in enumerate(rows):
         y = r[label_field]
         if isinstance(y, str):
             if y not in labels:
@@ -134,6 +138,7 @@ def from_file(
     rows = [r for s in splits.values() for r in s]
     if not rows:
         raise EvalError(f"task={path}: no rows")
+    check_fields(rows, str(path), text_field, label_field)
     labels = label_strings(rows, label_field, label_names, class_names.get(label_field))
     test = next((s for s in ("test", "validation") if s in splits), None)
     if test is not None and "train" in splits:
