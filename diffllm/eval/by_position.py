@@ -149,7 +149,7 @@ def figure(res: dict, path) -> None:
     for name, s in res["sources"].items():
         T = len(s["cumulative_nll"])
         cum.plot(range(1, T + 1), s["cumulative_nll"], label=name)
-        per.errorbar([b["to"] for b in s["buckets"]], [b["nll"] for b in s["buckets"]],
+        per.errorbar([math.sqrt(b["from"] * b["to"]) for b in s["buckets"]], [b["nll"] for b in s["buckets"]],
                      yerr=[b["se"] for b in s["buckets"]], marker="o", label=name)  # fmt: skip
     for ax, title in ((cum, "cumulative average NLL"), (per, "NLL per position bucket")):
         if res["seq_len"] > res["train_seq_len"]:

@@ -205,3 +205,25 @@ def test_help_imports_no_torch_or_numpy():
     )
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "[]"
+
+
+def test_compare_draws_accuracy_by_k_from_each_runs_icl_results(tmp_path):
+    """<run>/eval/icl-<task>.json is read by `eval compare` (never computed there) and drawn as accuracy by k with
+    its interval, ticked at the k evaluated."""
+    from diffllm.eval import compare
+
+    def by_k(accs):
+        return {str(k): {"accuracy": a, "interval": [a - 0.1, a + 0.1]} for k, a in zip([0, 1, 8], accs)}
+
+    runs = {}
+    for name, accs in (("diff", [0.5, 0.6, 0.9]), ("transformer", [0.5, 0.55, 0.7])):
+        (tmp_path / name / "eval").mkdir(parents=True)
+        (tmp_path / name / "eval" / "icl-synthetic.json").write_text(json.dumps({"by_k": by_k(accs)}))
+        runs[str(tmp_path / name)] = accs
+    results = compare.run_compare(compare.CompareConfig(runs=list(runs), evals=[], compute=False))
+    fig = compare.figure(results, compare.labels(list(results)))
+    (ax,) = fig.axes
+    drawn = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}  # errorbar containers
+    assert drawn == {"diff": runs[str(tmp_path / "diff")], "transformer": runs[str(tmp_path / "transformer")]}
+    assert list(ax.get_xticks()) == [0, 1, 8]
+    assert (tmp_path / "compare" / "compare.png").is_file()
