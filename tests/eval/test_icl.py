@@ -227,3 +227,14 @@ def test_compare_draws_accuracy_by_k_from_each_runs_icl_results(tmp_path):
     assert drawn == {"diff": runs[str(tmp_path / "diff")], "transformer": runs[str(tmp_path / "transformer")]}
     assert list(ax.get_xticks()) == [0, 1, 8]
     assert (tmp_path / "compare" / "compare.png").is_file()
+
+
+def test_summary_over_orders_is_a_hand_count():
+    """3 orders x 4 queries of right/wrong: accuracies 2/4, 1/4, 3/4 -> mean 0.5, std 0.25 (n-1), min 0.25, max
+    0.75; the mean's interval resamples queries (each counted by its share of correct orders)."""
+    correct = np.array([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], dtype=bool)
+    r = icl.summarise(correct, bootstrap=500, level=0.9, seed=0)
+    assert [b["accuracy"] for b in r["by_order"]] == [0.5, 0.25, 0.75]
+    assert (r["accuracy"], r["min"], r["max"]) == (0.5, 0.25, 0.75) and r["std"] == pytest.approx(0.25)
+    assert 0 <= r["interval"][0] < 0.5 < r["interval"][1] <= 1
+    assert all(np.isnan(icl.summarise(correct, bootstrap=0, level=0.9, seed=0)["interval"]))
