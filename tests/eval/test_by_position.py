@@ -149,3 +149,23 @@ def test_compare_overlays_each_runs_cumulative_curve(runs, tmp_path):
         assert curves_drawn[compare.labels(list(results))[run]] == want["sources"]["doc"]["cumulative_nll"]
     assert len(curves_drawn) == 2
     assert (tmp_path / "sweep" / "compare" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_doc_mask_runs_score_as_they_trained(loaded, restart):
+    """With document masks (a doc_mask run) the leading EOS is a document of its own (it ends the one before): the
+    first token is predicted from the EOS alone, every later one from the document's tokens only; RoPE sees relative
+    positions, so restarting them changes nothing. Checked against the float64 loop on those prefixes."""
+    _, model, tok = loaded("diff")
+    doc = tok.encode(TEXT)[:20]
+    m = model.double()
+    try:
+        got = score_docs(m, [doc], tok.eos_id, batch_size=1, doc_mask=True, restart=restart)[0]
+        with torch.no_grad():
+            want = [-float(m(torch.tensor([[tok.eos_id]]))[0, -1].log_softmax(-1)[doc[0]])]
+            want += [-float(m(torch.tensor([doc[:t]]))[0, -1].log_softmax(-1)[doc[t]]) for t in range(1, len(doc))]
+        plain = score_docs(m, [doc], tok.eos_id, batch_size=1)[0]
+    finally:
+        model.float()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
+    assert abs(plain[1:] - got[1:]).max() > 1e-6  # the mask does change what the later tokens see
