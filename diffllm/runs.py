@@ -272,6 +272,18 @@ class Run:
         )
         return dest
 
+    def check_writable(self) -> None:
+        """Before anything is written: run_dir and its checkpoints folder, where they exist, must be writable, and a
+        new run_dir's nearest existing parent too (os.access: the process's own permissions, root's included)."""
+        for path in (self.dir, self.checkpoints_dir):
+            if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+                raise UserError(f"run_dir={self.dir}: {path} is not writable (permission denied); use another run_dir")
+        parent = self.dir
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if parent != self.dir and not os.access(parent, os.W_OK | os.X_OK):
+            raise UserError(f"run_dir={self.dir}: cannot create it ({parent} is not writable: permission denied)")
+
     def prepare(self) -> None:
         """Rank 0, once a launch's inputs (config, checkpoint, data) are checked: create the directory and delete
         interrupted saves. Nothing creates the directory before that, so bad input leaves no empty run_dir behind."""
@@ -488,16 +500,19 @@ def choose_tokenizer(
     resume: Optional[Checkpoint] = None,
     configured: Optional[str] = None,
     init_from: Optional[Union[str, Path]] = None,
+    fresh: bool = False,
 ) -> tuple[Optional[Path], bool]:
     """Which tokenizer `run` uses -> (path or None, kept): the one decision, for training, import and reading back.
 
     1. kept (True): a run directory that holds its tokenizer.json keeps it (a trained, imported or resumed run; a
-       fresh start has moved the old one aside before asking), and a new run from another run's checkpoint `resume`
+       fresh start's old one does not count: `fresh`), and a new run from another run's checkpoint `resume`
        keeps that run's: data.tokenizer may not change it;
     2. data.tokenizer.path (`configured`), when set;
     3. a new run from model.init_from: that model's tokenizer (`model_tokenizer`);
-    4. None: the configured default (the byte-level BPE trained on the sources, cached)."""
-    owners = [run] + ([Run(resume.dir.parent)] if resume is not None else [])
+    4. None: the configured default (the byte-level BPE trained on the sources, cached).
+    `fresh`: the launch starts afresh in `run` (its old files are to be moved aside): its own tokenizer.json does not
+    count."""
+    owners = ([] if fresh else [run]) + ([Run(resume.dir.parent)] if resume is not None else [])
     for owner in owners:
         if (owner.dir / TOKENIZER_FILE).is_file():
             return owner.dir / TOKENIZER_FILE, True

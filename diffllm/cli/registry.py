@@ -163,6 +163,12 @@ def _study(name: str) -> Entry:
     return entry
 
 
+def _runs():
+    from ..overview import main
+
+    return main
+
+
 def _export():
     from ..export.commands import export_main
 
@@ -282,7 +288,7 @@ _REGISTRY: dict[str, Command] = {
     "eval needle": Command(
         _eval_needle,
         "multi-needle retrieval: accuracy by needles x depth x length, heatmap",
-        schema=_root("diffllm.eval.needle:NeedleConfig"),
+        schema=_root("diffllm.eval.options:NeedleConfig"),
         examples=(
             "diffllm eval needle run=runs/diff-tiny mode=synthetic",
             "diffllm eval needle run=runs/diff-tiny mode=text lengths=[256,512]",
@@ -291,7 +297,7 @@ _REGISTRY: dict[str, Command] = {
     "eval recall": Command(
         _eval_recall,
         "associative recall on held-out key-value sets: accuracy by N x gap x length, bootstrap intervals",
-        schema=_root("diffllm.eval.recall:RecallConfig"),
+        schema=_root("diffllm.eval.options:RecallConfig"),
         examples=(
             "diffllm eval recall run=runs/recall-tiny",
             "diffllm eval recall run=runs/recall-tiny n=[2,4,8] gaps=[0,16,32] lengths=[64,128] trials=64",
@@ -300,7 +306,7 @@ _REGISTRY: dict[str, Command] = {
     "eval attention": Command(
         _eval_attention,
         "attention mass on the answer (needle, or recall pair) vs the rest of the context, per layer",
-        schema=_root("diffllm.eval.attention:AttentionConfig"),
+        schema=_root("diffllm.eval.options:AttentionConfig"),
         examples=(
             "diffllm eval attention run=runs/diff-tiny",
             "diffllm eval attention run=runs/diff-recall task=recall n=[2,4,8] gaps=[0,16] length=64 trials=32",
@@ -309,7 +315,7 @@ _REGISTRY: dict[str, Command] = {
     "eval outliers": Command(
         _eval_outliers,
         "top-k activation and attention-logit magnitudes; loss with quantised logits",
-        schema=_root("diffllm.eval.outliers:OutliersConfig"),
+        schema=_root("diffllm.eval.options:OutliersConfig"),
         examples=("diffllm eval outliers run=runs/diff-tiny",),
     ),
     "eval lm-eval": Command(
@@ -356,6 +362,12 @@ _REGISTRY: dict[str, Command] = {
         "a learning-rate stability sweep: divergences, spikes, grad norms, outliers, lambda",
         schema=_root("diffllm.studies.stability:Config"),
         examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",),
+    ),
+    "runs": Command(
+        _runs,
+        "one line per run below a folder: model, arch, tokens of budget, status, last val loss, last checkpoint",
+        schema=_root("diffllm.overview:RunsConfig"),
+        examples=("diffllm runs", "diffllm runs runs/sweep/micro"),
     ),
     "export": Command(
         _export,

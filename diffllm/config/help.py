@@ -54,21 +54,33 @@ def yaml_comments(path: Path | None, prefix: str = "") -> dict[str, str]:
 
 def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
     """{dotted field: its source comment} of a dataclass, nested dataclasses included: the comment after the field on
-    its line, or else the comment lines right above it (where the formatter left no room on the line)."""
+    its line (with the comment lines under it that carry it on, when the next field has a comment of its own), or
+    else the comment lines right above it (where the formatter left no room on the line)."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):  # a field inherited from a dataclass base keeps its comment there
+        if dataclasses.is_dataclass(base):
+            out.update(field_comments(base, prefix))
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
+        return out
     above: list[str] = []  # the comment lines just above the current line
-    for line in source.splitlines():
-        m, name = _FIELD.match(line), _FIELD_NAME.match(line)
-        if m:
-            out[prefix + m.group(1)] = m.group(2).strip()
-        elif name and above:  # a field whose comment did not fit on its line sits right above it
+    last = None  # the last field line's field, when it had a comment on its line
+    for line in source.splitlines() + [""]:
+        m, name, comment = _FIELD.match(line), _FIELD_NAME.match(line), _COMMENT_LINE.match(line)
+        if comment:
+            above.append(comment.group(1).strip())
+            continue
+        if above and name and not m:  # a field whose comment did not fit on its line sits right above it
             out[prefix + name.group(1)] = " ".join(above)
-        comment = _COMMENT_LINE.match(line)
-        above = above + [comment.group(1).strip()] if comment else []
+        elif above and last:  # under a commented field, up to the next commented field or the end: carried on
+            out[last] = " ".join([out[last]] + above)
+        above = []
+        if m:
+            last = prefix + m.group(1)
+            out[last] = m.group(2).strip()
+        elif name or line.strip():
+            last = None
     for f in dataclasses.fields(cls):
         factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
         if factory is not None and dataclasses.is_dataclass(factory):
@@ -152,11 +164,7 @@ def config_help(
     rows.sort(key=lambda r: "." in r[0])  # the command's own keys first, then each group's
     width = min(max(len(f"{k}={v}") for k, v in rows) + 2, 48) if rows else 0
     lines.append("keys (key=default, then what it means):")
-    for key, value in rows:
-        text = f"{key}={value}"
-        meaning = comments.get(key, "")
-        wrapped = len(text) >= width and meaning
-        lines.append(f"  {text}\n  {'':<{width}}{meaning}" if wrapped else f"  {text:<{width}}{meaning}".rstrip())
+    lines += [_key_line(f"{key}={value}", comments.get(key, ""), width) for key, value in rows]
     lines += _examples(examples)
     lines += [
         "",
@@ -177,11 +185,29 @@ def key_value_help(command: str, examples: tuple[str, ...] = ()) -> str:
     rows = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((f"{f.name}={default}", meaning.get(f.name, "")))
+        rows.append((f"{f.name}={_show_plain(default)}", meaning.get(f.name, "")))
     width = max(len(k) for k, _ in rows) + 2
-    lines = [f"usage: diffllm {command} key=value ...", "", (cls.__doc__ or "").strip(), "", "keys (key=default):"]
-    lines += [f"  {k:<{width}}{m}".rstrip() for k, m in rows]
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    lines = [f"usage: diffllm {command} key=value ...", "", doc, "", "keys (key=default):"]
+    lines += [_key_line(k, m, width) for k, m in rows]
     return "\n".join(lines + _examples(examples))
+
+
+def _key_line(text: str, meaning: str, width: int, columns: int = 118) -> str:
+    """`  key=default   meaning`, the meaning wrapped at `columns` under itself (on the next line when the key is wider
+    than `width`)."""
+    if not meaning:
+        return f"  {text}"
+    indent = " " * (2 + width)
+    body = textwrap.fill(meaning, columns, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+    return f"  {text}\n{body}" if len(text) >= width else f"  {text:<{width}}{body[len(indent) :]}"
+
+
+def _show_plain(value: Any) -> str:
+    """A Python default as the command line writes it (YAML): null, false, [a, b]."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_show_plain, value)) + "]"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _examples(examples: tuple[str, ...]) -> list[str]:

@@ -302,11 +302,13 @@ def unknown_option(group: str, option: str, options: list[str]) -> str:
 
 
 def check_group_options(argv: list[str], groups: list[str]) -> None:
-    """`group=option` arguments naming no configs/<group>/<option>.yaml: ValueError (before anything is imported)."""
+    """`group=option` arguments (or a multirun's `group=a,b`) naming no configs/<group>/<option>.yaml: ValueError
+    (before anything is imported, and before Hydra writes a multirun folder)."""
     for arg in argv:
-        m = re.fullmatch(r"([\w/]+)=([\w.\-]+)", arg)
-        if m and m.group(1) in groups and find_config(m.group(1), m.group(2)) is None:
-            raise UserError(unknown_option(m.group(1), m.group(2), group_options(m.group(1))))
+        m = re.fullmatch(r"([\w/]+)=([\w.\-]+(?:,[\w.\-]+)*)", arg)
+        for option in m.group(2).split(",") if m and m.group(1) in groups else ():
+            if find_config(m.group(1), option) is None:
+                raise UserError(unknown_option(m.group(1), option, group_options(m.group(1))))
 
 
 def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:

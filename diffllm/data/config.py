@@ -62,9 +62,9 @@ class TokenizerConfig:
 
     path: Optional[str] = field(default=None, metadata={"resume": ("operational",)})
     vocab_size: int = 8192  # for the trained BPE (special tokens included)
-    eos_token: str = "<|endoftext|>"
+    eos_token: str = "<|endoftext|>"  # the special token appended after each document
     special_tokens: List[str] = field(default_factory=list)  # extra special tokens for the trained BPE
-    min_frequency: int = 2
+    min_frequency: int = 2  # BPE merges need a pair seen at least this often
     train_chars: int = 200_000_000  # train the BPE on at most this many characters of the training sources
     train_on: List[str] = field(default_factory=list)  # names of the training sources the BPE learns from (empty: all),
     # e.g. [plays] so a synthetic source mixed into the data does not shape the vocabulary
@@ -74,7 +74,7 @@ class TokenizerConfig:
 class DataConfig:
     """The training stream: a weighted mixture of sources, packed into windows of seq_len+1 tokens."""
 
-    name: str = "custom"
+    name: str = "custom"  # what the data config calls itself: shown in logs; data prepare's default out folder
     seq_len: int = 256  # windows hold seq_len + 1 tokens (inputs and shifted targets)
     seed: int = 1234  # file order per epoch and mixture draws
     sources: List[Any] = field(default_factory=list)  # SourceConfig nodes

@@ -18,8 +18,7 @@ its value), averaged over all queries of the cell's prompts:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ from ..config import run_key_values
 from .common import EvalError, load_run, out_dir, say, write_json
 from .maps import attention_map, capture
 from .needle import Format, build_prompt, haystack_tokens
+from .options import AttentionConfig
 from .recall import RecallPrompt, RecallTask, task_prompts
 
 TASKS = ("needle", "recall")
@@ -80,25 +80,6 @@ def allocation(model: torch.nn.Module, prompts: list) -> dict:
 def recall_allocation(model: torch.nn.Module, prompts: List[RecallPrompt]) -> dict:
     """Recall prompts: mean attention mass from every query's answer position."""
     return row_masses(model, [(p.ids, recall_probes(p)) for p in prompts])
-
-
-@dataclass
-class AttentionConfig:
-    """Attention to the answer (needle, or recall pair) vs the rest of the context, per layer, depth or N x gap."""
-
-    run: str = ""
-    step: Any = "latest"
-    task: str = "needle"  # needle | recall (the associative-recall task's held-out prompts, see eval recall)
-    mode: str = "synthetic"  # needle: synthetic | text (see eval needle)
-    data: Any = None
-    n_needles: int = 1
-    depths: List[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
-    n: List[int] = field(default_factory=lambda: [2, 4, 8])  # recall: key-value pairs per prompt
-    gaps: List[int] = field(default_factory=lambda: [0, 16])  # recall: filler words between pairs and queries
-    length: Optional[int] = None  # needle: tokens (null: the model's context); recall: words (null: 64)
-    trials: int = 4  # prompts per depth (needle) or per N x gap (recall)
-    seed: int = 0
-    out: Optional[str] = None
 
 
 def attention_by_depth(

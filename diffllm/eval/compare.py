@@ -56,7 +56,9 @@ class CompareConfig:
     """One table (markdown + JSON) and plots of ppl, needle, outliers and attention results for several runs, and
     the curves of `eval ppl by_position=true` and `eval icl` where a run has them (never computed here)."""
 
+    # run directories ([a,b], a,b or a glob; sweep folder names with commas are kept whole)
     runs: List[str] = field(default_factory=list)
+    # which results to show: ppl, needle, outliers, attention
     evals: List[str] = field(default_factory=lambda: list(EVALS))
     compute: bool = True  # compute a missing result (with the command's defaults) instead of leaving it blank
     out: Optional[str] = None  # folder for compare.{md,json,png}; null: <the runs' common parent folder>/compare

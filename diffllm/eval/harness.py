@@ -169,13 +169,14 @@ def quiet_git_probe():
 class LmEvalConfig:
     """lm-evaluation-harness tasks on a trained run, offline (default: our local plays_cloze task)."""
 
-    run: str = ""
-    step: Any = "latest"
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
+    # lm-eval task names (local tasks: diffllm/eval/tasks/)
     tasks: List[str] = field(default_factory=lambda: ["plays_cloze"])
     limit: Optional[int] = None  # documents per task (null: all)
-    num_fewshot: Optional[int] = None
-    batch_size: int = 16
-    out: Optional[str] = None
+    num_fewshot: Optional[int] = None  # demonstrations per prompt; null: each task's own default
+    batch_size: int = 16  # requests per forward
+    out: Optional[str] = None  # folder for lm_eval.json; null: <run>/eval
 
 
 def run_lm_eval(c: LmEvalConfig) -> dict:

@@ -23,6 +23,7 @@ import torch
 from ..config import run_key_values
 from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
 from .common import EvalError, load_run, out_dir, padded, say, write_report
+from .options import MODES, NeedleConfig, NeedleTask  # noqa: F401 - the configs live apart, light for --help
 
 CITIES = (
     "Paris",
@@ -58,7 +59,6 @@ CITIES = (
     "Leeds",
     "York",
 )
-MODES = ("synthetic", "text")
 
 
 @dataclass
@@ -176,43 +176,6 @@ def answers_correct(model: torch.nn.Module, prompts: List[Prompt], batch_size: i
     return out
 
 
-@dataclass
-class NeedleTask:
-    """The grid: accuracy for every N x depth x length, `trials` prompts per cell, min(queries, N) queries each."""
-
-    mode: str = "synthetic"  # synthetic | text
-    n_needles: List[int] = field(default_factory=lambda: [1, 2, 4])
-    queries: int = 1  # R (the paper: 1 at N=1, 2 otherwise)
-    depths: List[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
-    lengths: Optional[List[int]] = None  # null: 64, 128, ... up to the model's context
-    trials: int = 8
-    seed: int = 0
-    batch_size: int = 8
-
-    def resolved_lengths(self, max_seq_len: int) -> List[int]:
-        if self.lengths:
-            too_long = [x for x in self.lengths if x > max_seq_len]
-            if too_long:
-                raise EvalError(f"lengths: {too_long[0]} exceeds the model's context ({max_seq_len})")
-            return list(self.lengths)
-        out, x = [], 64
-        while x < max_seq_len:
-            out.append(x)
-            x *= 2
-        return out + [max_seq_len]
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise EvalError(f"mode={self.mode!r}: expected one of {MODES}")
-        limit = len(KEYS) if self.mode == "synthetic" else len(CITIES)
-        if not self.n_needles or any(not 1 <= n <= limit for n in self.n_needles):
-            raise EvalError(f"n_needles={self.n_needles}: each must be in 1..{limit}")
-        if any(not 0 <= d <= 100 for d in self.depths):
-            raise EvalError(f"depths={self.depths}: each must be in 0..100 (percent)")
-        if self.queries < 1 or self.trials < 1:
-            raise EvalError("queries and trials must be >= 1")
-
-
 def task_prompts(task: NeedleTask, tok, max_seq_len: int, haystack: Optional[List[int]] = None) -> dict:
     """{(n, depth, length): [Prompt, ...]} for the whole grid, each cell seeded on its own."""
     task.validate()
@@ -246,16 +209,6 @@ def haystack_tokens(run_config: Optional[dict], data: Any, tok, n_tokens: int) -
 
     docs, _ = source_docs(tok, eval_sources(run_config, data)[0], n_tokens)
     return [t for d in docs for t in d]
-
-
-@dataclass
-class NeedleConfig(NeedleTask):
-    """Multi-needle retrieval: accuracy by N x depth x length (JSON, markdown table, heatmap PNG)."""
-
-    run: str = ""
-    step: Any = "latest"
-    data: Any = None  # mode=text: data config name or files for the haystack (default: the run's held-out text)
-    out: Optional[str] = None  # folder for needle-<mode>.{json,md,png}; null: <run>/eval
 
 
 def run_needle(c: NeedleConfig) -> dict:

@@ -11,7 +11,6 @@ sequence), scale = max |logit| over its causal entries / (2^(bits-1) - 1), logit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
@@ -20,6 +19,7 @@ from ..config import run_key_values
 from ..model.documents import causal_mask
 from .common import EvalError, load_run, out_dir, say, write_json
 from .maps import capture, scores_transformed
+from .options import OutliersConfig
 from .ppl import eval_sources, perplexity
 
 TOPS = (1, 2, 3, 10, 100)
@@ -97,21 +97,6 @@ def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: 
         with scores_transformed(model, absmax_quantiser(b)):
             out[str(b)] = perplexity(model, full)["loss"]
     return out
-
-
-@dataclass
-class OutliersConfig:
-    """Activation outliers (top-k and median of attention logits and hidden states) and the loss after absmax
-    quantisation of attention logits, over held-out windows (default: the run's held-out sources)."""
-
-    run: str = ""
-    step: Any = "latest"
-    data: Any = None
-    tokens: int = 16384  # the token sample (the paper: 0.4M)
-    seq_len: Optional[int] = None  # null: the run's data.seq_len
-    batch_size: int = 4
-    bits: List[int] = field(default_factory=lambda: [16, 8, 6, 4])
-    out: Optional[str] = None
 
 
 def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_len: int, batch_size: int) -> list:

@@ -27,8 +27,8 @@ class PplConfig:
     """Loss, perplexity and bits per byte per source. data: a data config name (its held-out `val` sources), or
     files/globs (one source each); default: the run's own held-out sources."""
 
-    run: str = ""
-    step: Any = "latest"
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
     data: Any = None  # null | shakespeare | path/to/*.txt | [a.txt, b.jsonl]
     seq_len: Optional[int] = None  # null: the run's data.seq_len
     batch_size: int = 8  # windows per forward (on CPU 8 beats 32: the logits stay smaller; scripts/bench_eval.py)

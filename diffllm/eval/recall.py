@@ -18,16 +18,17 @@ documents, not haystacks with needles) and the bootstrap differ; the verdict is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from dataclasses import dataclass
+from typing import List, Optional
 
 import numpy as np
 import torch
 
 from ..config import run_key_values
-from ..data.recall import check, recall_document
+from ..data.recall import recall_document
 from .common import EvalError, load_run, out_dir, say, write_report
 from .needle import answers_correct
+from .options import RecallConfig, RecallTask  # noqa: F401 - the configs live apart, light for --help
 
 
 @dataclass
@@ -60,33 +61,6 @@ def bootstrap_interval(hits: np.ndarray, counts: np.ndarray, reps: int, level: f
     stats = hits[idx].sum(1) / counts[idx].sum(1)
     lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
-
-
-@dataclass
-class RecallTask:
-    """The grid: accuracy for every N x gap x length, `trials` held-out prompts per cell."""
-
-    n: List[int] = field(default_factory=lambda: [2, 4, 8])  # key-value pairs per prompt (every key is queried)
-    gaps: List[int] = field(default_factory=lambda: [0, 16])  # filler words between the pairs and the queries
-    lengths: List[int] = field(default_factory=lambda: [64])  # words per prompt
-    trials: int = 32  # prompts per cell
-    seed: int = 0  # the prompts' generator (held-out binding sets whatever the seed)
-    batch_size: int = 8  # prompts per forward
-    bootstrap: int = 1000  # resamples for the intervals (0: none)
-    level: float = 0.95
-
-    def validate(self) -> None:
-        if not self.n or not self.gaps or not self.lengths:
-            raise EvalError("n, gaps and lengths must be non-empty lists")
-        if self.trials < 1 or self.batch_size < 1 or self.bootstrap < 0 or not 0 < self.level < 1:
-            raise EvalError("trials and batch_size must be >= 1, bootstrap >= 0, 0 < level < 1")
-        for n in self.n:
-            for gap in self.gaps:
-                for length in self.lengths:
-                    try:
-                        check(int(n), int(gap), int(length), "test")
-                    except ValueError as e:
-                        raise EvalError(str(e)) from None
 
 
 def task_prompts(task: RecallTask, tok, max_seq_len: int) -> dict:
@@ -171,15 +145,6 @@ def recall_table(res: dict) -> str:
     ]
     rows.append(["all", "all", show(res["mean"], *res["interval"])] + [""] * (len(lengths) - 1))
     return markdown(["N", "gap"] + [f"length {x}" for x in lengths], rows)
-
-
-@dataclass
-class RecallConfig(RecallTask):
-    """Associative recall on held-out binding sets: accuracy by N x gap x length with bootstrap intervals."""
-
-    run: str = ""
-    step: Any = "latest"
-    out: Optional[str] = None  # folder for recall.{json,md}; null: <run>/eval
 
 
 def run_recall(c: RecallConfig) -> dict:

@@ -26,10 +26,10 @@ import torch
 from ..errors import UserError
 from ..model import ModelConfig
 from ..runs import Run, read_metrics
-from . import diffllama, llama, remote, stablelm
+from . import deepseek, diffllama, llama, remote, stablelm
 
-FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, remote)}
-NATIVE = (stablelm, llama, diffllama)
+FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (stablelm, llama, diffllama, deepseek, remote)}
+NATIVE = (stablelm, llama, diffllama, deepseek)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -20,6 +20,7 @@ class ModelStats:
     matmul_params: int  # weights that multiply activations (all 2-D weights but the embedding lookup)
     flops_per_token: float  # training (fwd + bwd) FLOPs per token at seq_len
     seq_len: int
+    kv_bytes_per_token: int = 0  # the KV cache of one token, all layers, bf16 (kv_cache_bytes_per_token)
 
     @property
     def bf16_weight_bytes(self) -> int:
@@ -42,6 +43,12 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return cfg.variant.attention_flops_per_token(cfg, seq_len)
 
 
+def kv_cache_bytes_per_token(cfg: ModelConfig, bytes_per_number: int = 2) -> int:
+    """Bytes the KV cache holds per token over all layers (bf16 by default), from the variant's own declaration
+    (`kv_cache_width`: Transformer 2 g d per layer, Diff 2 (g/2) 2d, V2 2 g d, ...)."""
+    return cfg.n_layers * cfg.variant.kv_cache_width(cfg) * bytes_per_number
+
+
 def model_stats(cfg: ModelConfig, seq_len: int | None = None) -> ModelStats:
     """Counts from the model built on the meta device; FLOPs = 6 x matmul params + the variant's attention FLOPs
     (for cfg.attn_backend)."""
@@ -53,4 +60,4 @@ def model_stats(cfg: ModelConfig, seq_len: int | None = None) -> ModelStats:
     if cfg.tie_embeddings:  # the shared table is also the output matmul
         matmul += embedding
     flops = 6.0 * matmul + attention_flops_per_token(cfg, seq_len)
-    return ModelStats(total, embedding, total - embedding, matmul, flops, seq_len)
+    return ModelStats(total, embedding, total - embedding, matmul, flops, seq_len, kv_cache_bytes_per_token(cfg))

@@ -44,7 +44,7 @@ class Attention(AttentionVariant, TransformerEquations):
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:
-        return Heads(query=cfg.n_heads, kv=cfg.kv_heads, out=cfg.n_heads, value_dim=cfg.head_dim)
+        return Heads(query=cfg.n_heads, kv=cfg.kv_heads, out=cfg.n_heads, value_dim=cfg.head_dim, key_dim=cfg.head_dim)
 
     @classmethod
     def attention_params(cls, cfg: ModelConfig) -> int:

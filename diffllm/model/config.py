@@ -22,27 +22,34 @@ class ModelConfig:
 
     name: str = field(default="custom", metadata={"resume": ("label",)})  # what was loaded calls it
     arch: str = "transformer"  # a registered variant: transformer | diff | diff2 | one from $DIFFLLM_VARIANTS
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # decoder blocks
+    n_heads: int = 4  # the Transformer's attention heads (Diff: n_heads/2 heads of twice the value width)
     n_kv_heads: Optional[int] = None  # None -> n_heads (MHA)
     ffn_dim: Optional[int] = None  # None -> int(8/3 * d_model), the paper's SwiGLU width
     vocab_size: int = 8192  # raw tokenizer vocabulary; the embedding is padded up to `vocab_multiple`
-    vocab_multiple: int = 64
+    vocab_multiple: int = 64  # the embedding rows are vocab_size rounded up to a multiple of this
     norm: str = "rmsnorm"  # rmsnorm (paper) | layernorm with bias (StableLM)
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm/LayerNorm
     rotary_pct: float = 1.0  # fraction of each head dim that is rotated (StableLM: 0.25)
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # RoPE base
     rope_interleaved: bool = False  # GPT-J pairs (2i, 2i+1) as the official Diff code; False = NeoX rotate-half (HF)
-    qkv_bias: bool = False
-    tie_embeddings: bool = False
-    init_std: float = 0.02
+    qkv_bias: bool = False  # biases on the q, k, v projections (StableLM: false)
+    tie_embeddings: bool = False  # the output head shares the input embedding matrix
+    init_std: float = 0.02  # std of the normal init of every weight matrix
+    # the longest sequence the model is built for (RoPE tables, the KV cache); data.seq_len may not exceed it
     max_seq_len: int = field(default=2048, metadata={"resume": ("kept",)})
     # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
     attn_backend: str = field(default="sdpa", metadata={"resume": ("operational", "kept")})
     # Variant options: read (and checked) only by the variant that documents them, ignored by the others.
     lambda_init: Optional[float] = None  # diff: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # diff: init std of lambda_{q,k}{1,2}
+    # mla (DeepSeek-V2 latent attention, mla_attention.py); None -> DeepSeek-V2's ratios to d = d_model / n_heads
+    q_lora_rank: Optional[int] = None  # mla: width of the query latent c_Q; None -> a full-rank W_Q
+    kv_lora_rank: Optional[int] = None  # mla: width of the cached latent c_KV; None -> 4 d
+    qk_nope_head_dim: Optional[int] = None  # mla: per-head query/key width without RoPE; None -> d
+    qk_rope_head_dim: Optional[int] = None  # mla: decoupled RoPE width (one key for all heads); None -> d/2, even
+    v_head_dim: Optional[int] = None  # mla: per-head value width; None -> d
     # an HF model folder or a diffllm run to start from: its architecture, weights and tokenizer, a fresh optimizer at
     # step 0
     init_from: Optional[str] = field(default=None, metadata={"resume": ("kept",)})
@@ -85,7 +92,8 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        return int(self.head_dim * self.rotary_pct)
+        """The width RoPE rotates, as the variant declares it (default: rotary_pct of d; MLA: qk_rope_head_dim)."""
+        return self.variant.rotary_dim(self)
 
     @property
     def ffn_hidden(self) -> int:

@@ -64,7 +64,8 @@ class Diff2Attention(AttentionVariant, Diff2Equations):
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:
-        return Heads(query=2 * cfg.n_heads, kv=cfg.kv_heads, out=cfg.n_heads, value_dim=cfg.head_dim)
+        d = cfg.head_dim
+        return Heads(query=2 * cfg.n_heads, kv=cfg.kv_heads, out=cfg.n_heads, value_dim=d, key_dim=d)
 
     @classmethod
     def attention_params(cls, cfg: ModelConfig) -> int:

@@ -157,7 +157,8 @@ class DiffAttention(AttentionVariant, DiffEquations):
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:
-        return Heads(query=cfg.n_heads // 2, kv=cfg.kv_heads // 2, out=cfg.n_heads // 2, value_dim=2 * cfg.head_dim)
+        d = cfg.head_dim  # each kv group caches its two key sub-heads of d and one value head of 2d
+        return Heads(query=cfg.n_heads // 2, kv=cfg.kv_heads // 2, out=cfg.n_heads // 2, value_dim=2 * d, key_dim=2 * d)
 
     @classmethod
     def attention_params(cls, cfg: ModelConfig) -> int:

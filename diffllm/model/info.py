@@ -24,15 +24,16 @@ def _fmt(n: float) -> str:
 def table(cfgs: list[ModelConfig], seq_len: int | None) -> str:
     head = (
         "| preset | arch | d_model | layers | heads (kv) | d | ffn | vocab | params | non-emb params "
-        "| train GFLOPs/token | bf16 weights |"
+        "| train GFLOPs/token | bf16 weights | KV bytes/token |"
     )
-    rows = [head, "|" + "---|" * 12]
+    rows = [head, "|" + "---|" * 13]
     for c in cfgs:
         s = model_stats(c, seq_len)
         rows.append(
             f"| {c.name} | {c.arch} | {c.d_model} | {c.n_layers} | {c.variant.heads(c).label()} | {c.head_dim} | "
             f"{c.ffn_hidden} | {c.padded_vocab_size} | {s.total_params:,} | {s.nonembedding_params:,} | "
-            f"{s.flops_per_token / 1e9:.3g} @{s.seq_len} | {s.bf16_weight_bytes / 2**30:.2f} GiB |"
+            f"{s.flops_per_token / 1e9:.3g} @{s.seq_len} | {s.bf16_weight_bytes / 2**30:.2f} GiB | "
+            f"{s.kv_bytes_per_token:,} |"
         )
     return "\n".join(rows)
 
@@ -67,3 +68,8 @@ def main(cfg: DictConfig) -> None:
         f"(6 x {s.matmul_params:,} matmul params + attention)"
     )
     print(f"bf16 weights         {s.bf16_weight_bytes / 2**30:.2f} GiB")
+    print(
+        f"KV bytes/token       {s.kv_bytes_per_token:,} (all {mc.n_layers} layers, bf16: "
+        f"{mc.variant.kv_cache_width(mc):,} numbers per layer; "
+        f"{s.kv_bytes_per_token * 1024 / 2**20:.3g} MiB per 1K tokens)"
+    )

@@ -41,9 +41,10 @@ class Heads:
     """How a variant lays out its heads for a config whose Transformer would have `n_heads` heads of d."""
 
     query: int  # query heads (Diff V1: diff heads, each of two d-wide sub-heads; V2: the 2h heads of its one call)
-    kv: int  # key/value heads (the KV cache holds `kv` keys of kv_dim and values of value_dim per token and layer)
+    kv: int  # key/value heads (the KV cache holds `kv` keys of key_dim and values of value_dim per token and layer)
     out: int  # heads concatenated before the output projection
     value_dim: int  # width of each value head
+    key_dim: Optional[int] = None  # width of each kv head's keys (Diff: its two d-wide sub-heads, 2d); None: value_dim
 
     def label(self) -> str:
         """`8 (8)`: output heads (kv heads), plus the query count when it differs, e.g. `8 (8), 16 q`."""
@@ -105,6 +106,21 @@ class AttentionVariant:
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:
         raise NotImplementedError
+
+    @classmethod
+    def rotary_dim(cls, cfg: ModelConfig) -> int:
+        """The width the model's cos/sin cover (`rotary_cos_sin(T, rotary_dim, ...)`, handed to `project`): rotary_pct
+        of the head dim d by default (MLA: its decoupled RoPE width)."""
+        return int(cfg.head_dim * cfg.rotary_pct)
+
+    @classmethod
+    def kv_cache_width(cls, cfg: ModelConfig) -> int:
+        """Numbers the KV cache holds per token and layer: what `project` hands the cache (k and v, or whatever the
+        variant caches instead). Default, from its heads: kv x (key_dim + value_dim). `diffllm info` and the planner
+        turn it into bytes (accounting.kv_cache_bytes_per_token); tests/model/test_kv_bytes.py checks it against a
+        real cache."""
+        h = cls.heads(cfg)
+        return h.kv * ((h.key_dim or h.value_dim) + h.value_dim)
 
     @classmethod
     def attention_params(cls, cfg: ModelConfig) -> int:

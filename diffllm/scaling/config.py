@@ -15,17 +15,20 @@ DEFAULT_SELECT_BY = "final_val_loss"  # ... and the metric it chooses by (scalin
 @dataclass
 class PlanConfig:
     seq_len: Optional[int] = None  # None -> the preset's max_seq_len
-    global_batch_tokens: str = "4194304"
+    global_batch_tokens: str = "4194304"  # tokens per optimizer step, all ranks together
     tokens: str = "100B"  # the training budget
-    nodes: int = 1
-    gpus_per_node: int = 8
-    gpu: str = "h100"
+    nodes: int = 1  # machines
+    gpus_per_node: int = 8  # GPUs per machine (ranks per node)
+    gpu: str = "h100"  # the GPU type whose memory and peak bf16 FLOPs are used (plan gpus=true lists them)
     mfu: float = 0.40  # model FLOPs utilisation assumed for the time estimate
     zero_stage: Optional[int] = None  # None -> rows for 0, 1, 2, 3
     activation_checkpointing: Optional[bool] = None  # None -> rows with and without
     offload: Optional[bool] = None  # None -> rows with and without (optimizer, and for ZeRO-3 also params, to CPU)
     micro_batch_size: Optional[int] = None  # None -> the largest that fits
     usable_fraction: float = 0.90  # of GPU memory; the rest for the CUDA context, NCCL buffers, fragmentation
+    # inference: bf16 weights + the KV cache of `batch` sequences of `context` tokens (the variant's KV bytes/token)
+    context: Optional[int] = None  # None -> seq_len
+    batch: int = 1
 
     def validate(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -34,11 +37,13 @@ class PlanConfig:
             raise UserError(f"mfu={self.mfu}: must be in (0, 1]")
         if self.zero_stage not in (None, 0, 1, 2, 3):
             raise UserError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
+        if self.batch < 1 or (self.context is not None and self.context < 1):
+            raise UserError(f"context={self.context}, batch={self.batch}: need at least one token and one sequence")
 
 
 @dataclass
 class ScalingConfig:
-    sweep_dir: str = "runs/sweep/micro"
+    sweep_dir: str = "runs/sweep/micro"  # a collected sweep folder, or its runs.csv
     out: Optional[str] = None  # null: <sweep_dir>/scaling
     params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
     loss: str = "final_val_loss"  # final_val_loss | final_train_loss
@@ -47,8 +52,8 @@ class ScalingConfig:
     curve_min_fraction: float = 0.25  # learning-curve points before this fraction of the budget are left out
     reps: int = 400  # bootstrap replicates for L(N); a quarter of it for L(N, D)
     level: float = 0.9  # interval coverage
-    seed: int = 0
-    title: str = "diffllm scaling"
+    seed: int = 0  # of the bootstrap
+    title: str = "diffllm scaling"  # the report's and plots' title
     select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
     include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)

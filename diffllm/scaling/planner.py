@@ -98,6 +98,23 @@ class Plan:
     global_batch_tokens: int
     samples_per_gpu: int  # sequences per GPU per optimizer step
     rows: list[Row]
+    kv_bytes_per_token: int = 0  # the KV cache of one token, all layers, bf16 (the variant's declaration)
+
+    @property
+    def context(self) -> int:
+        """Inference: tokens per sequence the KV cache holds (plan's context=, else the training seq_len)."""
+        return self.plan.context or self.seq_len
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        """Inference: the KV cache of `batch` sequences of `context` tokens."""
+        return float(self.kv_bytes_per_token) * self.context * self.plan.batch
+
+    @property
+    def inference_bytes(self) -> float:
+        """Inference on one device, no sharding: bf16 weights + the KV cache (activations of a decode step are
+        small beside them and not counted)."""
+        return 2.0 * self.total_params + self.kv_cache_bytes
 
     @property
     def world(self) -> int:
@@ -188,6 +205,7 @@ def make_plan(cfg: ModelConfig, pc: PlanConfig) -> Plan:
         batch,
         samples_per_gpu,
         rows,
+        stats.kv_bytes_per_token,
     )
     if not plan.fitting:
         best = min(rows, key=lambda r: r.total)
@@ -217,6 +235,9 @@ def render(p: Plan) -> str:
         f"budget       {p.tokens:,} tokens x {p.flops_per_token:.4g} FLOPs/token = {p.total_flops:.3g} FLOPs",
         f"time         {_duration(p.seconds)} at {pc.mfu:.0%} MFU "
         f"({p.tokens / p.seconds / p.world:,.0f} tokens/s per GPU)",
+        f"inference    {p.inference_bytes / GiB:.2f} GiB on one GPU = bf16 weights "
+        f"{2 * p.total_params / GiB:.2f} GiB + KV cache {p.kv_cache_bytes / GiB:.2f} GiB "
+        f"({p.kv_bytes_per_token:,} B/token x {p.context:,} context x {pc.batch} batch)",
         "",
         "| ZeRO | act. ckpt | offload | weights | grads | optimizer | zero-3 extra | activations / sample | "
         "max micro-batch | grad accum | total / GPU | host / node |",
@@ -244,6 +265,13 @@ def plan_dict(p: Plan) -> dict:
         "seconds": p.seconds,
         "total_flops": p.total_flops,
         "rows": [dataclasses.asdict(r) for r in p.rows],
+        "inference": {
+            "kv_bytes_per_token": p.kv_bytes_per_token,
+            "context": p.context,
+            "batch": p.plan.batch,
+            "kv_cache_bytes": p.kv_cache_bytes,
+            "total_bytes": p.inference_bytes,
+        },
     }
 
 

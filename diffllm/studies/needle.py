@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..config import run_key_values
 from ..errors import UserError
-from ..eval.needle import NeedleConfig, run_needle
+from ..eval.options import NeedleConfig
 from ..scaling.select import select_runs, size_of
 from .common import by_size, emit, folder_of, read_records
 
@@ -29,6 +29,8 @@ class Config:
 
 def run(c: Config) -> str:
     """Evaluate the selected runs (each run's eval/ gets eval needle's results) and write <out>/needle.md."""
+    from ..eval.needle import run_needle
+
     records = read_records(c.sweep_dir, "sweep_dir", baselines=False)
     sel = select_runs(records)
     acc: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))

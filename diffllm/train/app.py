@@ -65,6 +65,9 @@ def _app(cfg: DictConfig) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    from ..data.workers import end_children
+
+    end_children()  # os._exit runs no cleanup: whatever this rank started (forkserver, workers) ends with it now
     os._exit(code)
 
 

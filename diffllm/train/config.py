@@ -69,7 +69,7 @@ class EvalConfig:
     recall_gaps: list = field(default_factory=lambda: [0, 16])  # filler words between the pairs and the queries
     recall_length: int = 64  # words per recall prompt
     recall_trials: int = 16  # held-out prompts per N x gap
-    recall_seed: int = 0
+    recall_seed: int = 0  # the recall prompts' own generator (never the training RNG)
 
     @property
     def on(self) -> bool:
@@ -213,6 +213,9 @@ class TrainerConfig:
     keep_last: int = operational(2)  # checkpoints kept in run_dir/checkpoints (older ones are deleted)
     # auto (latest in run_dir) | none (fresh; old run files moved aside) | <checkpoint path>
     resume: str = operational("auto")
+    # resuming with another optimisation schedule (any optim key, trainer.tokens, trainer.global_batch_tokens) is
+    # refused unless this is true (then each change is a note); a finished run may always train on to a larger budget
+    allow_changes: bool = operational(False)
     # optim.schedule=wsd: keep a checkpoint where each budget's decay begins
     branch_budgets: list = operational(factory=list)
     # a WSD run directory: start this run (its own budget) from its branch checkpoint
@@ -270,11 +273,11 @@ class TrainerConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # the optimizer; adamw (decoupled weight decay) is the one implemented
     lr: float = 3.2e-4  # peak learning rate
     min_lr: float = 1.28e-5  # floor reached at the last step (linear, cosine, wsd)
-    betas: list = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-6
+    betas: list = field(default_factory=lambda: [0.9, 0.95])  # AdamW (beta1, beta2)
+    eps: float = 1e-6  # AdamW epsilon
     weight_decay: float = 0.1  # not applied to norms, biases and the Diff lambda_* parameters
     grad_clip: float = 1.0  # global-norm clipping (0: off)
     schedule: str = "linear"  # linear (the paper's) | cosine | wsd | constant
@@ -289,6 +292,8 @@ class OptimConfig:
             bad("name", f"got {self.name!r}; only adamw is implemented")
         if self.schedule not in SCHEDULES:
             bad("schedule", f"got {self.schedule!r}, expected one of {SCHEDULES}")
+        if not self.lr >= 0.0:  # a NaN too
+            bad("lr", f"must be >= 0 (the peak learning rate), got {self.lr}")
         if not 0.0 <= self.min_lr <= self.lr:
             bad("min_lr", f"must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -305,10 +310,10 @@ class OptimConfig:
 @dataclass
 class LoggingConfig:
     wandb: str = "auto"  # auto: online with a W&B key, else offline | online | offline | disabled
-    project: str = "diffllm"
-    entity: Optional[str] = None
+    project: str = "diffllm"  # W&B project
+    entity: Optional[str] = None  # W&B team or user (null: the key's default)
     name: Optional[str] = None  # None -> the run_dir's name
-    tags: list = field(default_factory=list)
+    tags: list = field(default_factory=list)  # W&B run tags
     peak_tflops: Optional[float] = None  # override the per-device dense bf16 peak used for MFU
     online_timeout_s: float = 20.0  # W&B online start: give up and log offline after this long
 
@@ -356,4 +361,13 @@ class TrainConfig:
         )
         for c in (out.trainer, out.optim, out.logging):
             c.validate()
+        out.check_together()
         return out
+
+    def check_together(self) -> None:
+        """What no group can check alone: the training windows fit the model's context."""
+        if self.data.seq_len > self.model.max_seq_len:
+            raise UserError(
+                f"data.seq_len={self.data.seq_len}: longer than model.max_seq_len={self.model.max_seq_len} (the "
+                f"model's context); use data.seq_len <= {self.model.max_seq_len}, or set model.max_seq_len"
+            )

@@ -58,8 +58,10 @@ class InLoopEval(Hook):
         self.haystack: Optional[list[int]] = None
         self.recall: Optional[RecallTask] = None
 
-    def on_start(self, view: View) -> None:
-        c, model_len = self.cfg, view.model().module.cfg.max_seq_len
+    def prepare(self, model_len: int) -> None:
+        """Before the run directory is written: the windows and prompts (on the CPU), so that ones that cannot be
+        built are refused first; `model_len`: the model's context (model.max_seq_len)."""
+        c = self.cfg
         if self.seq_len > model_len:
             raise UserError(f"data.seq_len={self.seq_len}: longer than the model's context ({model_len})")
         for name in c.ppl_data:  # what `diffllm eval ppl data=<name>` scores: held-out windows or whole sources
@@ -75,7 +77,7 @@ class InLoopEval(Hook):
             )
             for s in sets:
                 key = name if len(sets) == 1 else f"{name}/{s.name}"
-                self.ppl_sets[key] = ([b.to(view.device) for b in s.batches], s.n_bytes)
+                self.ppl_sets[key] = (s.batches, s.n_bytes)
         if c.needle_n:
             length = c.needle_length or self.seq_len
             if length > model_len:
@@ -112,6 +114,9 @@ class InLoopEval(Hook):
                 raise UserError(
                     f"trainer.eval.recall_length={c.recall_length}: {str(e).removeprefix('lengths: ')}"
                 ) from None
+
+    def on_start(self, view: View) -> None:
+        self.ppl_sets = {k: ([b.to(view.device) for b in batches], n) for k, (batches, n) in self.ppl_sets.items()}
 
     def on_step_end(self, view: View, record: Mapping) -> None:
         c, step = self.cfg, view.state.step

@@ -25,7 +25,7 @@ from .faults import fault_hooks
 from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation, View, val_losses_record
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
-from .resume import ResumePlan, note_changes, plan_resume
+from .resume import ResumePlan, plan_resume
 from .signals import StopFlag
 from .spikes import SpikeGuard
 from .state import Resumable, TrainState
@@ -54,6 +54,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, hooks: Optional[list[Hook]] = None):
         self.cfg = cfg
         set_env_defaults()  # a plain single process is a world of one; checked here, before any heavy setup
+        cfg.check_together()  # (from_hydra checked it too; a config built otherwise is checked here)
         self.budget = plan_budget(cfg.trainer, cfg.data.seq_len, int(os.environ["WORLD_SIZE"]))
         self.run_dir = Path(cfg.run_dir)
         self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
@@ -93,6 +94,7 @@ class Trainer:
                 f"{self.state.tokens:,} tokens; summary.json)"
             )
             return plan
+        self.run_obj.check_writable()  # a read-only run_dir: one line now, not a traceback at its first write
         tok, data, trainer = plan.tokenizer, cfg.data, cfg.trainer
         self.stats = model_stats(cfg.model, data.seq_len)
         self.precision = resolve_precision(trainer)
@@ -114,10 +116,11 @@ class Trainer:
         )
         if plan.saved is not None:
             self.resumable.check(plan.saved)  # e.g. a world size its data streams cannot take: before any write
+        self.evals = eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved)
+        for hook in self.evals:
+            hook.prepare(cfg.model.max_seq_len)  # its windows and prompts: ones that cannot be built fail here
         if self.rank == 0:
-            self.run_obj.prepare()  # every input is checked: run_dir is created (interrupted saves removed)
-            if plan.branches.source is not None:
-                plan.branches.begin(self.run_obj, ((plan.saved or {}).get("train_state") or {}).get("elapsed_s"))
+            self.begin(plan)
         barrier()
         self.ckpt = CheckpointManager(self.run_dir, trainer.keep_last, plan.branches.pinned_tags())
         ds_config = deepspeed_config(trainer, cfg.optim, self.budget, self.precision, plan.universal)
@@ -162,7 +165,7 @@ class Trainer:
             Summary(),
             StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
             DiagnosticsHook(trainer.log_every),
-            *eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved),
+            *self.evals,
             *fault_hooks(trainer.faults),
             Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
             *plan.branches.hooks(),
@@ -173,11 +176,18 @@ class Trainer:
         )
         return plan
 
+    def begin(self, plan: ResumePlan) -> None:
+        """Rank 0, once every input is checked: the first writes into run_dir. A fresh start moves the old run's files
+        aside; run_dir is created (interrupted saves removed); a branch writes branch.json and its parent's metrics."""
+        if plan.fresh is not None:
+            self.run_obj.move_aside(plan.fresh)
+        self.run_obj.prepare()
+        if plan.branches.source is not None:
+            plan.branches.begin(self.run_obj, ((plan.saved or {}).get("train_state") or {}).get("elapsed_s"))
+
     def load(self, plan: ResumePlan) -> None:
         client, tag = self.ckpt.load(self.engine, plan.checkpoint, plan.universal)
         saved = Resumable.saved(client)
-        if plan.branches.source is None:
-            note_changes(saved["config"], self.cfg.resolved, say)
         self.resumable.restore(saved, self.rank)  # raises, naming the problem, if the data cannot resume exactly
         self.state = self.resumable.state
         res = plan.checkpoint

@@ -1,9 +1,11 @@
 """Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
 the engine is built (`plan_resume`: trainer.resume against run_dir, a WSD branch's parent checkpoint (`branch_source`,
 see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout), and the checks behind it: the
-checkpoint's architecture and ZeRO layout, a finished run's config, a branch's config against its parent's, the run's
-own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
-(a finished run is never changed, at any world size)."""
+checkpoint's architecture and ZeRO layout, a finished run's config, a resumed run's budget (not below what it trained)
+and optimisation schedule (changed only with trainer.allow_changes=true), a branch's config against its parent's, the
+run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
+(a finished run is never changed, at any world size); even a fresh start's old files are moved aside only once every
+input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
 
 from __future__ import annotations
 
@@ -124,6 +126,17 @@ def check_finished_unchanged(run: Run, saved_config: dict, cfg: TrainConfig) -> 
         )
 
 
+def check_within_budget(saved: dict, ckpt: Checkpoint, cfg: TrainConfig, budget: Budget) -> None:
+    """A budget below what the checkpoint has trained cannot be kept (the run would finish past it): refused."""
+    done = int(saved["train_state"]["tokens"])
+    if done > budget.tokens:
+        raise UserError(
+            f"trainer.tokens={cfg.trainer.tokens}: a budget of {budget.tokens:,} tokens, below the {done:,} tokens "
+            f"that the checkpoint {ckpt.path} has trained (step {ckpt.step}); use trainer.tokens={done} or more, or "
+            f"trainer.resume=none to start afresh"
+        )
+
+
 def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> None:
     """A tokenizer passed with data.tokenizer.path must be the one the run was trained with."""
     if configured is not None and configured.fingerprint != kept.fingerprint:
@@ -134,19 +147,45 @@ def check_same_tokenizer(kept, configured_path: Optional[str], configured) -> No
         )
 
 
-def note_changes(saved: dict, config: dict, say: Callable[[str], None]) -> None:
-    """A resumed run may change its budget, learning rate, schedule or data: each change is said, not refused."""
-    for group, key in (
-        ("trainer", "tokens"),
-        ("trainer", "global_batch_tokens"),
-        ("optim", "lr"),
-        ("optim", "schedule"),
-        ("optim", "warmup_steps"),
-        ("data", "name"),
-    ):
-        old, new = saved.get(group, {}).get(key), config[group].get(key)
-        if old != new:
-            say(f"note: {group}.{key} changed since the checkpoint ({old} -> {new}); the run continues with {new}")
+SCHEDULE = ("optim", "trainer.tokens", "trainer.global_batch_tokens")  # a run's optimisation schedule
+COUNTS = ("trainer.tokens", "trainer.global_batch_tokens")  # compared as numbers: 16K is 16384
+
+
+def schedule_changes(saved: dict, now: dict, at_budget: bool) -> list[str]:
+    """`key (old -> new)` for each key of the optimisation schedule (SCHEDULE) that differs from the checkpoint's
+    config (a key its diffllm did not have yet aside). `at_budget`: the checkpoint reached its own budget (a finished
+    run): a larger trainer.tokens trains on, which is no change."""
+    old, new = flatten(saved), flatten(now)
+    out = []
+    for k in sorted(k for k in old if k in new and any(k == s or k.startswith(s + ".") for s in SCHEDULE)):
+        a, b = old[k], new[k]
+        if k in COUNTS:
+            a_n, b_n = parse_count(a, k), parse_count(b, k)
+            if a_n == b_n or (k == "trainer.tokens" and at_budget and b_n > a_n):
+                continue
+        elif a == b:
+            continue
+        out.append(f"{k} ({a!r} -> {b!r})")
+    return out
+
+
+def check_changes(saved: dict, ckpt: Checkpoint, cfg: TrainConfig, say: Callable[[str], None]) -> None:
+    """A resumed run keeps its optimisation schedule: a change is refused in one line naming the keys, unless
+    trainer.allow_changes=true (then each is a note). Another data config is a note."""
+    sched = saved.get("schedule") or {}
+    at_budget = "total_steps" in sched and sched.get("step", 0) >= sched["total_steps"]
+    changed = schedule_changes(saved["config"], cfg.resolved, at_budget)
+    if changed and not cfg.trainer.allow_changes:
+        raise UserError(
+            f"{'; '.join(changed)}: changed since the checkpoint {ckpt.path}; a resumed run keeps its optimisation "
+            f"schedule: relaunch with the checkpoint's values, or add trainer.allow_changes=true to continue with the "
+            f"new ones"
+        )
+    for change in changed:
+        say(f"note: {change} since the checkpoint (trainer.allow_changes=true): the run continues with the new value")
+    old, new = (saved["config"].get("data") or {}).get("name"), cfg.data.name
+    if old != new:
+        say(f"note: data.name changed since the checkpoint ({old} -> {new}); the run continues with {new}")
 
 
 def check_prefix(parent: dict, cfg: TrainConfig, src: str) -> None:
@@ -236,14 +275,15 @@ class ResumePlan:
     branches: BranchPlan  # the run's WSD branching: checkpoints kept for branches; a branch's start from its parent
     saved: Optional[dict] = None  # the checkpoint's resumable state (Resumable.saved), read before any engine exists
     finished: bool = False  # run_dir holds a finished run at this budget: nothing is built, loaded or written
+    fresh: Optional[str] = None  # a new run in run_dir: why its old files are moved aside (once every input is checked)
 
 
 def plan_resume(
     cfg: TrainConfig, run: Run, rank: int, world_size: int, budget: Budget, say: Callable[[str], None]
 ) -> ResumePlan:
-    """The launch's plan for `budget`. A fresh start's old files are moved aside by rank 0 (after every rank found
-    no checkpoint); a resume writes nothing here: whether the run is finished (then its config must be unchanged) is
-    decided from its summary.json and checkpoint, before any universal conversion or write. The plan's `config` is
+    """The launch's plan for `budget`; it writes nothing. A fresh start's old files are not looked at (its tokenizer,
+    its config): they are moved aside later, once every input is checked (`fresh` says why). Whether a resumed run is
+    finished (then its config must be unchanged) is decided from its summary.json and checkpoint. The plan's `config` is
     `cfg` as trained (init_from's architecture, name and tokenizer, the tokenizer's vocabulary): a new TrainConfig,
     whose `resolved` is what config.yaml and the checkpoints record."""
     from .state import Resumable
@@ -253,18 +293,13 @@ def plan_resume(
     ckpt, source = resume_point(run, mode), None
     if cfg.trainer.branch_from:  # a relaunched branch resumes its own checkpoint, a new one its parent's
         ckpt, source = branch_source(cfg, run, ckpt, steps)
-    if ckpt is None or source is not None:
-        if rank == 0:
-            run.move_aside(
-                "trainer.resume=none"
-                if mode == "none"
-                else "a new branch"
-                if source
-                else "no checkpoint to resume from"
-            )
-        barrier()
+    fresh = None  # a new run: why run_dir's old files (if any) are moved aside
+    if source is not None:
+        fresh = "a new branch"
+    elif ckpt is None:
+        fresh = "trainer.resume=none" if mode == "none" else "no checkpoint to resume from"
     cfg, weights = init_from(cfg, run, ckpt, say)
-    tok = tokenizer(cfg, run, ckpt, rank)
+    tok = tokenizer(cfg, run, ckpt, rank, fresh is not None)
     if cfg.model.init_from is None:
         cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size))
     elif tok.vocab_size > cfg.model.padded_vocab_size:
@@ -272,7 +307,7 @@ def plan_resume(
             f"model.init_from={cfg.model.init_from}: its embedding has {cfg.model.padded_vocab_size} "
             f"rows, the tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)"
         )
-    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source))
+    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source), fresh=fresh)
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
@@ -285,6 +320,9 @@ def plan_resume(
     if run.is_finished() and ckpt.step >= steps:
         check_finished_unchanged(run, saved["config"], cfg)
         return replace(plan, saved=saved, finished=True)
+    check_within_budget(saved, ckpt, cfg, budget)
+    if source is None:  # a branch's start is checked against its parent's config (check_prefix)
+        check_changes(saved, ckpt, cfg, say)
     return replace(plan, universal=needs_universal(ckpt, world_size, cfg.trainer.zero_stage), saved=saved)
 
 
@@ -305,7 +343,7 @@ def init_from(
         return replace(cfg, model=ModelConfig(**{**ckpt.meta["model"], **kept})), None
     pretrained, weights = load_pretrained(src)
     model = replace(pretrained, **kept)  # its name too: summary.json and sweeps must not call it the preset
-    tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src)
+    tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src, fresh=True)
     data = cfg.data
     if data.tokenizer.path is None and tok_file is not None:
         data = replace(data, tokenizer=replace(data.tokenizer, path=str(tok_file)))
@@ -316,16 +354,16 @@ def init_from(
     return replace(cfg, model=model, data=data), weights
 
 
-def tokenizer(cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], rank: int):
-    """The run's tokenizer (choose_tokenizer decides which): a kept one is loaded and checked against the config
-    (a changed data.tokenizer setting or another data.tokenizer.path is refused); otherwise the configured one (the
-    default BPE: trained once, by rank 0, and cached)."""
+def tokenizer(cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], rank: int, fresh: bool):
+    """The run's tokenizer (choose_tokenizer decides which; `fresh`: run_dir's old files do not count): a kept one is
+    loaded and checked against the config (a changed data.tokenizer setting or another data.tokenizer.path is
+    refused); otherwise the configured one (the default BPE: trained once, by rank 0, and cached)."""
     from ..data import ensure_tokenizer, load_tokenizer
 
     tok_cfg = cfg.data.tokenizer
-    kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path)
+    kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path, fresh=fresh)
     if is_kept:
-        saved = ((run.config() or {}).get("data") or {}).get("tokenizer")
+        saved = None if fresh else ((run.config() or {}).get("data") or {}).get("tokenizer")
         now = asdict(tok_cfg)
         changed = changed_keys(saved, now, ignore=keys_with(tok_cfg, "operational")) if saved else []
         if changed:

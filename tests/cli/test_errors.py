@@ -76,10 +76,13 @@ def test_unknown_option_lists_the_closest(diffllm, argv, closest):
     assert res.code == 2 and res.err.startswith(closest) and res.err.count("\n") == 1, res.err
 
 
-def test_hydra_composition_error_raised_inside_the_app(diffllm):
-    """Past the dispatcher's preflight (a sweep value), Hydra's own MissingConfig error is turned into one line too."""
+def test_a_bad_sweep_value_is_refused_before_hydra_writes_anything(diffllm, tmp_path, monkeypatch):
+    """A multirun's `group=a,b` is checked option by option in the dispatcher's preflight: one line, and no
+    multirun/<date>/multirun.yaml left in the working folder."""
+    monkeypatch.chdir(tmp_path)
     res = diffllm("info", "-m", "model=diff-tiny,difff-tiny")
     assert res.code == 2 and res.err.startswith("diffllm info: error: unknown model=difff-tiny (closest: diff-tiny")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,13 @@ def test_help_names_main_keys_and_examples(diffllm, name):
 
 def test_help_meanings_come_from_yaml_and_dataclass_comments(diffllm):
     out = diffllm("train", "--help").out
-    line = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ") and "=" in ln.split()[0]}
+    line: dict[str, str] = {}  # key=default -> its line with the wrapped meaning's lines joined on
+    for ln in out.splitlines():
+        if ln.startswith("  ") and not ln.startswith("   ") and "=" in ln.split()[0]:
+            key = ln.split()[0]
+            line[key] = ln
+        elif ln.startswith("   ") and line:
+            line[key] += " " + ln.strip()
     # configs/trainer/cpu.yaml's own comment wins over the dataclass's for the same key
     assert line["trainer.micro_batch_size=8"].endswith("sequences per rank per forward")
     # only the dataclass has these keys (diffllm/model/config.py, diffllm/data/config.py comments)
@@ -133,3 +139,76 @@ def test_every_key_value_command_is_typed_by_its_registry_entry(diffllm, name):
     root = schema.get("")
     for f in dataclasses.fields(root) if root else ():
         assert f"\n  {f.name}=" in out, (name, f.name)
+
+
+def test_help_shows_defaults_as_yaml_and_whole_multi_line_comments(diffllm):
+    """A config-less command shows its defaults as a command line writes them (null, false), and a comment that goes
+    on under its field (or under a YAML-less dataclass field) is shown whole, wrapped, never cut mid-sentence."""
+    out = diffllm("eval", "ppl", "--help").out
+    assert "\n  data=null " in out and "\n  whole=false " in out and "None" not in out and "False" not in out
+    text = " ".join(out.split())
+    assert (
+        "whole=false with a data.val_fraction config: score every document of its sources (mostly training text), "
+        "not only the windows the trainer held out doc_mask=null" in text
+    )
+    train = " ".join(diffllm("train", "--help").out.split())
+    assert (
+        "(empty: all), e.g. [plays] so a synthetic source mixed into the data does not shape the vocabulary "
+        "data.num_workers=1" in train
+    )
+    # a comment above a field is that field's; a commented field's comment does not swallow it
+    assert "model.lambda_std=0.1 diff: init std of lambda_{q,k}{1,2} model.init_from=null an HF model folder" in train
+    assert all(len(line) <= 118 for line in diffllm("train", "--help").out.splitlines() if line.startswith("   "))
+
+
+def _keys_and_meanings(out: str) -> dict[str, str]:
+    """{key=default: its meaning} from a --help's keys section (wrapped meanings joined)."""
+    rows: dict[str, str] = {}
+    body = out.split("\nkeys (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    key = ""
+    for ln in body:
+        if ln.startswith("   ") and key:
+            rows[key] = (rows[key] + " " + ln.strip()).strip()
+        else:
+            key, _, meaning = ln.strip().partition("  ")  # key=default, then two or more spaces
+            rows[key] = meaning.strip()
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(n for n in COMMANDS if n != "launch"))
+def test_every_key_in_every_help_says_what_it_means(diffllm, name):
+    """Each key a command's --help lists has a meaning beside it (from its config file's or its dataclass's comment):
+    a key a user can set but cannot read about is a gap."""
+    rows = _keys_and_meanings(diffllm(*name.split(), "--help").out)
+    assert rows and [k for k, meaning in rows.items() if not meaning] == []
+
+
+_NO_HEAVY = """
+import contextlib, io, sys
+HEAVY = ("torch", "deepspeed", "datasets", "transformers", "matplotlib")
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HEAVY:
+            raise ImportError(f"heavy import at --help: {name}")
+sys.meta_path.insert(0, Refuse())
+from diffllm.cli import main
+from diffllm.cli.registry import COMMANDS
+for name in COMMANDS:
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main([*name.split(), "--help"])
+    except SystemExit:
+        pass
+    except ImportError as e:
+        print(f"{name}: {e}")
+"""
+
+
+def test_help_imports_no_heavy_library():
+    """`diffllm <command> --help` answers from the configs and the typed dataclasses alone: torch, deepspeed,
+    datasets, transformers and matplotlib are not imported (each costs seconds on a loaded machine). One process
+    that refuses those imports asks every command for its help."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-c", _NO_HEAVY], capture_output=True, text=True, timeout=300)
+    assert (res.returncode, res.stdout) == (0, ""), res.stdout + res.stderr[-2000:]

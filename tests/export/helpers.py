@@ -55,6 +55,7 @@ LAYOUTS = {
     ),
     "diff-layernorm-partial": (["model=diff-tiny", "model.norm=layernorm", "model.rotary_pct=0.5"], "remote"),
     "diff2": (["model=diff-tiny", "model.arch=diff2", "model.n_kv_heads=2"], "remote"),
+    "mla-low-rank-q": (["model=mla-tiny", "model.q_lora_rank=48", "model.kv_lora_rank=40"], "deepseek_v3"),
 }
 TEXT = (
     "ROMEO: But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"

@@ -128,7 +128,7 @@ def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
         ),
         (
             lambda: import_hf(gpt2, tmp_path / "y"),
-            "model_type='gpt2' cannot be imported (supported: diffllama, diffllm, llama, stablelm)",
+            "model_type='gpt2' cannot be imported (supported: deepseek_v3, diffllama, diffllm, llama, stablelm)",
         ),
         (lambda: import_hf(src, tmp_path / "run"), "already holds checkpoints"),
         (lambda: import_hf(tmp_path / "empty", tmp_path / "z"), "not a Hugging Face model directory (no config.json)"),

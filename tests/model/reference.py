@@ -68,3 +68,29 @@ def diff2_attention_reference(x, W, h, h_kv, d, rotary_dim, theta, interleaved):
         lam = 1.0 / (1.0 + torch.exp(-(x @ W["lam"][i])))  # (T,)
         heads.append(o1 - lam[:, None] * o2)
     return torch.cat(heads, dim=-1) @ W["out"].T
+
+
+def mla_attention_reference(x, W, h, dims, theta, interleaved, eps=1e-6):
+    """Multi-head Latent Attention from DeepSeek-V2's equations (§2.1.2-2.1.3), one head at a time. x: (T, E) float64;
+    dims = (d_c', d_c, d_n, d_r, d_v) with d_c' None for a full W_Q; W (nn.Linear layout (out, in)): "dq", "q_norm",
+    "uq" (h (d_n + d_r), d_c') or "q" (h (d_n + d_r), E); "dkv" (d_c + d_r, E) = [W_DKV; W_KR], "kv_norm" (d_c,),
+    "ukv" (h (d_n + d_v), d_c) = per head [W_UK_i; W_UV_i]; "out" (E, h d_v)."""
+    dq, dc, dn, dr, dv = dims
+    T = x.shape[0]
+
+    def rms(t, w):
+        return t / torch.sqrt((t**2).mean(-1, keepdim=True) + eps) * w
+
+    q = (rms(x @ W["dq"].T, W["q_norm"]) @ W["uq"].T) if dq else x @ W["q"].T  # (T, h (d_n + d_r))
+    ckv_kr = x @ W["dkv"].T
+    c_kv, k_r = rms(ckv_kr[:, :dc], W["kv_norm"]), rotate(ckv_kr[:, dc:], dr, theta, interleaved)  # (T, d_c), (T, d_r)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    heads = []
+    for i in range(h):
+        qi = q[:, i * (dn + dr) : (i + 1) * (dn + dr)]
+        q_c, q_r = qi[:, :dn], rotate(qi[:, dn:], dr, theta, interleaved)
+        w_ukv = W["ukv"][i * (dn + dv) : (i + 1) * (dn + dv)]
+        k_c, v = c_kv @ w_ukv[:dn].T, c_kv @ w_ukv[dn:].T  # (T, d_n), (T, d_v)
+        s = (q_c @ k_c.T + q_r @ k_r.T) / math.sqrt(dn + dr)  # [q^C; q^R] . [k^C; k^R]
+        heads.append(torch.softmax(s.masked_fill(~causal, -math.inf), dim=-1) @ v)
+    return torch.cat(heads, dim=-1) @ W["out"].T

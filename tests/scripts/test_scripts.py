@@ -20,6 +20,7 @@ TESTED = {
     "bench_all.py",
     "bench_data.py",
     "bench_train.py",
+    "bench_generate.py",  # tests/scripts/test_bench_generate.py
     "bench_eval.py",
     "gpu_check.sh",
     "gpu_check.py",

@@ -122,7 +122,7 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path):
     assert study("stabilty")[2] == "diffllm: error: unknown command 'study stabilty' (did you mean study stability?)\n"
     assert study("stability", "sweep=x")[0] == 2 and study()[0] == 2
     code, out, _ = study("recall", "--help")
-    assert code == 0 and "sweep_dir=" in out and "out=None" in out
+    assert code == 0 and "sweep_dir=" in out and "out=null" in out
 
 
 def test_stability_counts(tmp_path):

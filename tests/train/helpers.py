@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import tempfile
 from pathlib import Path
+
+import pytest
 
 SESSION = Path(tempfile.mkdtemp(prefix="diffllm-train-tests-"))
 # Set for every trainer test (and the processes it starts) by the session fixture in conftest.py.
@@ -58,3 +63,22 @@ def make_view(run_dir: Path, steps: int, rank: int = 0, model=None, **asks):
     budget = Budget(steps * 1024, 1024, 4, 64, 1, 4, steps)
     defaults = dict(log=lambda record: None, request_save=lambda agree=False: None, say=lambda msg, error=False: None)
     return View(TrainState(wandb_id="x"), budget, rank, 1, Run(run_dir), model=lambda: model, **{**defaults, **asks})
+
+
+@contextlib.contextmanager
+def unwritable(path: Path):
+    """`path` (a folder) made unwritable for this process and its children: chmod for a user; root ignores file
+    modes, so for root the folder is made immutable (chattr +i), which binds root too."""
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        undo = lambda: path.chmod(0o755)  # noqa: E731
+    else:
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"as root, only chattr +i makes a folder unwritable, and it failed: {done.stderr.strip()}")
+        undo = lambda: subprocess.run(["chattr", "-i", str(path)], check=True)  # noqa: E731
+    try:
+        assert not os.access(path, os.W_OK)
+        yield path
+    finally:
+        undo()

@@ -83,6 +83,10 @@ def test_optim_validation_and_unknown_keys():
         OptimConfig(schedule="step").validate()
     with pytest.raises(ValueError, match=r"^optim\.min_lr: "):
         OptimConfig(lr=1e-4, min_lr=1e-3).validate()
+    for lr in (-1e-3, float("nan")):  # the lr itself is named, not min_lr (issue 31)
+        with pytest.raises(ValueError, match=rf"^optim\.lr: must be >= 0 \(the peak learning rate\), got {lr}$"):
+            OptimConfig(lr=lr).validate()
+    OptimConfig(lr=0.0, min_lr=0.0).validate()  # lr 0: weights that must not move (tests/train/test_init_from.py)
     with pytest.raises(ValueError, match=r"^trainer\.tokenz: unknown key"):
         build(TrainerConfig, {"tokenz": 5}, "trainer")
 
@@ -160,6 +164,7 @@ def test_the_roles_of_keys_on_resume_are_field_metadata():
     operational = {
         "run_dir",
         "trainer.resume",
+        "trainer.allow_changes",
         "trainer.log_every",
         "trainer.save_every_steps",
         "trainer.save_every_minutes",
@@ -211,3 +216,38 @@ def test_the_resolved_config_is_derived_from_the_typed_one():
     trained = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=1024))
     assert trained.resolved["model"]["vocab_size"] == 1024 and cfg.resolved["model"]["vocab_size"] == 8192
     assert trained.resolved["data"]["tokenizer"]["vocab_size"] == 1024 and trained.resolved["seed"] == cfg.seed
+
+
+def test_a_window_longer_than_the_model_is_refused_with_the_config():
+    """Issue 31: data.seq_len above model.max_seq_len failed only at the first forward, after run_dir was written
+    (and passed `launch --dry-run`, which builds the same TrainConfig)."""
+    from diffllm.train.config import TrainConfig
+
+    with pytest.raises(ValueError) as e:
+        TrainConfig.from_hydra(compose("train", ["model=diff-830m", "data.seq_len=4096"]))
+    assert str(e.value) == (
+        "data.seq_len=4096: longer than model.max_seq_len=2048 (the model's context); use data.seq_len <= 2048, or "
+        "set model.max_seq_len"
+    )
+    assert TrainConfig.from_hydra(compose("train", ["model=diff-830m", "data.seq_len=2048"])).data.seq_len == 2048
+
+
+def test_schedule_changes_name_each_key_and_compare_counts_as_numbers():
+    from diffllm.train.resume import schedule_changes
+
+    saved = {"optim": {"lr": 3e-3, "betas": [0.9, 0.95]}, "trainer": {"tokens": "8K", "global_batch_tokens": 1024}}
+    same = {
+        "optim": {"lr": 3e-3, "betas": [0.9, 0.95], "new_key": 1},
+        "trainer": {"tokens": 8000, "global_batch_tokens": "1.024K"},
+    }
+    assert schedule_changes(saved, same, at_budget=False) == []  # a key the checkpoint's diffllm lacked is no change
+    more = {"optim": {"lr": 1e-3, "betas": [0.9, 0.99]}, "trainer": {"tokens": "16K", "global_batch_tokens": 1024}}
+    assert schedule_changes(saved, more, at_budget=False) == [
+        "optim.betas ([0.9, 0.95] -> [0.9, 0.99])",
+        "optim.lr (0.003 -> 0.001)",
+        "trainer.tokens ('8K' -> '16K')",
+    ]
+    # a checkpoint at its own budget (a finished run) trains on to a larger one; a smaller one is still a change
+    assert schedule_changes(saved, more, at_budget=True)[-1] == "optim.lr (0.003 -> 0.001)"
+    less = {**more, "trainer": {"tokens": "4K", "global_batch_tokens": 1024}}
+    assert schedule_changes(saved, less, at_budget=True)[-1] == "trainer.tokens ('8K' -> '4K')"

@@ -13,7 +13,7 @@ import yaml
 
 from diffllm.runs import Run
 from tests.distributed import run_train
-from tests.train.helpers import TINY
+from tests.train.helpers import TINY, unwritable
 from tests.train.test_cli import diffllm_train
 
 pytestmark = pytest.mark.slow
@@ -105,6 +105,9 @@ def test_relaunching_a_finished_run_never_rewrites_its_result(finished, tmp_path
     )
     assert watched.returncode == 0 and "already at its budget" in watched.stdout, watched.stdout + watched.stderr
     assert snapshot(run_dir) == before
+    with unwritable(run_dir):  # nothing is written to a finished run: a read-only one is no error (issue 31)
+        readonly = diffllm_train(tmp_path, *ARGS, f"run_dir={run_dir}")
+    assert readonly.returncode == 0 and "already at its budget" in readonly.stdout, readonly.stdout + readonly.stderr
 
 
 def test_another_runs_checkpoint_is_refused_in_a_used_run_dir_and_continues_in_a_new_one(finished, tmp_path):

@@ -125,6 +125,7 @@ def hf_config(cfg: ModelConfig, config_class=None):
         norm=cfg.norm,
         norm_eps=cfg.norm_eps,
         rotary_pct=cfg.rotary_pct,
+        rotary_dim=cfg.rotary_dim,  # the width the variant rotates (MLA: qk_rope_head_dim, not rotary_pct of d)
         rope_theta=cfg.rope_theta,
         rope_interleaved=cfg.rope_interleaved,
         qkv_bias=cfg.qkv_bias,

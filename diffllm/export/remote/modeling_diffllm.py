@@ -102,7 +102,9 @@ class DiffLLMForCausalLM(PreTrainedModel, GenerationMixin):
             position_ids = (keys_ok.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # left padding shifts positions
         mask = padded_causal_mask(keys_ok, T)  # (B, 1, T, S); a token always sees itself
         d = self.config.d_model // self.config.n_heads
-        cos, sin = rotary_cos_sin(position_ids.expand(B, T), int(d * self.config.rotary_pct), self.config.rope_theta)
+        # the width the variant rotates (MLA: its RoPE part); bundles written before the key: rotary_pct of d
+        rotary_dim = getattr(self.config, "rotary_dim", None) or int(d * self.config.rotary_pct)
+        cos, sin = rotary_cos_sin(position_ids.expand(B, T), rotary_dim, self.config.rope_theta)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache)
         x = self.norm(x)
