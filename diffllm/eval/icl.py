@@ -33,13 +33,14 @@ class IclConfig:
     task: a builtin (synthetic: a word -> label mapping drawn per prompt) or a local .jsonl/.parquet file or
     datasets save_to_disk folder with text and label fields."""
 
-    run: str = ""
-    step: Any = "latest"
-    task: str = "synthetic"
-    text_field: str = "text"
-    label_field: str = "label"
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
+    task: str = "synthetic"  # synthetic | a .jsonl/.parquet file | a datasets save_to_disk folder
+    text_field: str = "text"  # the field of a task file that holds an example's input
+    label_field: str = "label"  # the field of a task file that holds its label (a string, or an integer)
     label_names: Optional[List[str]] = None  # integer labels' strings; null: a ClassLabel's names, or string labels
-    template: str = "Input: {text}\nLabel: {label}\n"  # a demonstration; the query is the part before {label}
+    template: str = r"Input: {text}\nLabel: {label}\n"  # a demonstration (\n, \t: newline, tab); the query is the
+    # part before {label}
     k: Any = field(default_factory=lambda: [0, 1, 4, 16])  # demonstrations per prompt: a list, with `max` allowed
     permutations: int = 1  # orders of the same demonstrations per k
     queries: int = 64  # query examples
@@ -47,7 +48,7 @@ class IclConfig:
     seed: int = 0  # which queries and demonstrations, and the orders
     batch_size: int = 16  # sequences (prompt + one label) per forward
     bootstrap: int = 1000  # resamples for the intervals (0: none)
-    level: float = 0.95
+    level: float = 0.95  # the intervals' confidence level
     out: Optional[str] = None  # folder for icl-<task>.{json,md}; null: <run>/eval
 
 
@@ -73,6 +74,11 @@ class Prompts:
         return [self.eos] + [t for j in order for t in self.demos[i][j]] + self.queries[i]
 
 
+def unescape(template: str) -> str:
+    """The template as typed (`\\n`, `\\t` as a command line can write them) -> its text."""
+    return template.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def fill(template: str, text: str, label: str) -> str:
     return template.replace("{label}", label).replace("{text}", text)
 
@@ -89,6 +95,7 @@ def split_template(template: str) -> tuple[str, str]:
 def tokenize(task: Task, tok, template: str, demos_needed: int) -> Prompts:
     """The task's token ids; each query's first `demos_needed` demonstrations, each distinct one tokenized once (the
     synthetic task repeats a few)."""
+    template = unescape(template)
     query_t, space = split_template(template)
     cache: dict[tuple, List[int]] = {}
 

@@ -93,7 +93,7 @@ def test_accuracy_equals_a_hand_count(runs, loaded, tmp_path):
         assert r["accuracy"] == pytest.approx(np.mean(accs)) and (r["min"], r["max"]) == (min(accs), max(accs))
         assert r["std"] == pytest.approx(np.std(accs, ddof=1) if k > 1 else 0.0)
         assert r["interval"][0] <= r["accuracy"] <= r["interval"][1]
-    assert template == "Input: {text}\nLabel: {label}\n"
+    assert template == r"Input: {text}\nLabel: {label}\n"  # as a command line writes it: \n is read as a newline
     saved = json.loads((tmp_path / "out" / "icl-seaorland.json").read_text())
     assert saved["by_k"]["3"]["accuracy"] == res["by_k"][3]["accuracy"]
 
