@@ -89,9 +89,12 @@ def read_table(path: Path) -> tuple[dict[str, list], dict[str, Any]]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError:
-                    raise EvalError(f"task={path}:{n}: not a JSON object per line") from None
+                    row = None
+                if not isinstance(row, dict):
+                    raise EvalError(f"task={path}:{n}: not a JSON object per line")
+                rows.append(row)
         return {"all": rows}, {}
     raise EvalError(f"task={path}: neither a builtin task ({', '.join(BUILTIN)}) nor a .jsonl/.parquet file or folder")
 

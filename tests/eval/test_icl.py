@@ -151,6 +151,7 @@ def test_tasks_from_parquet_and_save_to_disk_read_classlabel_names(tmp_path):
         ([{"text": "a", "label": 0}, {"text": "b", "label": 1}], {}, "integer labels need label_names"),
         ([{"text": "a", "y": "x"}], {}, "row 0 has no field 'label' (fields: text, y)"),
         ([{"text": "a", "label": 3}], {"label_names": ["p", "q"]}, "label 3 out of range for 2 label names"),
+        ([[{"text": "a", "label": "x"}]], {}, "t.jsonl:1: not a JSON object per line"),
     ],
 )
 def test_bad_task_files_are_one_line(tmp_path, rows, kwargs, message):
