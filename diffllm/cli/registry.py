@@ -142,6 +142,12 @@ def _eval_lm_eval():
     return main
 
 
+def _eval_icl():
+    from ..eval.icl import main
+
+    return main
+
+
 def _eval_compare():
     from ..eval.compare import main
 
@@ -317,6 +323,15 @@ _REGISTRY: dict[str, Command] = {
         "lm-evaluation-harness tasks through the native adapter (offline, local tasks)",
         schema=_root("diffllm.eval.harness:LmEvalConfig"),
         examples=("diffllm eval lm-eval run=runs/diff-tiny tasks=[plays_cloze]",),
+    ),
+    "eval icl": Command(
+        _eval_icl,
+        "many-shot in-context classification: accuracy by k, spread over demonstration orders",
+        schema=_root("diffllm.eval.icl:IclConfig"),
+        examples=(
+            "diffllm eval icl run=runs/diff-tiny task=synthetic k=[0,1,4,16] permutations=5",
+            "diffllm eval icl run=runs/diff-tiny task=trec/ label_field=coarse_label k=[0,4,max] permutations=10",
+        ),
     ),
     "eval compare": Command(
         _eval_compare,

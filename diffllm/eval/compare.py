@@ -53,7 +53,8 @@ EVALS: dict[str, tuple[str, Callable[[str], dict]]] = {  # name -> (file in <run
 
 @dataclass
 class CompareConfig:
-    """One table (markdown + JSON) and plots of ppl, needle, outliers and attention results for several runs."""
+    """One table (markdown + JSON) and plots of ppl, needle, outliers and attention results for several runs, and
+    the curves of `eval ppl by_position=true` and `eval icl` where a run has them (never computed here)."""
 
     # run directories ([a,b], a,b or a glob; sweep folder names with commas are kept whole)
     runs: List[str] = field(default_factory=list)
@@ -135,6 +136,14 @@ def collect(run: str, evals: List[str], compute: bool) -> dict:
     return got
 
 
+def uncomputed(run: str) -> dict:
+    """The run's results that compare draws but never computes (their inputs are the user's choice): `eval ppl
+    by_position=true` (ppl_by_position.json, None without) and `eval icl` ({task: icl-<task>.json})."""
+    folder = Path(run) / "eval"
+    icl = {p.stem[len("icl-") :]: read_json_or_none(p) for p in sorted(folder.glob("icl-*.json"))}
+    return {"ppl_by_position": read_json_or_none(folder / "ppl_by_position.json"), "icl": icl}
+
+
 def default_out(runs: List[str]) -> Path:
     """<the runs' common parent folder>/compare (a sweep's folder for the runs of a sweep)."""
     parents = [str(Path(run).resolve().parent) for run in runs]
@@ -207,7 +216,7 @@ def figure(results: dict, names: dict[str, str]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = [k for k in ("needle", "attention") if any(r.get(k) for r in results.values())]
+    kinds = [k for k in ("needle", "attention", "ppl_by_position", "icl") if any(r.get(k) for r in results.values())]
     if not kinds:
         return None
     fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.5), squeeze=False)
@@ -220,12 +229,26 @@ def figure(results: dict, names: dict[str, str]):
         if r.get("attention"):
             bd = r["attention"]["by_depth"]
             panels["attention"].plot([float(d) for d in bd], [np.mean(v["answer"]) for v in bd.values()], **line)
+        if r.get("ppl_by_position"):
+            by_position_lines(panels["ppl_by_position"], r["ppl_by_position"], line)
+        for k, (task, res) in enumerate((r.get("icl") or {}).items()):  # accuracy by k, its interval over queries
+            style = {**line, "ls": ("-", ":", "-.")[k % 3], **({"label": f"{line['label']} ({task})"} if k else {})}
+            ks, by_k = [int(x) for x in res["by_k"]], list(res["by_k"].values())
+            err = [[b["accuracy"] - b["interval"][0] for b in by_k], [b["interval"][1] - b["accuracy"] for b in by_k]]
+            panels["icl"].errorbar(ks, [b["accuracy"] for b in by_k], yerr=err, capsize=3, **style)
     if "needle" in panels:
         ns = sorted({int(n) for r in results.values() if r.get("needle") for n in r["needle"]["by_n"]})
         panels["needle"].set_xticks(ns)  # the numbers of needles evaluated: no 1.5 needles
         panels["needle"].set(xlabel="needles N", ylabel="accuracy", title="multi-needle retrieval", ylim=(0, 1))
     if "attention" in panels:
         panels["attention"].set(xlabel="answer depth (%)", ylabel="attention to answer", title="attention allocation")
+    if "ppl_by_position" in panels:
+        title = "NLL by position (dashed: training length)"
+        panels["ppl_by_position"].set(xscale="log", xlabel="position", ylabel="cumulative average NLL", title=title)
+    if "icl" in panels:
+        ks = sorted({int(k) for r in results.values() for res in (r.get("icl") or {}).values() for k in res["by_k"]})
+        panels["icl"].set(xscale="symlog", xlabel="demonstrations k", ylabel="accuracy", title="in-context learning")
+        panels["icl"].set_xticks(ks, [str(k) for k in ks])  # the k evaluated, on a log-like axis that holds 0
     by_label = {}
     for ax in axes[0]:  # every run once, whichever panel it has results in
         by_label.update({label: h for h, label in zip(*ax.get_legend_handles_labels())})
@@ -234,6 +257,19 @@ def figure(results: dict, names: dict[str, str]):
         list(by_label.values()), list(by_label), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(3, len(by_label))
     )
     return fig
+
+
+def by_position_lines(ax, res: dict, line: dict) -> None:
+    """A run's cumulative average NLL curve per source (`eval ppl by_position=true`), a dotted line style for each
+    further source, and a dashed vertical line in its colour at its training length when it extrapolates past it."""
+    for k, (src, s) in enumerate(res["sources"].items()):
+        curve = s["cumulative_nll"]
+        style = {**line, "marker": None, "ls": ("-", ":", "-.")[k % 3]}
+        if k:
+            style["label"] = f"{line['label']} ({src})"
+        ax.plot(range(1, len(curve) + 1), curve, **style)
+    if res.get("extrapolation"):
+        ax.axvline(res["train_seq_len"], color=line["color"], ls="--", lw=0.8)
 
 
 def plots(results: dict, names: dict[str, str], folder: Path) -> list[Path]:
@@ -274,7 +310,7 @@ def run_compare(c: CompareConfig) -> dict:
             "left blank (compute=false): "
             + "; ".join(f"{name} for {', '.join(names[r] for r in lacking)}" for name, lacking in todo.items())
         )
-    results = {run: {**collect(run, c.evals, c.compute), "training": training(run)} for run in runs}
+    results = {run: {**collect(run, c.evals, c.compute), **uncomputed(run), "training": training(run)} for run in runs}
     folder = Path(c.out) if c.out else default_out(runs)
     folder.mkdir(parents=True, exist_ok=True)
     table = markdown(HEADER, [row(names[run], run, r) for run, r in results.items()])
@@ -282,7 +318,7 @@ def run_compare(c: CompareConfig) -> dict:
     write_json(folder / "compare.json", results)
     png = plots(results, names, folder)
     print(table)
-    nothing = " (no needle or attention results to plot: no compare.png)"
+    nothing = " (no needle, attention, by-position NLL or ICL results to plot: no compare.png)"
     say(f"wrote {folder}/compare.{{md,json,png}}" if png else f"wrote {folder}/compare.{{md,json}}{nothing}")
     return results
 

@@ -37,6 +37,9 @@ class PplConfig:
     # text), not only the windows the trainer held out
     doc_mask: Optional[bool] = None  # attention within documents; null: as the run trained (its data.doc_mask)
     out: Optional[str] = None  # folder for ppl.json; null: <run>/eval
+    by_position: bool = False  # NLL by token position over documents >= seq_len tokens (seq_len may exceed the
+    # training length: extrapolation, labelled) -> ppl_by_position.{json,md,png} (diffllm/eval/by_position.py)
+    max_docs: Optional[int] = None  # by_position: documents per source; null: every long enough one
 
 
 def perplexity(
@@ -243,6 +246,10 @@ def run_ppl(c: PplConfig) -> dict:
     def the_seq_len(run, mcfg) -> int:
         return c.seq_len or ((run.config() or {}).get("data") or {}).get("seq_len") or mcfg.max_seq_len
 
+    if c.by_position:
+        from .by_position import run_by_position
+
+        return run_by_position(c, the_seq_len)
     run, mcfg, model, tok = load_run(c.run, c.step, check)
     run_cfg = run.config()
     seq_len = the_seq_len(run, mcfg)
