@@ -482,6 +482,8 @@ def read_tokenizer(path: Path, eos_token: str):
 
     try:
         return load_tokenizer(str(path), eos_token)
+    except UserError:  # the data layer's own one line, naming the file
+        raise
     except Exception as e:  # noqa: BLE001 - a damaged file, whatever the library raises for it
         raise UserError(f"{path}: cannot load this tokenizer ({exception_line(e)}); the file is damaged") from None
 

@@ -21,6 +21,7 @@ _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*)\s*:(.*)$")
 _FIELD = re.compile(r"^    ([A-Za-z_]\w*)\s*:[^#]*?#\s*(.+)$")  # a field with its comment after it
 _FIELD_NAME = re.compile(r"^    ([A-Za-z_]\w*)\s*:")
 _COMMENT_LINE = re.compile(r"^    #\s?(.*)$")
+FULL_LINE = 100  # a field line this long whose comment goes on below was cut by the line limit (120)
 
 
 def _comment(rest: str) -> str:
@@ -54,7 +55,7 @@ def yaml_comments(path: Path | None, prefix: str = "") -> dict[str, str]:
 
 def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
     """{dotted field: its source comment} of a dataclass, nested dataclasses included: the comment after the field on
-    its line (with the comment lines under it that carry it on, when the next field has a comment of its own), or
+    its line (with the comment lines under it that carry it on, when the line was full), or
     else the comment lines right above it (where the formatter left no room on the line)."""
     out: dict[str, str] = {}
     for base in reversed(cls.__mro__[1:]):  # a field inherited from a dataclass base keeps its comment there
@@ -76,9 +77,9 @@ def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
         elif above and last:  # under a commented field, up to the next commented field or the end: carried on
             out[last] = " ".join([out[last]] + above)
         above = []
-        if m:
-            last = prefix + m.group(1)
-            out[last] = m.group(2).strip()
+        if m:  # its comment goes on below only when it filled its line (a comment line below a short one is a note)
+            last = prefix + m.group(1) if len(line) >= FULL_LINE else None
+            out[prefix + m.group(1)] = m.group(2).strip()
         elif name or line.strip():
             last = None
     for f in dataclasses.fields(cls):

@@ -156,8 +156,10 @@ def test_help_shows_defaults_as_yaml_and_whole_multi_line_comments(diffllm):
         "(empty: all), e.g. [plays] so a synthetic source mixed into the data does not shape the vocabulary "
         "data.num_workers=1" in train
     )
-    # a comment above a field is that field's; a commented field's comment does not swallow it
-    assert "model.lambda_std=0.1 diff: init std of lambda_{q,k}{1,2} model.init_from=null an HF model folder" in train
+    # a note between two fields (a short comment's line is complete) and a comment above a field are not swallowed
+    rows = _keys_and_meanings(diffllm("train", "--help").out)
+    assert rows["model.lambda_std=0.1"] == "diff: init std of lambda_{q,k}{1,2}"
+    assert rows["model.init_from=null"].startswith("an HF model folder or a diffllm run to start from")
     assert all(len(line) <= 118 for line in diffllm("train", "--help").out.splitlines() if line.startswith("   "))
 
 
