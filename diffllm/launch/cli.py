@@ -1,6 +1,6 @@
 """`diffllm launch [--launcher torchrun|deepspeed|slurm] [--nodes N] [--procs P] [--dry-run] [--<option> V ...]
 [train overrides ...]`: options are LaunchConfig fields (defaults: configs/launch.yaml, then
-configs/launcher/<launcher>.yaml); every other argument goes to `diffllm train` unchanged."""
+configs/launch/<launcher>.yaml); every other argument goes to `diffllm train` unchanged."""
 
 from __future__ import annotations
 
@@ -70,12 +70,11 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
             given[key] = value
     base = OmegaConf.load(find_config("", "launch"))
     launcher = str(given.get("launcher", base.get("launcher", "torchrun")))
-    if find_config("launcher", launcher) is None:
+    if find_config("launch", launcher) is None:
         raise UserError(
-            f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
-            f"(known: {', '.join(group_options('launcher'))})"
+            f"--launcher {launcher}: no configs/launch/{launcher}.yaml (known: {', '.join(group_options('launch'))})"
         )
-    merged = OmegaConf.merge(base, load_group("launcher", launcher), given)
+    merged = OmegaConf.merge(base, load_group("launch", launcher), given)
     if setup:
         merged.setup = list(merged.get("setup") or []) + setup
     if env:

@@ -1,5 +1,5 @@
 """`diffllm launch --help`: what the command does, every option (a LaunchConfig field) with its meaning and default
-(configs/launch.yaml, then configs/launcher/<launcher>.yaml), and examples."""
+(configs/launch.yaml, then configs/launch/<launcher>.yaml), and examples."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ examples:
 
 def _defaults() -> dict:
     base = OmegaConf.load(find_config("", "launch"))
-    merged = OmegaConf.merge(OmegaConf.structured(LaunchConfig), base, load_group("launcher", "slurm"))
+    merged = OmegaConf.merge(OmegaConf.structured(LaunchConfig), base, load_group("launch", "slurm"))
     values = OmegaConf.to_container(merged)
     values["launcher"] = base.get("launcher", "torchrun")
     return values

@@ -8,6 +8,7 @@ SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -55,8 +56,27 @@ def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:
     return ([f"hydra/launcher={launcher}"] if launcher != "basic" else []) + list(extra)
 
 
+def check_launcher_plugin(launcher: str, dry_run: bool) -> None:
+    """submitit_slurm is Hydra's plugin (`pip install 'diffllm[slurm]'`): without it every job would fail to compose.
+    A real sweep refuses; a dry run (planning on a machine that will not submit) says so and goes on."""
+    if launcher != "submitit_slurm" or _importable("hydra_plugins.hydra_submitit_launcher"):
+        return
+    message = "launcher=submitit_slurm: needs hydra-submitit-launcher (pip install 'diffllm[slurm]')"
+    if not dry_run:
+        raise UserError(message)
+    print(f"note: {message}; the commands below would fail here", file=sys.stderr, flush=True)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 def run_sweep(cfg: DictConfig) -> int:
     grid = build(SweepConfig, cfg.sweep, "sweep")
+    check_launcher_plugin(cfg.launcher, cfg.dry_run)
     runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
     for r in runs:

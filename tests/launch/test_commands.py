@@ -295,7 +295,7 @@ def test_parse_args_flags_and_overrides():
     )
     assert overrides == ["model=diff-tiny", "--weird"]
     slurm, _ = parse_args(["--launcher", "slurm"])
-    assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launcher/slurm.yaml applied
+    assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launch/slurm.yaml applied
     with pytest.raises(ValueError, match="--nodez: unknown launch option"):
         parse_args(["--nodez", "2"])
     with pytest.raises(ValueError, match=r"launch.nodes"):
@@ -392,7 +392,7 @@ def test_cli_dry_run_and_one_line_errors(tmp_path):
     for args, msg in [
         (["--launcher", "deepspeed", "--hostfile", str(empty), "--dry-run"], "lists no hosts"),
         (["--dry-run", "model=nope"], "model=nope: unknown preset"),
-        (["--launcher", "mpi"], "no configs/launcher/mpi.yaml"),
+        (["--launcher", "mpi"], "no configs/launch/mpi.yaml"),
     ]:
         bad = _cli(*args)
         assert bad.returncode == 2 and msg in bad.stderr and bad.stderr.strip().count("\n") == 0, bad.stderr
