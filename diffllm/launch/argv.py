@@ -32,6 +32,8 @@ class LaunchConfig:
     ds_launcher: str = "pdsh"  # deepspeed's multi-node backend: pdsh | slurm | openmpi | mvapich
     shutdown_timeout_s: int = 240  # torchrun: how long workers may take to save after a signal before SIGKILL
     dry_run: bool = False
+    gpu: Optional[str] = None  # the GPU type memory is checked for, as `diffllm plan gpu=` (None: this machine's GPU)
+    memory_check: bool = True  # false: launch even when diffllm plan says the run does not fit in GPU memory
     # SLURM (launcher=slurm)
     job_name: str = "diffllm"
     partition: Optional[str] = None

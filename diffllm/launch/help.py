@@ -23,6 +23,8 @@ MEANING = {
     "ds_launcher": "deepspeed's multi-node backend: pdsh | slurm | openmpi | mvapich",
     "shutdown_timeout_s": "torchrun: seconds workers get to save a checkpoint after a signal, then SIGKILL",
     "dry_run": "print the command (or sbatch script) and run nothing",
+    "gpu": "GPU type to check memory for, as `diffllm plan gpu=` (empty: this machine's GPU, none without one)",
+    "memory_check": "refuse a run `diffllm plan` says does not fit on --gpu (false: launch anyway)",
     "job_name": "slurm: --job-name, and the script's file name",
     "partition": "slurm: --partition",
     "account": "slurm: --account",

@@ -23,6 +23,7 @@ from ..config import CONFIG_PATH_ENV, build, hydra_app
 from ..errors import UserError
 from ..launch.argv import shell
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from .check import check_jobs
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
@@ -67,6 +68,16 @@ def check_launcher_plugin(launcher: str, dry_run: bool) -> None:
     print(f"note: {message}; the commands below would fail here", file=sys.stderr, flush=True)
 
 
+def job_world_size(launcher: str, overrides: list[str]) -> int:
+    """The ranks each job trains on: one process under the basic launcher; under submitit_slurm the job's nodes x GPUs
+    per node (hydra.launcher.nodes, .gpus_per_node; 1 each unless given), as diffllm/sweep/job.py starts torchrun."""
+    if launcher == "basic":
+        return 1
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    count = lambda key: int(given.get(f"hydra.launcher.{key}") or 1)  # noqa: E731 - null: one
+    return count("nodes") * count("gpus_per_node")
+
+
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -79,6 +90,7 @@ def run_sweep(cfg: DictConfig) -> int:
     check_launcher_plugin(cfg.launcher, cfg.dry_run)
     runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
+    checked = check_jobs(pending, grid, cfg.sweep_dir, job_world_size(cfg.launcher, cfg.launcher_overrides))
     for r in runs:
         print(f"{r.status:>10}  {r.run_dir}{_role(r, cfg.sweep_dir)}")
     print(f"{len(runs)} runs: {len(runs) - len(pending)} finished (skipped), {len(pending)} to run", flush=True)
@@ -94,7 +106,7 @@ def run_sweep(cfg: DictConfig) -> int:
         from .cost import Cluster, render, totals  # composes train configs: only a dry run needs it
 
         cluster = Cluster(cfg.gpu, cfg.nodes, cfg.gpus_per_node, cfg.mfu) if cfg.get("gpu") else None
-        print(render(grid, totals(grid, cluster), cluster))
+        print(render(grid, totals(grid, cluster, checked), cluster))
     return worst
 
 

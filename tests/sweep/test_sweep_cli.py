@@ -50,12 +50,14 @@ def test_each_documented_launcher_plans_the_paper_grid(tmp_path, launcher):
     out = sweep("sweep=paper", f"launcher={launcher}", *extra, f"sweep_dir={tmp_path}/s", "dry_run=true")
     assert out.returncode == 0, out.stderr
     assert "10 runs: 0 finished (skipped), 10 to run" in out.stdout
-    (cmd,) = [line for line in out.stdout.splitlines() if "--multirun" in line]
-    if launcher == "basic":
-        assert "hydra/launcher" not in cmd
-    else:
-        assert cmd.endswith("hydra/launcher=submitit_slurm " + PASSED_ON), cmd
-        assert ("needs hydra-submitit-launcher" in out.stderr) is not SUBMITIT
+    commands = [line for line in out.stdout.splitlines() if "--multirun" in line]
+    assert len(commands) == 2  # 830M-2.8B at optim=paper-scaling's lr, 6.8B and 13.1B at the paper's 7.5e-4
+    for cmd in commands:
+        if launcher == "basic":
+            assert "hydra/launcher" not in cmd
+        else:
+            assert cmd.endswith("hydra/launcher=submitit_slurm " + PASSED_ON), cmd
+    assert ("needs hydra-submitit-launcher" in out.stderr) is (launcher != "basic" and not SUBMITIT)
     assert not (tmp_path / "s").exists()
 
 
