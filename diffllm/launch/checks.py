@@ -52,12 +52,13 @@ def check_budget(typed: TrainConfig, world_size: int) -> None:
 
 
 def check_context(typed: TrainConfig) -> None:
-    """Windows no longer than the model's positions (the forward would refuse them at the first step)."""
+    """Windows no longer than the model's positions (the forward would refuse them at the first step). The same
+    check, in the same words, as the fix-train branch's TrainConfig.check_together: drop this one once that is in."""
     seq, most = typed.data.seq_len, typed.model.max_seq_len
     if seq > most:
         raise UserError(
-            f"data.seq_len={seq}: longer than model.max_seq_len={most} of model={typed.model.name}; "
-            f"use data.seq_len={most} or less (or a model with a longer context)"
+            f"data.seq_len={seq}: longer than model.max_seq_len={most} (the model's context); use data.seq_len <= "
+            f"{most}, or set model.max_seq_len"
         )
 
 

@@ -107,7 +107,22 @@ def run_sweep(cfg: DictConfig) -> int:
 
         cluster = Cluster(cfg.gpu, cfg.nodes, cfg.gpus_per_node, cfg.mfu) if cfg.get("gpu") else None
         print(render(grid, totals(grid, cluster, checked), cluster))
-    return worst
+        return worst
+    return worst or _unfinished(pending)
+
+
+def _unfinished(ran: list) -> int:
+    """A multirun exits 0 whatever its jobs did (each job says its run's exit code): 1 when a run it ran did not
+    finish, with one line naming how many and the first."""
+    left = [r for r in ran if r.status != "finished"]
+    if left:
+        print(
+            f"diffllm sweep: {len(left)} of {len(ran)} runs did not finish (first: {left[0].run_dir}; their logs say "
+            f"why); rerun the sweep to resume them",
+            file=sys.stderr,
+            flush=True,
+        )
+    return 1 if left else 0
 
 
 def _role(r, sweep_dir: str) -> str:

@@ -41,8 +41,8 @@ def refused(out: subprocess.CompletedProcess) -> str:
 def test_a_window_longer_than_the_model_context_is_refused():
     line = refused(cli("launch", "--dry-run", "model=diff-830m", "data.seq_len=4096"))
     assert line == (
-        "diffllm launch: error: data.seq_len=4096: longer than model.max_seq_len=2048 of model=diff-830m; "
-        "use data.seq_len=2048 or less (or a model with a longer context)"
+        "diffllm launch: error: data.seq_len=4096: longer than model.max_seq_len=2048 (the model's context); "
+        "use data.seq_len <= 2048, or set model.max_seq_len"
     )
 
 

@@ -107,3 +107,23 @@ def test_a_tiny_sweep_through_the_basic_launcher(tmp_path, tokenizer):
     summary = json.loads((root / "diff-tiny" / "2048" / "seed1" / "summary.json").read_text())
     assert (summary["status"], summary["tokens"]) == ("finished", 2048)
     assert sorted(p.name for p in root.iterdir()) == [".multirun", "diff-tiny"]
+
+
+@pytest.mark.slow
+def test_a_run_stopped_early_leaves_no_leaked_semaphores_in_the_sweep_log(tmp_path, tokenizer):
+    """A job whose run stops on a non-finite loss (exit 4) with two data workers: the trainer's os._exit skipped the
+    garbage collection that frees the DataLoader queues' semaphores, and the resource tracker reported them "leaked"
+    in the sweep's log (the log is read to its end, which the tracker holds open until it is done). And the sweep
+    exited 0 though its run did not finish."""
+    grid = dict(TINY_SWEEP, name="stops")
+    grid["overrides"] = [*grid["overrides"], "data.num_workers=2", "trainer.faults.nan_at_steps=[1]"]
+    grid["overrides"] += ["trainer.max_nonfinite_in_a_row=1"]
+    (tmp_path / "configs" / "sweep").mkdir(parents=True)
+    (tmp_path / "configs" / "sweep" / "stops.yaml").write_text(yaml.safe_dump(grid))
+    out = sweep("--config-dir", str(tmp_path / "configs"), "sweep=stops", f"sweep_dir={tmp_path / 'runs'}")
+    log = out.stdout + out.stderr
+    assert "non-finite loss or gradient" in log and "leaked" not in log, log
+    assert out.returncode == 1 and out.stderr.endswith(  # the multirun's own exit code was 0
+        f"diffllm sweep: 1 of 1 runs did not finish (first: {tmp_path}/runs/diff-tiny/2048/seed1; their logs say "
+        f"why); rerun the sweep to resume them\n"
+    )
