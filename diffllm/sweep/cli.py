@@ -9,6 +9,7 @@ SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import shlex
 import subprocess
@@ -74,8 +75,8 @@ def job_world_size(launcher: str, overrides: list[str]) -> int:
     if launcher == "basic":
         return 1
     given = dict(o.split("=", 1) for o in overrides if "=" in o)
-    count = lambda key: int(given.get(f"hydra.launcher.{key}") or 1)  # noqa: E731 - null: one
-    return count("nodes") * count("gpus_per_node")
+    counts = [given.get(f"hydra.launcher.{key}", "") for key in ("nodes", "gpus_per_node")]
+    return math.prod(int(c) if c.isdigit() and int(c) > 0 else 1 for c in counts)  # null (or none given): one
 
 
 def _importable(module: str) -> bool:

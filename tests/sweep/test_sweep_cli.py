@@ -15,7 +15,7 @@ import yaml
 from diffllm.cli.registry import COMMANDS
 from diffllm.config import CONFIG_DIR, compose, config_groups
 from diffllm.config.loading import unknown_key
-from diffllm.sweep.cli import LAUNCHERS, _importable
+from diffllm.sweep.cli import LAUNCHERS, _importable, job_world_size
 from tests.train.helpers import TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,3 +127,10 @@ def test_a_run_stopped_early_leaves_no_leaked_semaphores_in_the_sweep_log(tmp_pa
         f"diffllm sweep: 1 of 1 runs did not finish (first: {tmp_path}/runs/diff-tiny/2048/seed1; their logs say "
         f"why); rerun the sweep to resume them\n"
     )
+
+
+def test_jobs_are_checked_at_their_world_size():
+    """basic: one process per job; submitit_slurm: nodes x GPUs per node (what the job's torchrun starts)."""
+    slurm = ["hydra.launcher.nodes=4", "hydra.launcher.gpus_per_node=8", "hydra.launcher.timeout_min=60"]
+    assert job_world_size("basic", slurm) == 1 and job_world_size("submitit_slurm", slurm) == 32
+    assert job_world_size("submitit_slurm", ["hydra.launcher.gpus_per_node=null"]) == 1
