@@ -49,7 +49,7 @@ EXAMPLES = """\
 examples:
   diffllm launch --procs 2 model=diff-tiny                        # one node, 2 processes, torchrun
   diffllm launch --nodes 2 --procs 8 --master-addr node-1 --node-rank 0 model=diff-830m trainer=paper-scaling  # rank 1 on node-2
-  diffllm launch --launcher slurm --nodes 4 --procs 8 --partition gpu --time 48:00:00 model=diff-13.1b trainer=paper-scaling
+  diffllm launch --launcher slurm --nodes 4 --procs 8 --gpu h100 --partition gpu --time 48:00:00 model=diff-13.1b data=fineweb-edu trainer=paper-scaling trainer.zero_stage=2 trainer.micro_batch_size=1 optim=paper-scaling optim.lr=7.5e-4
   diffllm launch --launcher deepspeed --hostfile hosts --nodes 2 --procs 8 --dry-run model=diff-830m trainer=paper-scaling
 """
 
