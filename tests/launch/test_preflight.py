@@ -66,6 +66,7 @@ def test_a_misspelt_sweep_axis_is_refused_before_anything_is_planned(tmp_path):
     assert not root.exists()
 
 
+@pytest.mark.slow  # 20-30 s on a loaded 2-core machine (docs/launch.md's refusal runs in make test)
 def test_launch_refuses_what_plan_says_does_not_fit():
     """13.1B at ZeRO-1, no activation checkpointing, micro-batch 2 on 4 x 8 H100: plan's row says "does not fit"."""
     from diffllm.scaling.config import PlanConfig

@@ -98,6 +98,7 @@ TINY_SWEEP = {
 }
 
 
+@pytest.mark.slow  # 15-30 s: a real job trains
 def test_a_tiny_sweep_through_the_basic_launcher(tmp_path, tokenizer):
     (tmp_path / "configs" / "sweep").mkdir(parents=True)
     (tmp_path / "configs" / "sweep" / "tiny.yaml").write_text(yaml.safe_dump(TINY_SWEEP))
