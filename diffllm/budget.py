@@ -14,6 +14,8 @@ from typing import Mapping, Optional, Protocol, Union
 from .counts import parse_count
 from .errors import UserError
 
+PAPER_BATCH_TOKENS = 262144  # configs/trainer/paper-scaling.yaml's global batch (Diff Transformer §3.2: 128 x 2048)
+
 Tokens = Union[int, str]  # 1000000, "20M", "10B", "1.5T"
 
 
@@ -93,6 +95,17 @@ def whole_steps(tokens: Tokens, key: str, global_batch_tokens: int, hint: str = 
     return n // b
 
 
+def _smaller_micro_batch(batch: int, micro_batch: int, tokens_per_sample_everywhere: int) -> str:
+    """The other way out of a global batch below one micro-batch per rank: the largest smaller micro-batch that divides
+    it; below the paper's batch (a CPU trainer's on a cluster) trainer=paper-scaling, never when already that big."""
+    fits = [m for m in range(micro_batch - 1, 0, -1) if batch % (m * tokens_per_sample_everywhere) == 0]
+    change = f"trainer.micro_batch_size={fits[0]}" if fits else "change trainer.micro_batch_size"
+    if batch >= PAPER_BATCH_TOKENS:
+        return change
+    cpu = "the CPU trainer defaults suit one machine; a paper-size model on a cluster wants trainer=paper-scaling"
+    return f"{change} ({cpu})"
+
+
 def plan_budget(trainer: BudgetKeys, seq_len: int, world_size: int) -> Budget:
     """Gradient accumulation and step count from the global batch in tokens; a combination that does not divide
     exactly is an error naming the keys and the nearest values that would work."""
@@ -104,9 +117,8 @@ def plan_budget(trainer: BudgetKeys, seq_len: int, world_size: int) -> Budget:
             raise UserError(
                 f"trainer.global_batch_tokens={batch} is less than one micro-batch on every rank: "
                 f"trainer.micro_batch_size x data.seq_len x world size = {trainer.micro_batch_size} x {seq_len} x "
-                f"{world_size} = {per_micro}; use {per_micro} or a multiple of it, or change trainer.micro_batch_size "
-                f"(the CPU trainer defaults suit one machine; a paper-size model on a cluster wants "
-                f"trainer=paper-scaling)"
+                f"{world_size} = {per_micro}; use {per_micro} or a multiple of it, or "
+                + _smaller_micro_batch(batch, trainer.micro_batch_size, seq_len * world_size)
             )
         lo, hi = batch // per_micro * per_micro, (batch // per_micro + 1) * per_micro
         raise UserError(

@@ -1,6 +1,7 @@
-"""Every command line in README.md and docs/*.md runs here, so that an example cannot rot: the lines of ```bash
-blocks and the `$ ` lines of other blocks that call diffllm (`diffllm ...`, `python -m diffllm...`, `torchrun|deepspeed
-... diffllm.train ...`). Cheap but real, in this process, in an empty folder holding the user configs the docs assume:
+"""Every command line in README.md, docs/*.md and the comments of configs/**/*.yaml runs here, so that an example
+cannot rot: the lines of ```bash blocks and the `$ ` lines of other blocks that call diffllm (`diffllm ...`,
+`python -m diffllm...`, `torchrun|deepspeed ... diffllm.train ...`), and the commands in config comments
+(config_examples). Cheap but real, in this process, in an empty folder holding the user configs the docs assume:
 help, info, plan and `sweep dry_run=true` run for real; `launch` runs with --dry-run (added when absent); train lines
 compose and build their typed configs and plan the budget at their world size (launch's own pre-flight check); the
 other Hydra commands compose and build their typed configs; eval/generate parse their keys into their dataclass. A
@@ -116,7 +117,45 @@ def examples() -> list[Example]:
     return out
 
 
-EXAMPLES = examples()
+# Command lines in the configs' comments: a comment line that starts with one (a trailing `\\` joins the next comment
+# line; `and`, `then` and `;` separate several), and any `diffllm ...` in backticks. Usage synopses (`[key=value]`,
+# `<dir>`, `a|b`) and abbreviations (`... shard=1/2`) are not commands.
+_TICKED = re.compile(r"`((?:diffllm|python -m diffllm)\b[^`]*)`")
+_SYNOPSIS = re.compile(r"(^|\s)\[|<\w|\||\.\.\.")
+
+
+def config_examples() -> list[Example]:
+    out, seen = [], set()
+    for path in sorted((REPO / "configs").rglob("*.yaml")):
+        lines, i = path.read_text().splitlines(), 0
+        while i < len(lines):
+            number, m = i + 1, re.match(r"\s*#\s?(.*)$", lines[i])
+            i += 1
+            if not m:
+                continue
+            text = m.group(1).strip()
+            while text.endswith("\\") and i < len(lines) and lines[i].lstrip().startswith("#"):
+                text, i = text[:-1] + " " + lines[i].lstrip()[1:].strip(), i + 1
+            found = _TICKED.findall(text)
+            if text.startswith(("diffllm ", "python -m diffllm")):
+                found += re.split(r"\s+and\s+|\s+then\s+|;\s+", text)
+            for line in (re.sub(r"\s+\(.*\)$|(?<!\.)[.,;]$", "", c.strip()) for c in found):
+                if _is_diffllm(line.split()) and not _SYNOPSIS.search(line) and line not in seen:
+                    seen.add(line)
+                    out.append(Example(f"{path.relative_to(REPO)}:{number}", line, None, []))
+    return out
+
+
+def _params(found: list[Example]) -> list:
+    """A config's sweep runs its dry run for real, every pending job composed: 10-40 s each, so `make test-slow`."""
+    sweep = lambda ex: ex.line.split()[1:2] == ["sweep"] and ex.line.split()[2:3] != ["collect"]  # noqa: E731
+    return [
+        pytest.param(ex, marks=pytest.mark.slow) if ex.where.startswith("configs/") and sweep(ex) else ex
+        for ex in found
+    ]
+
+
+EXAMPLES = examples() + config_examples()
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +274,7 @@ def _hold_port(ex: Example, words: list[str]):
     return contextlib.closing(sock)
 
 
-@pytest.mark.parametrize("ex", EXAMPLES, ids=str)
+@pytest.mark.parametrize("ex", _params(EXAMPLES), ids=str)
 def test_documented_command_runs(ex: Example, workspace: Path, monkeypatch):
     monkeypatch.chdir(workspace)
     monkeypatch.setattr("sys.argv", ["diffllm"])  # the commands set their own

@@ -285,7 +285,8 @@ def flat_keys(node: Any, prefix: str = "") -> Iterator[str]:
 
 def unknown_key(key: str, keys: list[str]) -> str:
     """`unknown key trainer.zero_stag (did you mean trainer.zero_stage?)`: the closest full key, or the closest key
-    with the same last part (`zero_stage` -> trainer.zero_stage)."""
+    with the same last part (`zero_stage` -> trainer.zero_stage); never the key itself."""
+    keys = [k for k in keys if k != key]
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if not close:
         last = key.rsplit(".", 1)[-1]
@@ -331,6 +332,12 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
             keys = list(flat_keys(compose(config_name, others)))
         except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
             keys = []
+        folders = [str(d / key) for d in search_path() if (d / key).is_dir()]
+        if key in keys and folders:  # Hydra reads `key=value` as a choice of the config group that folder makes
+            return (
+                f"{key}: a key of `{config_name}`, but {folders[0]} on the config search path makes it a config "
+                f"group, which hides the key; rename that folder"
+            )
         return unknown_key(key, keys)
     cause = e.__cause__ or e.__context__
     lines = [ln for ln in (msg.splitlines() + (str(cause).splitlines() if cause else [])) if ln.strip()]

@@ -25,13 +25,15 @@ class LaunchConfig:
     procs: int = 1  # processes (GPUs) per node
     hostfile: Optional[str] = None  # deepspeed: `host slots=N` lines
     master_addr: Optional[str] = None  # rendezvous host; None: localhost (1 node) or, under SLURM, the first node
-    master_port: int = 29500  # slurm: 0 (configs/launcher/slurm.yaml) derives it from the job id
+    master_port: int = 29500  # slurm: 0 (configs/launch/slurm.yaml) derives it from the job id
     node_rank: Optional[int] = None  # torchrun with nodes > 1: this node's rank (0 on the master_addr host)
     rdzv_id: str = "diffllm"
     rdzv_timeout_s: int = 600  # torchrun: how long the nodes wait for each other before giving up
     ds_launcher: str = "pdsh"  # deepspeed's multi-node backend: pdsh | slurm | openmpi | mvapich
     shutdown_timeout_s: int = 240  # torchrun: how long workers may take to save after a signal before SIGKILL
     dry_run: bool = False
+    gpu: Optional[str] = None  # the GPU type memory is checked for, as `diffllm plan gpu=` (None: this machine's GPU)
+    memory_check: bool = True  # false: launch even when diffllm plan says the run does not fit in GPU memory
     # SLURM (launcher=slurm)
     job_name: str = "diffllm"
     partition: Optional[str] = None
@@ -39,10 +41,10 @@ class LaunchConfig:
     qos: Optional[str] = None
     time: str = "24:00:00"
     gpus_per_node: Optional[int] = None  # None: procs; 0: ask for no GPUs (CPU-only clusters)
-    exclusive: bool = False  # the whole node (configs/launcher/slurm.yaml: true); false: cpus_per_task below
+    exclusive: bool = False  # the whole node (configs/launch/slurm.yaml: true); false: cpus_per_task below
     cpus_per_task: Optional[int] = None  # per node (one srun task per node runs torchrun); None and not exclusive:
     # procs x (data.num_workers + 1), a core for each rank and each of its data workers
-    mem: Optional[str] = None  # per node, e.g. 0 (all of it; configs/launcher/slurm.yaml) or 500G
+    mem: Optional[str] = None  # per node, e.g. 0 (all of it; configs/launch/slurm.yaml) or 500G
     signal_lead_s: int = 300  # SIGUSR1 this long before the time limit: save, exit 3, requeue
     requeue: bool = True
     log_dir: str = "logs/slurm"

@@ -1,25 +1,35 @@
 """Checks `diffllm launch` makes before it starts or submits anything: the train overrides compose into valid typed
-configs for this world size, and every hostfile host answers over SSH. Each failure is one line naming the culprit."""
+configs for this world size (a sweep's dry run checks each of its jobs so too), the run fits in the GPUs' memory as
+`diffllm plan` estimates it, and every hostfile host answers over SSH. Each failure is one line naming the culprit."""
 
 from __future__ import annotations
 
 import subprocess
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..errors import UserError
+from ..hardware import GPUS
 from .argv import LaunchConfig
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from ..train.config import TrainConfig
 
 
 def check_train_overrides(overrides: list[str], world_size: int) -> TrainConfig:
     """Compose configs/train.yaml with the overrides (as `diffllm train` would) and build every typed config, so a
     bad key or value stops here, not hours later in a queue. Raises ValueError naming the key; returns the configs."""
+    _, typed = compose_train(overrides)
+    check_budget(typed, world_size)
+    return typed
+
+
+def compose_train(overrides: list[str]) -> tuple[DictConfig, TrainConfig]:
+    """The composed train config and its typed configs, every key and value checked (the budget not yet)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..budget import branch_points, plan_budget
     from ..config import check_typed, compose, schema_for
     from ..train.config import TrainConfig
 
@@ -27,11 +37,83 @@ def check_train_overrides(overrides: list[str], world_size: int) -> TrainConfig:
         cfg = compose("train", overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
-    check_typed(cfg, schema_for("train"))  # every key typed (seed=abc: one line), as `diffllm train` checks it
+    check_typed(cfg, {"": schema_for("train")[""]})  # root keys typed (seed=abc: one line), as `diffllm train` does
     typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
+    check_context(typed)
+    return cfg, typed
+
+
+def check_budget(typed: TrainConfig, world_size: int) -> None:
+    """The budget in whole steps at this world size, and every branch budget a whole step before the decay."""
+    from ..budget import branch_points, plan_budget
+
     budget = plan_budget(typed.trainer, typed.data.seq_len, world_size)
-    branch_points(typed.trainer.branch_budgets, typed.optim, budget)  # a bad branch budget too
-    return typed
+    branch_points(typed.trainer.branch_budgets, typed.optim, budget)
+
+
+def check_context(typed: TrainConfig) -> None:
+    """Windows no longer than the model's positions (the forward would refuse them at the first step). The same
+    check, in the same words, as the fix-train branch's TrainConfig.check_together: drop this one once that is in."""
+    seq, most = typed.data.seq_len, typed.model.max_seq_len
+    if seq > most:
+        raise UserError(
+            f"data.seq_len={seq}: longer than model.max_seq_len={most} (the model's context); use data.seq_len <= "
+            f"{most}, or set model.max_seq_len"
+        )
+
+
+def check_memory(typed: TrainConfig, nodes: int, procs: int, gpu: str) -> None:
+    """`diffllm plan`'s memory estimate for this run's ZeRO stage, activation checkpointing, offload and micro-batch on
+    `nodes` x `procs` GPUs of type `gpu`: a run that plan marks "does not fit" is refused, naming what would fit."""
+    from ..scaling.config import PlanConfig
+    from ..scaling.planner import GiB, make_plan
+
+    t = typed.trainer
+    offload = t.offload_optimizer or t.offload_params
+    where = f"{nodes}x{procs} {gpu}"
+    anyway = "--memory-check false: launch anyway"
+    pc = PlanConfig(
+        seq_len=typed.data.seq_len,
+        global_batch_tokens=str(t.global_batch_tokens),
+        tokens=str(t.tokens),
+        nodes=nodes,
+        gpus_per_node=procs,
+        gpu=gpu,
+    )
+    try:
+        plan = make_plan(typed.model, pc)  # a row for every ZeRO stage, checkpointing and offload choice
+    except UserError as e:  # nothing fits at all
+        raise UserError(f"does not fit: {e} ({anyway})") from None
+    chosen = (t.zero_stage, t.activation_checkpointing, offload)
+    row = next((r for r in plan.rows if (r.stage, r.checkpointing, r.offload) == chosen), None)
+    if row is None:  # offload below ZeRO-2: the trainer's own checks refuse it
+        return
+    need = row.states.gpu + t.micro_batch_size * row.activations_per_sample
+    usable = plan.gpu.memory_gib * GiB * pc.usable_fraction
+    if need <= usable:
+        return
+    fit = min(plan.fitting, key=lambda r: (r.offload, r.checkpointing, r.stage))  # the cheapest way that fits
+    moved = (" trainer.offload_optimizer=true" if fit.offload else "") + (
+        " trainer.offload_params=true" if fit.offload and fit.stage == 3 else ""
+    )
+    raise UserError(
+        f"does not fit: {typed.model.name} at trainer.zero_stage={t.zero_stage} activation_checkpointing="
+        f"{str(t.activation_checkpointing).lower()}{' offload' if offload else ''} micro_batch_size="
+        f"{t.micro_batch_size} needs {need / GiB:.1f} GiB per GPU, {where} offer {usable / GiB:.1f} (diffllm plan); "
+        f"fits: trainer.zero_stage={fit.stage} trainer.activation_checkpointing={str(fit.checkpointing).lower()}"
+        f"{moved} trainer.micro_batch_size={fit.micro_batch} "
+        f"({anyway})"
+    )
+
+
+def local_gpu() -> Optional[str]:
+    """This machine's GPU as `diffllm plan` names it (h100, a100-80gb, ...); None without one or for an unlisted one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0).upper()
+    return next((g.name for g in GPUS.values() if any(m in name for m in g.match)), None)
 
 
 def _unknown_key(overrides: list[str]) -> str | None:

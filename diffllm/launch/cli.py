@@ -1,6 +1,6 @@
 """`diffllm launch [--launcher torchrun|deepspeed|slurm] [--nodes N] [--procs P] [--dry-run] [--<option> V ...]
 [train overrides ...]`: options are LaunchConfig fields (defaults: configs/launch.yaml, then
-configs/launcher/<launcher>.yaml); every other argument goes to `diffllm train` unchanged."""
+configs/launch/<launcher>.yaml); every other argument goes to `diffllm train` unchanged."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from ..config import build, find_config, group_options, load_group
 from ..errors import UserError
 from .argv import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
-from .checks import check_hosts_reachable, check_train_overrides, needs_ssh
+from .checks import check_hosts_reachable, check_memory, check_train_overrides, local_gpu, needs_ssh
 from .help import usage
 from .hostfile import read_hostfile
 from .remote_env import remote_env, write_env_file
@@ -70,12 +70,11 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
             given[key] = value
     base = OmegaConf.load(find_config("", "launch"))
     launcher = str(given.get("launcher", base.get("launcher", "torchrun")))
-    if find_config("launcher", launcher) is None:
+    if find_config("launch", launcher) is None:
         raise UserError(
-            f"--launcher {launcher}: no configs/launcher/{launcher}.yaml "
-            f"(known: {', '.join(group_options('launcher'))})"
+            f"--launcher {launcher}: no configs/launch/{launcher}.yaml (known: {', '.join(group_options('launch'))})"
         )
-    merged = OmegaConf.merge(base, load_group("launcher", launcher), given)
+    merged = OmegaConf.merge(base, load_group("launch", launcher), given)
     if setup:
         merged.setup = list(merged.get("setup") or []) + setup
     if env:
@@ -90,9 +89,13 @@ class HelpRequested(Exception):
 
 
 def preflight(cfg: LaunchConfig, overrides: list[str]) -> int:
-    """Everything that can be checked before starting or submitting: train overrides, then reachable hosts.
+    """Everything that can be checked before starting or submitting: train overrides, memory on the GPU type (`--gpu`,
+    else this machine's), then reachable hosts.
     Returns the run's data workers per rank (what a SLURM job's CPUs are sized by)."""
     train = check_train_overrides(overrides, cfg.nodes * cfg.procs)
+    gpu = cfg.gpu or (None if cfg.launcher == "slurm" else local_gpu())  # a SLURM job's GPUs are not this machine's
+    if cfg.memory_check and gpu:
+        check_memory(train, cfg.nodes, cfg.procs, gpu)
     if needs_ssh(cfg) and not cfg.dry_run:
         check_hosts_reachable(list(read_hostfile(cfg.hostfile))[: cfg.nodes], cfg.hostfile)
     return train.data.num_workers

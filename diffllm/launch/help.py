@@ -1,5 +1,5 @@
 """`diffllm launch --help`: what the command does, every option (a LaunchConfig field) with its meaning and default
-(configs/launch.yaml, then configs/launcher/<launcher>.yaml), and examples."""
+(configs/launch.yaml, then configs/launch/<launcher>.yaml), and examples."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ MEANING = {
     "ds_launcher": "deepspeed's multi-node backend: pdsh | slurm | openmpi | mvapich",
     "shutdown_timeout_s": "torchrun: seconds workers get to save a checkpoint after a signal, then SIGKILL",
     "dry_run": "print the command (or sbatch script) and run nothing",
+    "gpu": "GPU type to check memory for, as `diffllm plan gpu=` (empty: this machine's GPU, none without one)",
+    "memory_check": "refuse a run `diffllm plan` says does not fit on --gpu (false: launch anyway)",
     "job_name": "slurm: --job-name, and the script's file name",
     "partition": "slurm: --partition",
     "account": "slurm: --account",
@@ -47,14 +49,14 @@ EXAMPLES = """\
 examples:
   diffllm launch --procs 2 model=diff-tiny                        # one node, 2 processes, torchrun
   diffllm launch --nodes 2 --procs 8 --master-addr node-1 --node-rank 0 model=diff-830m trainer=paper-scaling  # rank 1 on node-2
-  diffllm launch --launcher slurm --nodes 4 --procs 8 --partition gpu --time 48:00:00 model=diff-13.1b trainer=paper-scaling
+  diffllm launch --launcher slurm --nodes 4 --procs 8 --gpu h100 --partition gpu --time 48:00:00 model=diff-13.1b data=fineweb-edu trainer=paper-scaling trainer.zero_stage=2 trainer.micro_batch_size=1 optim=paper-scaling optim.lr=7.5e-4
   diffllm launch --launcher deepspeed --hostfile hosts --nodes 2 --procs 8 --dry-run model=diff-830m trainer=paper-scaling
 """
 
 
 def _defaults() -> dict:
     base = OmegaConf.load(find_config("", "launch"))
-    merged = OmegaConf.merge(OmegaConf.structured(LaunchConfig), base, load_group("launcher", "slurm"))
+    merged = OmegaConf.merge(OmegaConf.structured(LaunchConfig), base, load_group("launch", "slurm"))
     values = OmegaConf.to_container(merged)
     values["launcher"] = base.get("launcher", "torchrun")
     return values

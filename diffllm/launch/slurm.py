@@ -34,6 +34,18 @@ def cpus_per_node(cfg: LaunchConfig, data_workers: int) -> Optional[int]:
     return cfg.procs * (data_workers + 1)
 
 
+def omp_threads(procs: int, data_workers: int) -> list[str]:
+    """The script's OMP_NUM_THREADS (unless the job's environment or --env sets it): the node's CPUs that SLURM gave
+    the job ($SLURM_CPUS_ON_NODE: every core with --exclusive, else --cpus-per-task) shared by its `procs` ranks and
+    their data workers, at least one each; torchrun passes it on to every rank."""
+    share = procs * (data_workers + 1)
+    return [
+        "CPUS=${SLURM_CPUS_ON_NODE:-$(nproc)}  # the CPUs SLURM gave this job on the node",
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-$(( CPUS / {share} > 1 ? CPUS / {share} : 1 ))}}  "
+        f"# CPUs / ({procs} ranks x (1 + {data_workers} data workers))",
+    ]
+
+
 def sbatch_script(
     cfg: LaunchConfig,
     overrides: list[str],
@@ -97,7 +109,7 @@ def sbatch_script(
         else "RDZV_PORT=$((15000 + SLURM_JOB_ID % 20000))  # one port per job: jobs that share a node must not collide",
         'echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, rendezvous on '
         '$HEAD_NODE:$RDZV_PORT"',
-        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}",
+        *omp_threads(cfg.procs, data_workers),
         "",
         "# SIGUSR1 (the time limit is near): pass it on; the trainer checkpoints and exits 3; the job is requeued.",
         "# SIGTERM (scancel, or a preemption, which SLURM requeues itself under PreemptMode=REQUEUE): pass it on; the",

@@ -8,6 +8,8 @@ SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 import shlex
 import subprocess
@@ -22,6 +24,7 @@ from ..config import CONFIG_PATH_ENV, build, hydra_app
 from ..errors import UserError
 from ..launch.argv import shell
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from .check import check_jobs
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
@@ -55,10 +58,40 @@ def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:
     return ([f"hydra/launcher={launcher}"] if launcher != "basic" else []) + list(extra)
 
 
+def check_launcher_plugin(launcher: str, dry_run: bool) -> None:
+    """submitit_slurm is Hydra's plugin (`pip install 'diffllm[slurm]'`): without it every job would fail to compose.
+    A real sweep refuses; a dry run (planning on a machine that will not submit) says so and goes on."""
+    if launcher != "submitit_slurm" or _importable("hydra_plugins.hydra_submitit_launcher"):
+        return
+    message = "launcher=submitit_slurm: needs hydra-submitit-launcher (pip install 'diffllm[slurm]')"
+    if not dry_run:
+        raise UserError(message)
+    print(f"note: {message}; the commands below would fail here", file=sys.stderr, flush=True)
+
+
+def job_world_size(launcher: str, overrides: list[str]) -> int:
+    """The ranks each job trains on: one process under the basic launcher; under submitit_slurm the job's nodes x GPUs
+    per node (hydra.launcher.nodes, .gpus_per_node; 1 each unless given), as diffllm/sweep/job.py starts torchrun."""
+    if launcher == "basic":
+        return 1
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    counts = [given.get(f"hydra.launcher.{key}", "") for key in ("nodes", "gpus_per_node")]
+    return math.prod(int(c) if c.isdigit() and int(c) > 0 else 1 for c in counts)  # null (or none given): one
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 def run_sweep(cfg: DictConfig) -> int:
     grid = build(SweepConfig, cfg.sweep, "sweep")
+    check_launcher_plugin(cfg.launcher, cfg.dry_run)
     runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
+    checked = check_jobs(pending, grid, cfg.sweep_dir, job_world_size(cfg.launcher, cfg.launcher_overrides))
     for r in runs:
         print(f"{r.status:>10}  {r.run_dir}{_role(r, cfg.sweep_dir)}")
     print(f"{len(runs)} runs: {len(runs) - len(pending)} finished (skipped), {len(pending)} to run", flush=True)
@@ -74,8 +107,23 @@ def run_sweep(cfg: DictConfig) -> int:
         from .cost import Cluster, render, totals  # composes train configs: only a dry run needs it
 
         cluster = Cluster(cfg.gpu, cfg.nodes, cfg.gpus_per_node, cfg.mfu) if cfg.get("gpu") else None
-        print(render(grid, totals(grid, cluster), cluster))
-    return worst
+        print(render(grid, totals(grid, cluster, checked), cluster))
+        return worst
+    return worst or _unfinished(pending)
+
+
+def _unfinished(ran: list) -> int:
+    """A multirun exits 0 whatever its jobs did (each job says its run's exit code): 1 when a run it ran did not
+    finish, with one line naming how many and the first."""
+    left = [r for r in ran if r.status != "finished"]
+    if left:
+        print(
+            f"diffllm sweep: {len(left)} of {len(ran)} runs did not finish (first: {left[0].run_dir}; their logs say "
+            f"why); rerun the sweep to resume them",
+            file=sys.stderr,
+            flush=True,
+        )
+    return 1 if left else 0
 
 
 def _role(r, sweep_dir: str) -> str:

@@ -47,21 +47,24 @@ class Total:
     gpu_hours: Optional[float] = None
 
 
+def _cost_axes(axes: tuple) -> tuple:
+    return tuple((k, v) for k, v in axes if k.startswith(COST_PREFIXES))
+
+
 class _Costs:
     """Per (model, cost-relevant axes): the composed train config's FLOPs per token, global batch, optim config, and
     with a cluster the planner's seconds per token (composed once each: composing takes a while)."""
 
-    def __init__(self, cfg: SweepConfig, cluster: Optional[Cluster]):
+    def __init__(self, cfg: SweepConfig, cluster: Optional[Cluster], checked: Optional[dict] = None):
         self.cfg, self.cluster, self._cache = cfg, cluster, {}
+        # the jobs' configs the sweep has checked already, by (model, axes): by (model, cost axes) here
+        self._checked = {(m, _cost_axes(axes)): tc for (m, axes), tc in (checked or {}).items()}
 
     def get(self, run: Run) -> tuple[float, int, object, Optional[float]]:
-        axes = tuple((k, v) for k, v in run.axes if k.startswith(COST_PREFIXES))
+        axes = _cost_axes(run.axes)
         key = (run.model, axes)
         if key not in self._cache:
-            composed = compose(
-                "train", [f"model={run.model}", *self.cfg.overrides, *(f"{k}={value_text(v)}" for k, v in axes)]
-            )
-            tc = TrainConfig.from_hydra(composed)
+            tc = self._checked.get(key) or self._compose(run.model, axes)
             batch = parse_count(tc.trainer.global_batch_tokens, "trainer.global_batch_tokens")
             fpt = model_stats(tc.model, tc.data.seq_len).flops_per_token
             per_token = None
@@ -83,6 +86,10 @@ class _Costs:
             self._cache[key] = (fpt, batch, tc.optim, per_token)
         return self._cache[key]
 
+    def _compose(self, model: str, axes: tuple) -> TrainConfig:
+        axis_overrides = [f"{k}={value_text(v)}" for k, v in axes]
+        return TrainConfig.from_hydra(compose("train", [f"model={model}", *self.cfg.overrides, *axis_overrides]))
+
     def trained_tokens(self, run: Run) -> int:
         """The tokens a run trains itself: its budget, less the prefix a cooldown shares with its stable run."""
         if run.parent is None:
@@ -93,10 +100,11 @@ class _Costs:
         return run.tokens - start * batch
 
 
-def totals(cfg: SweepConfig, cluster: Optional[Cluster] = None) -> list[Total]:
+def totals(cfg: SweepConfig, cluster: Optional[Cluster] = None, checked: Optional[dict] = None) -> list[Total]:
     """The grid's training tokens, FLOPs (and GPU-hours on `cluster`) in each budget mode, scratch first. Branch mode
-    uses the optim config's warmup and decay_fraction whatever the config's own mode (what branching would cost)."""
-    costs = _Costs(cfg, cluster)
+    uses the optim config's warmup and decay_fraction whatever the config's own mode (what branching would cost).
+    `checked`: train configs already composed, by (model, axes) (the sweep's checked jobs)."""
+    costs = _Costs(cfg, cluster, checked)
     out = []
     for mode in BUDGET_MODES:
         runs = plan_runs(cfg, "", mode)

@@ -223,47 +223,55 @@ def shard_runs(runs: list[Run], shard: str | None) -> list[Run]:
     return [r for r in runs if r.family in mine]
 
 
+def job_overrides(r: Run, cfg: SweepConfig, sweep_dir: str | Path, models: str | None = None) -> list[str]:
+    """The train overrides of a run's job, as its multirun passes them (`models`: the multirun's `a,b,c`; default the
+    run's own model). run_dir (and a cooldown's branch_from) name `${model.name}`, resolved per job by Hydra."""
+    keys, root = axis_keys(cfg), Path(sweep_dir)
+
+    def folder(tokens: int) -> str:
+        return f"{token_label(tokens)}/{axes_label(r.axes, keys)}" if r.axes else token_label(tokens)
+
+    branch = [f"trainer.branch_budgets=[{','.join(map(str, r.branch_budgets))}]"] if r.branch_budgets else []
+    if r.parent_tokens is not None:
+        branch = [f'trainer.branch_from="{root}/${{model.name}}/{folder(r.parent_tokens)}/seed{r.seed}"']
+    return [
+        f"model={models or r.model}",
+        f"trainer.tokens={r.tokens}",
+        f"seed={r.seed}",
+        f"data.seed={r.seed}",
+        f'run_dir="{root}/${{model.name}}/{folder(r.tokens)}/seed{r.seed}"',
+        "trainer.resume=auto",
+        *cfg.overrides,
+        *(f"{k}={value_text(v)}" for k, v in r.axes),
+        *branch,
+    ]
+
+
 def multirun_commands(
     runs: list[Run], cfg: SweepConfig, sweep_dir: str | Path, launcher_overrides: list[str]
 ) -> list[list[str]]:
     """One Hydra multirun per (budget, seed, axis values[, branch budgets or parent budget]) over the models that still
     need it: `model=a,b,c`; seed by seed, so a sweep cut short has whole seeds; in branch mode a seed's stable runs
     before its cooldowns (`trainer.branch_from=<the stable run of the same model>`)."""
-    groups: dict[tuple, list[str]] = defaultdict(list)
+    groups: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
-        groups[(r.seed, r.parent_tokens is not None, r.tokens, r.axes, r.branch_budgets, r.parent_tokens)].append(
-            r.model
-        )
+        groups[(r.seed, r.parent_tokens is not None, r.tokens, r.axes, r.branch_budgets, r.parent_tokens)].append(r)
     keys = axis_keys(cfg)
-    root = Path(sweep_dir)
-
-    def folder(tokens: int, axes: tuple) -> str:
-        return f"{token_label(tokens)}/{axes_label(axes, keys)}" if axes else token_label(tokens)
-
     commands = []
-    for (seed, cooldown, tokens, axes, branch_budgets, parent_tokens), models in sorted(
+    for (seed, _, tokens, axes, _, _), members in sorted(
         groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2], repr(g[0][3]))
     ):
-        tag = folder(tokens, axes).replace("/", "-") + f"-seed{seed}"
-        branch = [f"trainer.branch_budgets=[{','.join(map(str, branch_budgets))}]"] if branch_budgets else []
-        if cooldown:
-            branch = [f'trainer.branch_from="{root}/${{model.name}}/{folder(parent_tokens, axes)}/seed{seed}"']
+        folder = f"{token_label(tokens)}/{axes_label(axes, keys)}" if axes else token_label(tokens)
+        tag = folder.replace("/", "-") + f"-seed{seed}"
+        models = ",".join(r.model for r in members)
         commands.append(
             [
                 sys.executable,
                 "-m",
                 JOB_MODULE,
                 "--multirun",
-                f"model={','.join(models)}",
-                f"trainer.tokens={tokens}",
-                f"seed={seed}",
-                f"data.seed={seed}",
-                f'run_dir="{root}/${{model.name}}/{folder(tokens, axes)}/seed{seed}"',
-                "trainer.resume=auto",
-                *cfg.overrides,
-                *(f"{k}={value_text(v)}" for k, v in axes),
-                *branch,
-                f'hydra.sweep.dir="{root}/.multirun/{tag}"',
+                *job_overrides(members[0], cfg, sweep_dir, models),
+                f'hydra.sweep.dir="{Path(sweep_dir)}/.multirun/{tag}"',
                 *launcher_overrides,
             ]
         )

@@ -205,6 +205,21 @@ def test_sbatch_without_the_whole_node_asks_a_core_per_rank_and_data_worker(tmp_
     assert "#SBATCH --cpus-per-task=32" in capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.parametrize(
+    "cpus, procs, workers, given, threads",
+    [(96, 8, 2, "", "4"), (24, 8, 2, "", "1"), (8, 8, 1, "", "1"), (64, 2, 1, "", "16"), (96, 8, 2, "7", "7")],
+)
+def test_sbatch_omp_threads_share_the_job_cpus(cpus, procs, workers, given, threads):
+    """The script's OMP_NUM_THREADS, run by bash as in a job: the CPUs SLURM gave it on the node over the ranks and
+    their data workers (at least 1); one set in the job's environment is kept."""
+    cfg, _ = parse_args(["--launcher", "slurm", "--procs", str(procs), "--dry-run"])
+    script = sbatch_script(cfg, [], data_workers=workers).splitlines()
+    line = "\n".join(ln for ln in script if ln.startswith(("CPUS=", "export OMP")))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_CPUS_ON_NODE": str(cpus), **({"OMP_NUM_THREADS": given} if given else {})}
+    out = subprocess.run(["bash", "-c", f'{line}\necho "$OMP_NUM_THREADS"'], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == threads, out.stderr
+
+
 FAKE_SRUN = """#!/bin/bash
 # srun stand-in: drop srun's own options, run the rest (torchrun) as a child, forward signals to it like srun does
 while [[ "$1" == --* ]]; do shift; done
@@ -295,7 +310,7 @@ def test_parse_args_flags_and_overrides():
     )
     assert overrides == ["model=diff-tiny", "--weird"]
     slurm, _ = parse_args(["--launcher", "slurm"])
-    assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launcher/slurm.yaml applied
+    assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launch/slurm.yaml applied
     with pytest.raises(ValueError, match="--nodez: unknown launch option"):
         parse_args(["--nodez", "2"])
     with pytest.raises(ValueError, match=r"launch.nodes"):
@@ -392,7 +407,7 @@ def test_cli_dry_run_and_one_line_errors(tmp_path):
     for args, msg in [
         (["--launcher", "deepspeed", "--hostfile", str(empty), "--dry-run"], "lists no hosts"),
         (["--dry-run", "model=nope"], "model=nope: unknown preset"),
-        (["--launcher", "mpi"], "no configs/launcher/mpi.yaml"),
+        (["--launcher", "mpi"], "no configs/launch/mpi.yaml"),
     ]:
         bad = _cli(*args)
         assert bad.returncode == 2 and msg in bad.stderr and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,34 @@ def test_launch_two_processes_on_cpu(tmp_path, launcher):
     assert ("--nproc_per_node 2" if launcher == "torchrun" else "--num_gpus 2") in first  # the command it ran
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["world_size"], summary["tokens"]) == ("finished", 2, 8192)
+
+
+WORKER = """import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *a: (out.with_name("saved").write_text("3"), sys.exit(3)))
+out.write_text("up")
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_exits_1_when_sigterm_stopped_its_workers(tmp_path):
+    """What docs/training.md and docs/launch.md say of bare torchrun: it forwards SIGTERM, the worker's own exit
+    (3, after its save) is not passed on, torchrun exits 1 with a SignalException of its own."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "1", "--rdzv_backend", "c10d"]
+    cmd += ["--rdzv_endpoint", f"localhost:{free_port()}", "--signals_to_handle", "SIGTERM,SIGINT"]
+    cmd += [str(tmp_path / "worker.py"), str(tmp_path / "up")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # the worker is up (at most 120 s; a slow machine starts torchrun slowly)
+            if (tmp_path / "up").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "up").exists(), proc.stderr.read() if proc.poll() is not None else "no worker"
+        proc.terminate()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and (tmp_path / "saved").read_text() == "3"
+    assert "SignalException: Process" in err and "got signal: 15" in err
