@@ -38,8 +38,9 @@ def compose_train(overrides: list[str]) -> tuple[DictConfig, TrainConfig]:
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(_unknown_key(overrides) or f"train overrides: {str(e).splitlines()[0]}") from None
     check_typed(cfg, {"": schema_for("train")[""]})  # root keys typed (seed=abc: one line), as `diffllm train` does
-    typed = TrainConfig.from_hydra(cfg)  # every group built and validated, as the Trainer gets it
-    check_context(typed)
+    typed = TrainConfig.from_hydra(
+        cfg
+    )  # every group built and validated (and the context check), as the Trainer gets it
     return cfg, typed
 
 
@@ -49,17 +50,6 @@ def check_budget(typed: TrainConfig, world_size: int) -> None:
 
     budget = plan_budget(typed.trainer, typed.data.seq_len, world_size)
     branch_points(typed.trainer.branch_budgets, typed.optim, budget)
-
-
-def check_context(typed: TrainConfig) -> None:
-    """Windows no longer than the model's positions (the forward would refuse them at the first step). The same
-    check, in the same words, as the fix-train branch's TrainConfig.check_together: drop this one once that is in."""
-    seq, most = typed.data.seq_len, typed.model.max_seq_len
-    if seq > most:
-        raise UserError(
-            f"data.seq_len={seq}: longer than model.max_seq_len={most} (the model's context); use data.seq_len <= "
-            f"{most}, or set model.max_seq_len"
-        )
 
 
 def check_memory(typed: TrainConfig, nodes: int, procs: int, gpu: str) -> None:

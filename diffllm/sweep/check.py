@@ -45,7 +45,7 @@ def check_jobs(runs: list[Run], grid: SweepConfig, sweep_dir: str | Path, world_
 def _job_config(
     r: Run, grid: SweepConfig, sweep_dir: str | Path, first: dict[str, tuple[DictConfig, TrainConfig]]
 ) -> TrainConfig:
-    from ..launch.checks import check_context, compose_train
+    from ..launch.checks import compose_train
 
     if r.model not in first or any("." not in key for key, _ in r.axes):
         cfg, tc = compose_train(job_overrides(r, grid, sweep_dir))
@@ -58,5 +58,5 @@ def _job_config(
     schema = schema_for("train")
     groups = {key.split(".", 1)[0] for key, _ in r.axes}
     tc = dataclasses.replace(tc, **{g: build(schema[g], cfg[g], g) for g in groups})
-    check_context(tc)
+    tc.check_together()
     return tc
