@@ -50,7 +50,7 @@ class ScalingConfig:
     seed: int = 0
     title: str = "diffllm scaling"
     select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
-    include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
+    exclude_undertrained: bool = False  # leave runs that do not beat the bigram out of the fits (fits.md: both ways)
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
     compute_grid: int = 5  # values of C, from the smallest to the largest run's compute, the frontier is tabulated at
 

@@ -7,8 +7,10 @@ fits.json. Ratio keys carry an `<series>:` prefix when the sweep holds more than
 baseline.
 
 Fits are per *series* (the arch plus the non-selected axes that vary, diffllm/scaling/select.py), over the runs at
-each group's best-of-grid value of `select` (every seed a point), under-trained runs (not beating the bigram
-baseline, diffllm/scaling/baselines.py) left out unless include_undertrained. fits.md also gives the selection, its
+each group's selected value of `select` (every reported seed a point). Every selected run is fitted, under-trained
+ones (not beating the bigram baseline, diffllm/scaling/baselines.py) included: leaving them out selects on the
+outcome. exclude_undertrained=true leaves them out, and fits.md then also gives L(N) with them kept, so that the
+effect of the exclusion is in the report. fits.md also gives the selection, its
 edge warnings, the paired per-seed gaps to the Transformer and the baselines beside the runs."""
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
     sel = select_runs(finished, cfg.select, cfg.loss)
     notes = list(notes or [])
-    done = [r for r in finished if r.run_dir in sel.selected and (cfg.include_undertrained or not r.under_trained)]
-    note = under_trained_note(finished, sel, cfg.include_undertrained)
+    reported = [r for r in finished if r.run_dir in sel.selected]
+    done = [r for r in reported if not (cfg.exclude_undertrained and r.under_trained)]
+    note = under_trained_note(finished, sel, cfg.exclude_undertrained)
     if note:
         notes.append(note)
     if not done:
@@ -198,6 +201,9 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     if not at_budget:
         raise UserError(f"tokens={budget}: no finished run has this budget")
     points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes)
+    kept_table = None  # exclude_undertrained: L(N) with the excluded runs kept, for the report's both-ways view
+    if len(done) < len(reported):
+        kept_table = _power_fits(cfg, [r for r in reported if r.tokens == budget], sel, [])[3]
     gaps, gap_notes = paired_gaps(finished, sel, baseline().arch, cfg.loss)
     result: dict = {
         "config": asdict(cfg),
@@ -205,6 +211,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         "fit_runs": len(done),
         "power_law_tokens": budget,
         "power_law": table,
+        "power_law_with_undertrained": kept_table,
         "ratios": {},
         "notes": notes + gap_notes,
         "selection": selection_dict(sel),
@@ -337,6 +344,11 @@ def _jsonable(o):
     raise TypeError(type(o))
 
 
+def _law_table(rows: list[ArchFit]) -> list[str]:
+    head = ["| series | points | E | A | alpha |", "|---|---|---|---|---|"]
+    return head + [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |" for f in rows]
+
+
 def render(result: dict) -> str:
     cfg = result["config"]
     lvl = f"{cfg['level']:.0%}"
@@ -350,12 +362,15 @@ def render(result: dict) -> str:
         lines += [
             f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:",
             "",
-            "| series | points | E | A | alpha |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |" for f in result["power_law"]]
+        ] + _law_table(result["power_law"])
     else:
         lines.append("No L(N) fit was made (the notes above say why).")
+    if result.get("power_law_with_undertrained") is not None:
+        lines += [
+            "",
+            "The same L(N) with the under-trained runs kept (exclude_undertrained=false, the default):",
+            "",
+        ] + _law_table(result["power_law_with_undertrained"])
     if result["joint"]:
         lines += [
             "",

@@ -279,14 +279,14 @@ def baseline_series(sel: Selection, fits: dict, baseline_arch: str) -> Optional[
     return next((s for s in fits if sel.arch.get(s) == baseline_arch), None)
 
 
-def under_trained_note(finished: list[RunRecord], sel: Selection, include: bool) -> Optional[str]:
+def under_trained_note(finished: list[RunRecord], sel: Selection, exclude: bool) -> Optional[str]:
     flagged = [r for r in finished if r.under_trained and r.run_dir in sel.selected]
     if not flagged:
         return None
     what = (
-        "kept in the fits (include_undertrained=true)"
-        if include
-        else "left out of the fits (include_undertrained=true keeps them)"
+        "left out of the fits (exclude_undertrained=true; the L(N) table with them kept follows the main one)"
+        if exclude
+        else "kept in the fits (every run is reported; exclude_undertrained=true leaves them out)"
     )
     names = ", ".join(f"{sel.series[r.run_dir]} {size_of(r.model, r.arch)} seed {r.seed}" for r in flagged[:4])
     return f"{len(flagged)} selected run(s) do not beat the bigram baseline (under-trained), {what}: {names}" + (

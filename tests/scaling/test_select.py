@@ -99,16 +99,31 @@ def test_collect_axes_baselines_selection(sweep, capsys):
 
 
 def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
+    """Every selected run is fitted by default, under-trained ones too (dropping them selects on the outcome);
+    exclude_undertrained=true leaves them out and fits.md then shows L(N) both ways."""
     root, bigram, losses = sweep
     cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none")
     result = fit_sweep(cfg, collect(cfg.sweep_dir))
     best = _best(losses)
     fitted = {(f.arch, f.points) for f in result["power_law"]}
-    assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 4)}  # micro-1 left out
-    assert result["fit_runs"] == 16 and result["runs"] == 54
-    assert any(
-        "2 selected run(s) do not beat the bigram baseline (under-trained), left out" in n for n in result["notes"]
+    assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 6)}
+    assert result["fit_runs"] == 18 and result["runs"] == 54 and result["power_law_with_undertrained"] is None
+    assert any("2 selected run(s) do not beat the bigram baseline (under-trained), kept in" in n for n in result["notes"])
+    excluded = fit_sweep(
+        ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True),
+        collect(cfg.sweep_dir),
     )
+    assert {(f.arch, f.points) for f in excluded["power_law"]} == {
+        ("transformer", 6),
+        ("diff λ_init=0.8", 6),
+        ("diff λ_init=formula", 4),  # micro-1 left out
+    }
+    assert excluded["fit_runs"] == 16
+    kept = {(f.arch, f.points) for f in excluded["power_law_with_undertrained"]}
+    assert kept == fitted
+    assert any("left out of the fits (exclude_undertrained=true" in n for n in excluded["notes"])
+    md = render(excluded)
+    assert "The same L(N) with the under-trained runs kept" in md and "| diff λ_init=formula | 6 |" in md
     at = {(s, size, lr, seed): loss for s, size, lr, seed, loss in losses.values()}
     gaps = {(g["series"], g["size"]): g for g in result["gaps"]}
     assert len(gaps) == 6 and {g["baseline"] for g in gaps.values()} == {"transformer"}
@@ -124,15 +139,11 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     md = render(result)
     assert "Paired gaps" in md and "| diff λ_init=0.8 | transformer | micro-2 | 640 | 2 |" in md
     assert "widen the grid" in md and "bigram p(b|a)" in md
-    kept = fit_sweep(
-        ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", include_undertrained=True),
-        collect(cfg.sweep_dir),
-    )
-    assert {(f.arch, f.points) for f in kept["power_law"]} >= {("diff λ_init=formula", 6)}
+    excluded_cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True)
     records = [
         r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)
     ]
-    short = fit_sweep(cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
+    short = fit_sweep(excluded_cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
     assert "diff λ_init=formula" not in {f.arch for f in short["power_law"]}
     assert any(
         n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points") for n in short["notes"]
