@@ -108,7 +108,8 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     fitted = {(f.arch, f.points) for f in result["power_law"]}
     assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 6)}
     assert result["fit_runs"] == 18 and result["runs"] == 54 and result["power_law_with_undertrained"] is None
-    assert any("2 selected run(s) do not beat the bigram baseline (under-trained), kept in" in n for n in result["notes"])
+    note = "2 selected run(s) do not beat the bigram baseline (under-trained), kept in"
+    assert any(note in n for n in result["notes"])
     excluded = fit_sweep(
         ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True),
         collect(cfg.sweep_dir),
