@@ -185,8 +185,8 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     finished = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
     if not finished:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
-    sel = select_runs(finished, cfg.select, cfg.loss)
-    notes = list(notes or [])
+    sel = select_runs(finished, cfg.select, cfg.loss, cfg.select_protocol, cfg.select_seeds, cfg.report_seeds)
+    notes = list(notes or []) + sel.notes
     reported = [r for r in finished if r.run_dir in sel.selected]
     done = [r for r in reported if not (cfg.exclude_undertrained and r.under_trained)]
     note = under_trained_note(finished, sel, cfg.exclude_undertrained)
@@ -357,6 +357,9 @@ def render(result: dict) -> str:
         f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].",
         "",
     ]
+    chosen = result.get("selection", {})
+    if chosen.get("select") and chosen.get("protocol"):
+        lines += [f"Selection of {chosen['select']}: {chosen['protocol']['description']}.", ""]
     lines += [f"note: {note}" for note in result.get("notes", [])] + ([""] if result.get("notes") else [])
     if result["power_law"]:
         lines += [

@@ -102,7 +102,7 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     """Every selected run is fitted by default, under-trained ones too (dropping them selects on the outcome);
     exclude_undertrained=true leaves them out and fits.md then shows L(N) both ways."""
     root, bigram, losses = sweep
-    cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none")
+    cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", select_protocol="same")
     result = fit_sweep(cfg, collect(cfg.sweep_dir))
     best = _best(losses)
     fitted = {(f.arch, f.points) for f in result["power_law"]}
@@ -111,7 +111,9 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     note = "2 selected run(s) do not beat the bigram baseline (under-trained), kept in"
     assert any(note in n for n in result["notes"])
     excluded = fit_sweep(
-        ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True),
+        ScalingConfig(
+            sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True, select_protocol="same"
+        ),
         collect(cfg.sweep_dir),
     )
     assert {(f.arch, f.points) for f in excluded["power_law"]} == {
@@ -140,7 +142,9 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     md = render(result)
     assert "Paired gaps" in md and "| diff λ_init=0.8 | transformer | micro-2 | 640 | 2 |" in md
     assert "widen the grid" in md and "bigram p(b|a)" in md
-    excluded_cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True)
+    excluded_cfg = ScalingConfig(
+        sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True, select_protocol="same"
+    )
     records = [
         r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)
     ]
@@ -185,6 +189,21 @@ def test_scaling_fit_cli_prints_warnings(sweep):
     assert out.stderr.count("widen the grid") == 2 and "under-trained" in out.stderr
     fits = json.loads((root / "fit" / "fits.json").read_text())
     assert fits["selection"]["select"] == "optim.lr" and len(fits["gaps"]) == 6
+    assert fits["selection"]["protocol"]["mode"] == "split"  # the default with 2 seeds: seed 1 selects, 2 reports
+    assert all(g["seeds"] == [2] for g in fits["gaps"])
+    assert "Selection of optim.lr: protocol split: chosen on seed(s) 1, reported on seed(s) 2 only." in out.stdout
+    swapped = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root}/runs", f"out={root}/swapped"]
+        + ["select_seeds=[2]", "report_seeds=[1]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert swapped.returncode == 0, swapped.stderr
+    md = (root / "swapped" / "runs.md").read_text()
+    assert "protocol split: chosen on seed(s) 2, reported on seed(s) 1 only" in md
+    rows = [r for r in read_csv(root / "swapped" / "runs.csv") if r.selected]
+    assert len(rows) == 9 and {r.seed for r in rows} == {1}  # one reported run per (series, size)
 
 
 def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):
