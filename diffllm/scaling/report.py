@@ -1,6 +1,7 @@
 """`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
-L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), residual-bootstrap
-intervals (every parameter; E at its bound 0 said in a note), each variant's parameter and token ratios over the
+L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), bootstrap
+intervals for every parameter (L(N): runs redrawn per size, each series from its own generator, ratios paired by
+seed; L(N, D): residual; E at its bound 0 said in a note), each variant's parameter and token ratios over the
 baseline (the Transformer) at equal loss, the compute-optimal frontier of each L(N, D) with C counted from each run's
 own FLOPs per token and the compute ratio at equal loss (diffllm/scaling/optimal.py), PNG plots, fits.md and
 fits.json. Ratio keys carry an `<series>:` prefix when the sweep holds more than one series besides the
@@ -40,11 +41,13 @@ from .fit import (
     exactly_determined,
     interval,
     no_interval,
+    paired_power_laws,
     ratio_at_equal_loss,
     ratio_interval,
 )
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
 from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
+from .resample import generator
 from .select import (
     Selection,
     baseline_series,
@@ -106,14 +109,18 @@ def _interval(value: float, samples, level: float, exact: bool) -> Interval:
     return no_interval(value) if exact else interval(value, samples, level)
 
 
-def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes: list[str]):
+def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes: list[str], seeds: dict = None):
+    """Per series: its points, L(N), bootstrap replicates (over runs, from the series' own generator) and table row;
+    `seeds` (if given) gets each series' run seeds, for the paired ratio replicates."""
     points, fits, boots, table = {}, {}, {}, []
     for arch, rs in _by_series(runs, sel).items():
         n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
         y = np.array([getattr(r, cfg.loss) for r in rs], dtype=float)
         points[arch] = (n, y)  # plotted even when too few to fit
+        if seeds is not None:
+            seeds[arch] = [r.seed for r in rs]
         try:
-            best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+            best, boot = bootstrap_power_law(n, y, cfg.reps, generator(cfg.seed, arch), [r.seed for r in rs])
         except ValueError as e:  # too few points or sizes left (selection, under-trained runs left out)
             notes.append(f"L(N) for {arch}: no fit ({e})")
             continue
@@ -200,7 +207,8 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     at_budget = [r for r in done if r.tokens == budget]
     if not at_budget:
         raise UserError(f"tokens={budget}: no finished run has this budget")
-    points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes)
+    run_seeds: dict = {}
+    points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes, run_seeds)
     kept_table = None  # exclude_undertrained: L(N) with the excluded runs kept, for the report's both-ways view
     if len(done) < len(reported):
         kept_table = _power_fits(cfg, [r for r in reported if r.tokens == budget], sel, [])[3]
@@ -223,12 +231,19 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     others = [a for a in fits if a != base] if base in fits else []
     key = {a: ("" if len(others) == 1 else f"{a}:") for a in others}
     exact = {f.arch for f in table if f.alpha.exact}  # archs whose L(N) is exactly determined
+    pair_boot = {}  # the ratio's replicates: both series from one draw, paired by seed (else their own replicates)
+    for a in others:
+        data = [(*points[s], run_seeds[s]) for s in (base, a)]
+        pairs = (
+            paired_power_laws(*data, cfg.reps, generator(cfg.seed, f"{base}|{a}")) if not {base, a} & exact else None
+        )
+        pair_boot[a] = pairs or (boots[base], boots[a])
     for a in others:  # the variant's parameters needed for the baseline's loss, at each baseline size of the sweep
         for n_ref in sorted(set(points[base][0])):
             result["ratios"][f"{key[a]}params_at_N={int(n_ref)},D={budget}"] = (
                 no_interval(ratio_at_equal_loss(fits[base], fits[a], n_ref))
                 if {base, a} & exact
-                else ratio_interval(fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level)
+                else ratio_interval(fits[base], pair_boot[a][0], fits[a], pair_boot[a][1], n_ref, cfg.level)
             )
     mode = cfg.joint
     budgets = {r.tokens for r in done}
@@ -240,7 +255,9 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         for arch, rs in series.items():
             n, d, y = _joint_points(cfg, rs, mode)
             try:
-                joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
+                joint[arch], joint_boot[arch] = bootstrap_joint(
+                    n, d, y, max(cfg.reps // 4, 20), generator(cfg.seed, arch)
+                )
             except ValueError as e:
                 notes.append(f"L(N, D) for {arch} from {mode}: skipped ({e})")
                 continue
@@ -354,7 +371,8 @@ def render(result: dict) -> str:
     lvl = f"{cfg['level']:.0%}"
     lines = [
         f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
-        f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].",
+        f"parameters, loss = {cfg['loss']}; [{lvl} bootstrap intervals: L(N) over runs (seeds "
+        "redrawn per size; residual where every size has one run), L(N, D) residual].",
         "",
     ]
     chosen = result.get("selection", {})

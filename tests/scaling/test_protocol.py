@@ -99,3 +99,40 @@ def test_scaling_fit_cli_rejects_an_unknown_protocol_in_one_line(tmp_path):
         "diffllm scaling fit: error: select_protocol=splt: expected one of auto, split, quadratic, same "
         "(did you mean split?)"
     )
+
+
+def test_bootstrap_redraws_runs_per_size_from_the_series_generator():
+    """L(N)'s replicates are fits to the runs redrawn size by size (every size keeps its count; only measured losses
+    appear), drawn from the generator of (config seed, series name)."""
+    from diffllm.scaling.fit import bootstrap_power_law, fit_power_law
+    from diffllm.scaling.resample import generator, strata, take, uniforms
+
+    x = np.repeat([1e5, 2e5, 4e5, 8e5], 3)
+    seeds = [1, 2, 3] * 4
+    y = 2.0 + 30 * x**-0.3 + np.tile([0.01, -0.02, 0.015], 4)
+    _, boot = bootstrap_power_law(x, y, 5, generator(0, "transformer"), seeds)
+    rng, groups = generator(0, "transformer"), strata(x, seeds)
+    for b in boot:
+        i = take(groups, uniforms(rng, [groups]))
+        assert sorted(x[i]) == sorted(x) and set(y[i]) <= set(y)
+        assert b == fit_power_law(x[i], y[i])
+    other = bootstrap_power_law(x, y, 5, generator(0, "diff"), seeds)[1]
+    assert other != boot  # another series' name: another generator
+
+
+def test_a_series_interval_does_not_change_when_another_series_is_added(tmp_path):
+    from diffllm.results import collect
+    from diffllm.scaling.fit import JointLaw
+    from diffllm.scaling.report import ScalingConfig, fit_sweep
+    from tests.scaling.synthetic import write_law_sweep
+
+    t, d = JointLaw(1.5, 60.0, 0.35, 900.0, 0.4), JointLaw(1.5, 50.0, 0.35, 900.0, 0.4)
+    seeds = lambda size: (1, 2, 3)  # noqa: E731
+    write_law_sweep(tmp_path / "one", {"transformer": t}, seeds=seeds, noise=0.01, sizes=(1, 2, 3))
+    write_law_sweep(tmp_path / "two", {"transformer": t, "diff": d}, seeds=seeds, noise=0.01, sizes=(1, 2, 3))
+    fits = {}
+    for name in ("one", "two"):
+        cfg = ScalingConfig(sweep_dir=str(tmp_path / name), reps=30, joint="none")
+        fits[name] = {f.arch: f for f in fit_sweep(cfg, collect(cfg.sweep_dir))["power_law"]}
+    assert fits["one"]["transformer"] == fits["two"]["transformer"]  # same data, same interval
+    assert fits["two"]["diff"].alpha != fits["two"]["transformer"].alpha
