@@ -41,6 +41,10 @@ class RunRecord:
     status: str
     unigram_loss: Optional[float] = None  # reference baselines on the run's validation windows (nats/token)
     bigram_loss: Optional[float] = None
+    kn3_loss: Optional[float] = (
+        None  # interpolated Kneser-Ney 3-gram on the same windows (diffllm/scaling/kneser_ney.py)
+    )
+    kn4_loss: Optional[float] = None  # ... 4-gram
     under_trained: Optional[bool] = None  # final_val_loss does not beat bigram_loss
     selected: Optional[bool] = None  # at the best-of-grid value of its (series, size, budget) group
     lambda_min: Optional[float] = None  # Diff: the min over layers of lambda at the last metrics record
@@ -319,6 +323,8 @@ _FLOATS = {
     "wall_time_s",
     "unigram_loss",
     "bigram_loss",
+    "kn3_loss",
+    "kn4_loss",
     "lambda_min",
     "lambda_lowest",
     "max_grad_norm",

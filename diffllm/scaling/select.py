@@ -360,6 +360,8 @@ def run_rows(finished: list[RunRecord], sel: Selection, fitted: set, loss: str) 
                 "loss": getattr(r, loss),
                 "unigram": r.unigram_loss,
                 "bigram": r.bigram_loss,
+                "kn3": r.kn3_loss,
+                "kn4": r.kn4_loss,
                 "selected": r.run_dir in sel.selected,
                 "under_trained": bool(r.under_trained),
                 "fitted": r.run_dir in fitted,
@@ -381,8 +383,8 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
     lines = [
         "Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):",
         "",
-        f"| series | size | tokens | seed |{col} loss | unigram | bigram | mark |",
-        "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|",
+        f"| series | size | tokens | seed |{col} loss | unigram | bigram | KN 3-gram | KN 4-gram | mark |",
+        "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|---|---|",
     ]
     for w in rows:
         mark = ", ".join(
@@ -391,7 +393,7 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
         val = f" {value_label(select, w['value'])} |" if select else ""
         lines.append(
             f"| {w['series']} | {w['size']} | {w['tokens']:,} | {w['seed']} |{val} {f(w['loss'])} | "
-            f"{f(w['unigram'])} | {f(w['bigram'])} | {mark} |"
+            f"{f(w['unigram'])} | {f(w['bigram'])} | {f(w.get('kn3'))} | {f(w.get('kn4'))} | {mark} |"
         )
     return lines
 

@@ -131,6 +131,8 @@ def to_markdown(
         "final_val_loss",
         "unigram_loss",
         "bigram_loss",
+        "kn3_loss",
+        "kn4_loss",
         "lambda_min",
         "lambda_lowest",
         "spikes",

@@ -75,6 +75,7 @@ def test_collect_axes_baselines_selection(sweep, capsys):
         seed = r.seed
         assert r.unigram_loss == pytest.approx(bigram[seed][0], rel=1e-12)
         assert r.bigram_loss == pytest.approx(bigram[seed][1], rel=1e-12)
+        assert r.kn3_loss is not None and r.kn4_loss is not None
         series, size, lr, _, loss = losses[r.run_dir]
         assert r.axes["optim.lr"] == lr and r.under_trained == ((series, size) == UNDER_TRAINED)
     best = _best(losses)
@@ -96,6 +97,7 @@ def test_collect_axes_baselines_selection(sweep, capsys):
         assert f"WARNING: {line}" in md and f"warning: {line}" in err
     assert md.count("widen the grid") == 2
     assert "| seed | λ_init | lr |" in md and "(under-trained)" in md and "**0.004:" in md
+    assert "| bigram_loss | kn3_loss | kn4_loss |" in md and "Kneser-Ney 3- and 4-gram" in md
 
 
 def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
