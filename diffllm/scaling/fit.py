@@ -165,6 +165,29 @@ def interval(value: float, samples, level: float = 0.9) -> Interval:
 
 POWER_LAW_PARAMS, JOINT_PARAMS = 3, 5  # E, A, alpha; E, A, alpha, B, beta
 JOINT_KEYS = ("E", "A", "alpha", "B", "beta")
+# The least a fit must have to be made at all: one point more than its parameters (a residual to speak of), and
+# L(N) three sizes (E + A N^-alpha through two sizes has a free parameter: any alpha fits)
+MIN_POINTS = {"L(N)": POWER_LAW_PARAMS + 1, "L(N, D)": JOINT_PARAMS + 1}
+MIN_SIZES = 3
+JOINT_EXPONENTS = (0.02, 2.0)  # fit_joint's starting grid: an exponent at (or past) its ends is at the search bound
+
+
+def check_identified(kind: str, n_points: int, n_sizes: int) -> None:
+    """A one-line refusal for a fit with fewer points (or sizes) than MIN_POINTS (MIN_SIZES) ask."""
+    if n_points < MIN_POINTS[kind] or n_sizes < MIN_SIZES:
+        raise UserError(
+            f"refused: {n_points} points at {n_sizes} sizes; {kind} needs >= {MIN_POINTS[kind]} points at >= "
+            f"{MIN_SIZES} sizes to be identified"
+        )
+
+
+def at_bounds(law) -> tuple[str, ...]:
+    """The parameters of a fit that sit at a bound of their search (flags, not estimates): E or A or B at 0 (the
+    non-negativity constraint), an exponent at the end of its grid."""
+    lo, hi = (ALPHAS[0], ALPHAS[-1]) if isinstance(law, PowerLaw) else JOINT_EXPONENTS
+    flags = [f"{k}=0" for k in ("E", "A", "B") if hasattr(law, k) and getattr(law, k) <= 0]
+    flags += [f"{k} at grid end" for k in ("alpha", "beta") if hasattr(law, k) and not lo < getattr(law, k) < hi]
+    return tuple(flags)
 
 
 def exactly_determined(n_points: int, n_params: int) -> bool:

@@ -36,8 +36,10 @@ from .fit import (
     POWER_LAW_PARAMS,
     Interval,
     PowerLaw,
+    at_bounds,
     bootstrap_joint,
     bootstrap_power_law,
+    check_identified,
     exactly_determined,
     interval,
     no_interval,
@@ -88,6 +90,10 @@ class ArchFit:
     A: Interval
     alpha: Interval
 
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return at_bounds(self.law)
+
 
 def _by_series(runs: list[RunRecord], sel: Selection) -> dict[str, list[RunRecord]]:
     """Runs grouped by series, in registered-variant order (baseline first), then by label."""
@@ -120,6 +126,7 @@ def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes
         if seeds is not None:
             seeds[arch] = [r.seed for r in rs]
         try:
+            check_identified("L(N)", len(y), len(set(n)))
             best, boot = bootstrap_power_law(n, y, cfg.reps, generator(cfg.seed, arch), [r.seed for r in rs])
         except ValueError as e:  # too few points or sizes left (selection, under-trained runs left out)
             notes.append(f"L(N) for {arch}: no fit ({e})")
@@ -255,6 +262,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         for arch, rs in series.items():
             n, d, y = _joint_points(cfg, rs, mode)
             try:
+                check_identified("L(N, D)", len(y), len(set(n)))
                 joint[arch], joint_boot[arch] = bootstrap_joint(
                     n, d, y, max(cfg.reps // 4, 20), generator(cfg.seed, arch)
                 )
@@ -269,6 +277,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     result["joint"] = {
         a: {
             "law": asdict(j),
+            "flags": at_bounds(j),
             **{
                 k: _interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]], cfg.level, a in joint_exact)
                 for k in JOINT_KEYS
@@ -354,6 +363,8 @@ def _jsonable(o):
         if o.exact:
             return {"value": o.value, "exact": True}
         return {"value": o.value, "low": o.low, "high": o.high, "n_valid": o.n_valid, "n_total": o.n_total}
+    if isinstance(o, ArchFit):
+        return {**asdict(o), "flags": list(o.flags)}
     if hasattr(o, "__dataclass_fields__"):
         return asdict(o)
     if isinstance(o, np.generic):
@@ -362,8 +373,8 @@ def _jsonable(o):
 
 
 def _law_table(rows: list[ArchFit]) -> list[str]:
-    head = ["| series | points | E | A | alpha |", "|---|---|---|---|---|"]
-    return head + [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |" for f in rows]
+    head = ["| series | points | E | A | alpha | at a bound |", "|---|---|---|---|---|---|"]
+    return head + [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} | {', '.join(f.flags) or '-'} |" for f in rows]
 
 
 def render(result: dict) -> str:
@@ -397,11 +408,12 @@ def render(result: dict) -> str:
             "",
             f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:",
             "",
-            "| series | " + " | ".join(JOINT_KEYS) + " |",
-            "|---|---|---|---|---|---|",
+            "| series | " + " | ".join(JOINT_KEYS) + " | at a bound |",
+            "|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |" for arch, j in result["joint"].items()
+            f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + f" | {', '.join(j['flags']) or '-'} |"
+            for arch, j in result["joint"].items()
         ]
     lines += optimal_markdown(result.get("compute_optimal"))
     if result["ratios"]:

@@ -118,11 +118,9 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
         ),
         collect(cfg.sweep_dir),
     )
-    assert {(f.arch, f.points) for f in excluded["power_law"]} == {
-        ("transformer", 6),
-        ("diff λ_init=0.8", 6),
-        ("diff λ_init=formula", 4),  # micro-1 left out
-    }
+    # formula without micro-1: 4 points at 2 sizes, refused (L(N) needs 3 sizes)
+    assert {(f.arch, f.points) for f in excluded["power_law"]} == {("transformer", 6), ("diff λ_init=0.8", 6)}
+    assert "L(N) for diff λ_init=formula: no fit (refused: 4 points at 2 sizes" in "\n".join(excluded["notes"])
     assert excluded["fit_runs"] == 16
     kept = {(f.arch, f.points) for f in excluded["power_law_with_undertrained"]}
     assert kept == fitted
@@ -153,7 +151,7 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     short = fit_sweep(excluded_cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
     assert "diff λ_init=formula" not in {f.arch for f in short["power_law"]}
     assert any(
-        n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points") for n in short["notes"]
+        n.startswith("L(N) for diff λ_init=formula: no fit (refused: 2 points at 1 sizes") for n in short["notes"]
     )
 
 
