@@ -54,6 +54,7 @@ class ScalingConfig:
     select_seeds: Optional[list[int]] = None  # split: the seeds the value is chosen on (null: the smallest seed)
     report_seeds: Optional[list[int]] = None  # split: the seeds reported (null: every other seed)
     exclude_undertrained: bool = False  # leave runs that do not beat the bigram out of the fits (fits.md: both ways)
+    holdout: Optional[str] = None  # a preset size (micro-4) or a budget (3072000): fitted without, then predicted
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
     compute_grid: int = 5  # values of C, from the smallest to the largest run's compute, the frontier is tabulated at
 

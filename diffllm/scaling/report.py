@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..model.registry import baseline, variants
 from ..results import RunRecord, collect
 from ..runs import read_metrics
+from . import holdout
 from .baselines import BASELINES_NOTE, add_baselines
 from .config import ScalingConfig
 from .fit import (
@@ -206,6 +207,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     note = under_trained_note(finished, sel, cfg.exclude_undertrained)
     if note:
         notes.append(note)
+    done, held = holdout.split(done, cfg.holdout)
     if not done:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no run left to fit ({note})")
     budget = cfg.tokens or max(
@@ -319,6 +321,17 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             cfg.compute_ref,
         )
         notes += more
+    if held:
+        result["holdout"] = holdout.predictions(
+            held,
+            sel.series,
+            lambda r: _n(r, cfg.params),
+            cfg.loss,
+            budget,
+            (fits, boots),
+            (joint, joint_boot),
+            cfg.level,
+        )
     result["_plot"] = (points, fits, joint, done, mode, sel, optimal_plot)
     return result
 
@@ -416,6 +429,8 @@ def render(result: dict) -> str:
             for arch, j in result["joint"].items()
         ]
     lines += optimal_markdown(result.get("compute_optimal"))
+    if result.get("holdout"):
+        lines += [""] + holdout.markdown(cfg["holdout"], result["holdout"], cfg["level"])
     if result["ratios"]:
         base, *others = result["ratio_archs"]
         names = " and ".join(variants()[a].label if a in variants() else a for a in others)
