@@ -41,10 +41,6 @@ class RunRecord:
     status: str
     unigram_loss: Optional[float] = None  # reference baselines on the run's validation windows (nats/token)
     bigram_loss: Optional[float] = None
-    kn3_loss: Optional[float] = (
-        None  # interpolated Kneser-Ney 3-gram on the same windows (diffllm/scaling/kneser_ney.py)
-    )
-    kn4_loss: Optional[float] = None  # ... 4-gram
     under_trained: Optional[bool] = None  # final_val_loss does not beat bigram_loss
     selected: Optional[bool] = None  # at the best-of-grid value of its (series, size, budget) group
     lambda_min: Optional[float] = None  # Diff: the min over layers of lambda at the last metrics record
@@ -62,6 +58,8 @@ class RunRecord:
     branch_wall_s: Optional[float] = (
         None  # ... and the parent's wall time up to the branch (in the cooldown's wall_time_s)
     )
+    kn3_loss: Optional[float] = None  # interpolated Kneser-Ney 3-gram, same windows (scaling/kneser_ney.py)
+    kn4_loss: Optional[float] = None  # ... 4-gram
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
 
 
