@@ -202,12 +202,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
     sel = select_runs(finished, cfg.select, cfg.loss, cfg.select_protocol, cfg.select_seeds, cfg.report_seeds)
     notes = list(notes or []) + sel.notes
-    reported = [r for r in finished if r.run_dir in sel.selected]
+    reported, held = holdout.split([r for r in finished if r.run_dir in sel.selected], cfg.holdout)
     done = [r for r in reported if not (cfg.exclude_undertrained and r.under_trained)]
     note = under_trained_note(finished, sel, cfg.exclude_undertrained)
     if note:
         notes.append(note)
-    done, held = holdout.split(done, cfg.holdout)
     if not done:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no run left to fit ({note})")
     budget = cfg.tokens or max(

@@ -21,6 +21,7 @@ def test_holdout_size_is_predicted_by_l_of_n_fitted_without_it(tmp_path):
     cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=30, joint="none", holdout="micro-4")
     result = fit_sweep(cfg, collect(cfg.sweep_dir))
     assert {f.points for f in result["power_law"]} == {6} and result["fit_runs"] == 12  # sizes 1-3 only
+    assert result["power_law_with_undertrained"] is None  # held-out runs are not "excluded under-trained" ones
     rows = result["holdout"]
     assert len(rows) == 4 and {w["size"] for w in rows} == {"micro-4"} and {w["law"] for w in rows} == {"L(N)"}
     runs = {(r.arch, r.seed): r for r in collect(cfg.sweep_dir) if r.model.endswith("micro-4")}
