@@ -58,6 +58,8 @@ class RunRecord:
     branch_wall_s: Optional[float] = (
         None  # ... and the parent's wall time up to the branch (in the cooldown's wall_time_s)
     )
+    kn3_loss: Optional[float] = None  # interpolated Kneser-Ney 3-gram, same windows (scaling/kneser_ney.py)
+    kn4_loss: Optional[float] = None  # ... 4-gram
     axes: dict = field(default_factory=dict)  # dotted config key -> value, for every axis of the sweep
 
 
@@ -319,6 +321,8 @@ _FLOATS = {
     "wall_time_s",
     "unigram_loss",
     "bigram_loss",
+    "kn3_loss",
+    "kn4_loss",
     "lambda_min",
     "lambda_lowest",
     "max_grad_norm",

@@ -1,12 +1,13 @@
 """Reference baselines for a run: the unigram and count-based bigram cross-entropy (nats/token) of the validation
 windows its trainer scores, with counts taken from exactly the training windows it consumed up to its budget.
 
-Both score the same target positions as `lm_loss`: in a window w of seq_len + 1 tokens, the targets w[1:] with the
+All score the same target positions as `lm_loss`: in a window w of seq_len + 1 tokens, the targets w[1:] with the
 contexts w[:-1]. Counts come from the training windows the same way: c(b) over targets, c(a, b) over (context,
 target) pairs, c(a) = sum_b c(a, b). With V the tokenizer's vocabulary and N the training targets:
 
     unigram  p(b)   = (c(b) + 1) / (N + V)                                   (add-one)
     bigram   p(b|a) = (c(a, b) + K p(b)) / (c(a) + K),   K = BIGRAM_K        (interpolated with the unigram)
+    kn3, kn4 interpolated Kneser-Ney 3- and 4-gram, counts inside the same training windows (kneser_ney.py)
 
 The training windows are rebuilt from the run's config.yaml and tokenizer.json with the data pipeline itself
 (diffllm/data: the same streams, seed and layout as its TrainLoader: rank r's micro-batch k comes from its
@@ -23,11 +24,12 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from ..errors import UserError
+from .kneser_ney import KneserNey
 
 if TYPE_CHECKING:
     from ..results import RunRecord
@@ -38,8 +40,9 @@ VERSION = 1  # bump when the definition changes: old cache entries are then igno
 BASELINES_NOTE = (
     "Baselines (nats/token, on the validation windows the trainer scores; counts from the run's own "
     f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
-    f"p_uni(b)) / (c(a) + {BIGRAM_K:g}). A run whose final_val_loss does not beat its bigram is marked "
-    "under-trained."
+    f"p_uni(b)) / (c(a) + {BIGRAM_K:g}); kn3, kn4: interpolated Kneser-Ney 3- and 4-gram (one discount "
+    "n1/(n1+2n2) per order, diffllm/scaling/kneser_ney.py). A run whose final_val_loss does not beat its bigram is "
+    "marked under-trained."
 )
 
 
@@ -51,6 +54,8 @@ class Baselines:
     val_tokens: int  # validation targets scored
     vocab: int
     k: float = BIGRAM_K
+    kn3: Optional[float] = None  # interpolated Kneser-Ney 3-gram (diffllm/scaling/kneser_ney.py); None: an older entry
+    kn4: Optional[float] = None  # ... and 4-gram
 
 
 def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = BIGRAM_K) -> Baselines:
@@ -66,8 +71,15 @@ def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = B
     at = np.minimum(np.searchsorted(pairs, key), len(pairs) - 1)
     c_ab = np.where(pairs[at] == key, pair_counts[at], 0).astype(np.float64)
     p_bi = (c_ab + k * p_uni[b]) / (c_ctx[a] + k)
+    kn = {f"kn{n}": KneserNey(train, n, vocab).cross_entropy(val) if vocab**n < 2**63 else None for n in (3, 4)}
     return Baselines(
-        float(-np.log(p_uni[b]).mean()), float(-np.log(p_bi).mean()), int(len(tgt)), int(len(b)), int(vocab), float(k)
+        float(-np.log(p_uni[b]).mean()),
+        float(-np.log(p_bi).mean()),
+        int(len(tgt)),
+        int(len(b)),
+        int(vocab),
+        float(k),
+        **kn,
     )
 
 
@@ -156,14 +168,22 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
         )
     tok = run.tokenizer()
     path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (batch, n_val))}.json"
+    cached = None
     if path.is_file():
         try:
-            return Baselines(**json.loads(path.read_text()))
+            cached = Baselines(**json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError):
             pass  # a damaged entry is recomputed
-    b = cross_entropies(
-        training_windows(data, tok, budget), validation_windows(data, tok, batch, n_val), tok.vocab_size
-    )
+    if cached is not None and cached.kn3 is not None:
+        return cached
+    if cached is not None:  # an entry from before the Kneser-Ney columns: add them where the data can be read
+        try:
+            windows = training_windows(data, tok, budget)
+        except (ValueError, OSError):
+            return cached
+    else:
+        windows = training_windows(data, tok, budget)
+    b = cross_entropies(windows, validation_windows(data, tok, batch, n_val), tok.vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(dataclasses.asdict(b)) + "\n")
     return b
@@ -181,7 +201,7 @@ def add_baselines(records: list[RunRecord], root: Path, notes: list[str]) -> Non
         except ValueError as e:  # the data cannot be read here: the table goes on without this run's baselines
             failed[str(e)].append(r.run_dir)
             continue
-        r.unigram_loss, r.bigram_loss = b.unigram, b.bigram
+        r.unigram_loss, r.bigram_loss, r.kn3_loss, r.kn4_loss = b.unigram, b.bigram, b.kn3, b.kn4
         if r.final_val_loss is not None:
             r.under_trained = r.final_val_loss >= b.bigram
     for why, dirs in failed.items():

@@ -55,7 +55,11 @@ class ScalingConfig:
     seed: int = 0  # of the bootstrap
     title: str = "diffllm scaling"  # the report's and plots' title
     select: Optional[str] = DEFAULT_SELECT  # the axis chosen per (series, size, budget) (null: none; every run fits)
-    include_undertrained: bool = False  # fit runs that do not beat the bigram baseline too
+    select_protocol: str = "auto"  # auto | split | quadratic | same (diffllm/scaling/protocol.py)
+    select_seeds: Optional[list[int]] = None  # split: the seeds the value is chosen on (null: the smallest seed)
+    report_seeds: Optional[list[int]] = None  # split: the seeds reported (null: every other seed)
+    exclude_undertrained: bool = False  # leave runs that do not beat the bigram out of the fits (fits.md: both ways)
+    holdout: Optional[str] = None  # a preset size (micro-4) or a budget (3072000): fitted without, then predicted
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
     compute_grid: int = 5  # values of C, from the smallest to the largest run's compute, the frontier is tabulated at
 
@@ -68,5 +72,8 @@ class ScalingConfig:
             raise UserError(f"joint={self.joint}: expected auto, final, curves or none")
         if self.compute_ref is not None and not self.compute_ref > 0:
             raise UserError(f"compute_ref={self.compute_ref}: must be a positive number of FLOPs (or null)")
+        from .protocol import check_protocol
+
+        check_protocol(self.select_protocol, self.select_seeds, self.report_seeds)
         if self.compute_grid < 2:
             raise UserError(f"compute_grid={self.compute_grid}: need at least 2 values of C for the exponents")

@@ -1,5 +1,6 @@
 """Scaling-law fits with numpy only: L(N) = E + A N^-alpha and L(N, D) = E + A N^-alpha + B D^-beta by profiling the
-exponents on a grid (the rest is linear least squares with E, A, B >= 0), residual-bootstrap intervals, and the
+exponents on a grid (the rest is linear least squares with E, A, B >= 0), bootstrap intervals (L(N): over runs,
+diffllm/scaling/resample.py; L(N, D): residual), and the
 parameter (or token) ratio at equal loss between two fits."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
+from .resample import resamplable, strata, take, uniforms
 
 ALPHAS = np.concatenate([np.linspace(0.005, 0.1, 39, endpoint=False), np.linspace(0.1, 3.0, 300)])
 
@@ -163,6 +165,29 @@ def interval(value: float, samples, level: float = 0.9) -> Interval:
 
 POWER_LAW_PARAMS, JOINT_PARAMS = 3, 5  # E, A, alpha; E, A, alpha, B, beta
 JOINT_KEYS = ("E", "A", "alpha", "B", "beta")
+# The least a fit must have to be made at all: one point more than its parameters (a residual to speak of), and
+# L(N) three sizes (E + A N^-alpha through two sizes has a free parameter: any alpha fits)
+MIN_POINTS = {"L(N)": POWER_LAW_PARAMS + 1, "L(N, D)": JOINT_PARAMS + 1}
+MIN_SIZES = 3
+JOINT_EXPONENTS = (0.02, 2.0)  # fit_joint's starting grid: an exponent at (or past) its ends is at the search bound
+
+
+def check_identified(kind: str, n_points: int, n_sizes: int) -> None:
+    """A one-line refusal for a fit with fewer points (or sizes) than MIN_POINTS (MIN_SIZES) ask."""
+    if n_points < MIN_POINTS[kind] or n_sizes < MIN_SIZES:
+        raise UserError(
+            f"refused: {n_points} points at {n_sizes} sizes; {kind} needs >= {MIN_POINTS[kind]} points at >= "
+            f"{MIN_SIZES} sizes to be identified"
+        )
+
+
+def at_bounds(law) -> tuple[str, ...]:
+    """The parameters of a fit that sit at a bound of their search (flags, not estimates): E or A or B at 0 (the
+    non-negativity constraint), an exponent at the end of its grid."""
+    lo, hi = (ALPHAS[0], ALPHAS[-1]) if isinstance(law, PowerLaw) else JOINT_EXPONENTS
+    flags = [f"{k}=0" for k in ("E", "A", "B") if hasattr(law, k) and getattr(law, k) <= 0]
+    flags += [f"{k} at grid end" for k in ("alpha", "beta") if hasattr(law, k) and not lo < getattr(law, k) < hi]
+    return tuple(flags)
 
 
 def exactly_determined(n_points: int, n_params: int) -> bool:
@@ -175,21 +200,47 @@ def no_interval(value: float) -> Interval:
     return Interval(value, float("nan"), float("nan"), 0, 0, exact=True)
 
 
-def bootstrap_power_law(x, loss, reps: int = 500, seed: int = 0) -> tuple[PowerLaw, list[PowerLaw]]:
-    """Residual bootstrap: refit on fitted values plus residuals drawn with replacement (keeps every size present,
-    which case resampling cannot with a handful of sizes)."""
+def bootstrap_power_law(
+    x, loss, reps: int = 500, seed: int | np.random.Generator = 0, seeds=None
+) -> tuple[PowerLaw, list[PowerLaw]]:
+    """With `seeds` (each point's run seed) and a size holding >= 2 runs: replicates refit on the runs redrawn size by
+    size (diffllm/scaling/resample.py). Otherwise a residual bootstrap: refit on fitted values plus residuals drawn
+    with replacement (one run per size: nothing to redraw)."""
     x, y = np.asarray(x, dtype=float), np.asarray(loss, dtype=float)
     best = fit_power_law(x, y)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    groups = strata(x, seeds) if seeds is not None else []
+    if resamplable(groups):
+        idx = [take(groups, uniforms(rng, [groups])) for _ in range(reps)]
+        return best, [fit_power_law(x[i], y[i]) for i in idx]
     resid = y - best(x)
-    rng = np.random.default_rng(seed)
     return best, [fit_power_law(x, best(x) + rng.choice(resid, len(resid))) for _ in range(reps)]
 
 
-def bootstrap_joint(n, d, loss, reps: int = 200, seed: int = 0) -> tuple[JointLaw, list[JointLaw]]:
+def paired_power_laws(a: tuple, b: tuple, reps: int, rng: np.random.Generator) -> tuple[list, list]:
+    """Replicates of two series' L(N) from the same draws (a, b: (x, loss, seeds)), paired by seed position; None
+    when neither has a size with >= 2 runs (no run bootstrap: the caller pairs residual replicates)."""
+    ga, gb = strata(a[0], a[2]), strata(b[0], b[2])
+    if not (resamplable(ga) or resamplable(gb)):
+        return None
+    xa, ya, xb, yb = (np.asarray(v, dtype=float) for v in (a[0], a[1], b[0], b[1]))
+    out_a, out_b = [], []
+    for _ in range(reps):
+        u = uniforms(rng, [ga, gb])
+        ia, ib = take(ga, u), take(gb, u)
+        out_a.append(fit_power_law(xa[ia], ya[ia]))
+        out_b.append(fit_power_law(xb[ib], yb[ib]))
+    return out_a, out_b
+
+
+def bootstrap_joint(
+    n, d, loss, reps: int = 200, seed: int | np.random.Generator = 0
+) -> tuple[JointLaw, list[JointLaw]]:
+    """Residual bootstrap (learning-curve points are not independent runs to redraw)."""
     n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
     best = fit_joint(n, d, y)
     resid = y - best(n, d)
-    rng = np.random.default_rng(seed)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     return best, [fit_joint(n, d, best(n, d) + rng.choice(resid, len(resid))) for _ in range(reps)]
 
 

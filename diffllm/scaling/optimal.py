@@ -267,6 +267,13 @@ def compute_optimal(
     )
 
 
+def _beyond(n_opt: Interval, sizes) -> str:
+    """A flag for an optimum outside the sizes that ran: an extrapolation of the fit, not a measured optimum."""
+    if n_opt.value > max(sizes):
+        return " (FLAG: beyond the largest size)"
+    return " (FLAG: below the smallest size)" if n_opt.value < min(sizes) else ""
+
+
 def optimal_markdown(opt: Optional[dict]) -> list[str]:
     """fits.md's compute-optimal section: the table at C_ref, then the frontier on the grid of C."""
     if not opt:
@@ -286,7 +293,7 @@ def optimal_markdown(opt: Optional[dict]) -> list[str]:
         ratio = row.get("compute_ratio", "1 (baseline)" if s == base else "- (no baseline fit)")
         lines.append(
             f"| {s} | {f['f1']:.4g} N + {f['f0']:.4g} ({f['max_rel_error']:.1%}) | {ref['loss']} | "
-            f"{ref['N_opt']} | {ref['D_opt']} | {row['a']} | {row['b']} | {ratio} |"
+            f"{ref['N_opt']}{_beyond(ref['N_opt'], f['N'])} | {ref['D_opt']} | {row['a']} | {row['b']} | {ratio} |"
         )
     lines += [
         "",
@@ -296,7 +303,8 @@ def optimal_markdown(opt: Optional[dict]) -> list[str]:
         "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {s} | {g['C']:.4g} | {g['loss']} | {g['N_opt']} | {g['D_opt']} |"
+        f"| {s} | {g['C']:.4g} | {g['loss']} | {g['N_opt']}{_beyond(g['N_opt'], row['flops_per_token']['N'])} | "
+        f"{g['D_opt']} |"
         for s, row in opt["series"].items()
         for g in row["grid"]
     ]

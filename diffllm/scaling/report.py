@@ -1,14 +1,17 @@
 """`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
-L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), residual-bootstrap
-intervals (every parameter; E at its bound 0 said in a note), each variant's parameter and token ratios over the
+L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), bootstrap
+intervals for every parameter (L(N): runs redrawn per size, each series from its own generator, ratios paired by
+seed; L(N, D): residual; E at its bound 0 said in a note), each variant's parameter and token ratios over the
 baseline (the Transformer) at equal loss, the compute-optimal frontier of each L(N, D) with C counted from each run's
 own FLOPs per token and the compute ratio at equal loss (diffllm/scaling/optimal.py), PNG plots, fits.md and
 fits.json. Ratio keys carry an `<series>:` prefix when the sweep holds more than one series besides the
 baseline.
 
 Fits are per *series* (the arch plus the non-selected axes that vary, diffllm/scaling/select.py), over the runs at
-each group's best-of-grid value of `select` (every seed a point), under-trained runs (not beating the bigram
-baseline, diffllm/scaling/baselines.py) left out unless include_undertrained. fits.md also gives the selection, its
+each group's selected value of `select` (every reported seed a point). Every selected run is fitted, under-trained
+ones (not beating the bigram baseline, diffllm/scaling/baselines.py) included: leaving them out selects on the
+outcome. exclude_undertrained=true leaves them out, and fits.md then also gives L(N) with them kept, so that the
+effect of the exclusion is in the report. fits.md also gives the selection, its
 edge warnings, the paired per-seed gaps to the Transformer and the baselines beside the runs."""
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..errors import UserError
 from ..model.registry import baseline, variants
 from ..results import RunRecord, collect
 from ..runs import read_metrics
+from . import holdout
 from .baselines import BASELINES_NOTE, add_baselines
 from .config import ScalingConfig
 from .fit import (
@@ -33,16 +37,20 @@ from .fit import (
     POWER_LAW_PARAMS,
     Interval,
     PowerLaw,
+    at_bounds,
     bootstrap_joint,
     bootstrap_power_law,
+    check_identified,
     exactly_determined,
     interval,
     no_interval,
+    paired_power_laws,
     ratio_at_equal_loss,
     ratio_interval,
 )
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
 from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
+from .resample import generator
 from .select import (
     Selection,
     baseline_series,
@@ -83,6 +91,10 @@ class ArchFit:
     A: Interval
     alpha: Interval
 
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return at_bounds(self.law)
+
 
 def _by_series(runs: list[RunRecord], sel: Selection) -> dict[str, list[RunRecord]]:
     """Runs grouped by series, in registered-variant order (baseline first), then by label."""
@@ -104,14 +116,19 @@ def _interval(value: float, samples, level: float, exact: bool) -> Interval:
     return no_interval(value) if exact else interval(value, samples, level)
 
 
-def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes: list[str]):
+def _power_fits(cfg: ScalingConfig, runs: list[RunRecord], sel: Selection, notes: list[str], seeds: dict = None):
+    """Per series: its points, L(N), bootstrap replicates (over runs, from the series' own generator) and table row;
+    `seeds` (if given) gets each series' run seeds, for the paired ratio replicates."""
     points, fits, boots, table = {}, {}, {}, []
     for arch, rs in _by_series(runs, sel).items():
         n = np.array([_n(r, cfg.params) for r in rs], dtype=float)
         y = np.array([getattr(r, cfg.loss) for r in rs], dtype=float)
         points[arch] = (n, y)  # plotted even when too few to fit
+        if seeds is not None:
+            seeds[arch] = [r.seed for r in rs]
         try:
-            best, boot = bootstrap_power_law(n, y, cfg.reps, cfg.seed)
+            check_identified("L(N)", len(y), len(set(n)))
+            best, boot = bootstrap_power_law(n, y, cfg.reps, generator(cfg.seed, arch), [r.seed for r in rs])
         except ValueError as e:  # too few points or sizes left (selection, under-trained runs left out)
             notes.append(f"L(N) for {arch}: no fit ({e})")
             continue
@@ -183,10 +200,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     finished = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
     if not finished:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
-    sel = select_runs(finished, cfg.select, cfg.loss)
-    notes = list(notes or [])
-    done = [r for r in finished if r.run_dir in sel.selected and (cfg.include_undertrained or not r.under_trained)]
-    note = under_trained_note(finished, sel, cfg.include_undertrained)
+    sel = select_runs(finished, cfg.select, cfg.loss, cfg.select_protocol, cfg.select_seeds, cfg.report_seeds)
+    notes = list(notes or []) + sel.notes
+    reported, held = holdout.split([r for r in finished if r.run_dir in sel.selected], cfg.holdout)
+    done = [r for r in reported if not (cfg.exclude_undertrained and r.under_trained)]
+    note = under_trained_note(finished, sel, cfg.exclude_undertrained)
     if note:
         notes.append(note)
     if not done:
@@ -197,7 +215,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     at_budget = [r for r in done if r.tokens == budget]
     if not at_budget:
         raise UserError(f"tokens={budget}: no finished run has this budget")
-    points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes)
+    run_seeds: dict = {}
+    points, fits, boots, table = _power_fits(cfg, at_budget, sel, notes, run_seeds)
+    kept_table = None  # exclude_undertrained: L(N) with the excluded runs kept, for the report's both-ways view
+    if len(done) < len(reported):
+        kept_table = _power_fits(cfg, [r for r in reported if r.tokens == budget], sel, [])[3]
     gaps, gap_notes = paired_gaps(finished, sel, baseline().arch, cfg.loss)
     result: dict = {
         "config": asdict(cfg),
@@ -205,6 +227,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         "fit_runs": len(done),
         "power_law_tokens": budget,
         "power_law": table,
+        "power_law_with_undertrained": kept_table,
         "ratios": {},
         "notes": notes + gap_notes,
         "selection": selection_dict(sel),
@@ -216,12 +239,19 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     others = [a for a in fits if a != base] if base in fits else []
     key = {a: ("" if len(others) == 1 else f"{a}:") for a in others}
     exact = {f.arch for f in table if f.alpha.exact}  # archs whose L(N) is exactly determined
+    pair_boot = {}  # the ratio's replicates: both series from one draw, paired by seed (else their own replicates)
+    for a in others:
+        data = [(*points[s], run_seeds[s]) for s in (base, a)]
+        pairs = (
+            paired_power_laws(*data, cfg.reps, generator(cfg.seed, f"{base}|{a}")) if not {base, a} & exact else None
+        )
+        pair_boot[a] = pairs or (boots[base], boots[a])
     for a in others:  # the variant's parameters needed for the baseline's loss, at each baseline size of the sweep
         for n_ref in sorted(set(points[base][0])):
             result["ratios"][f"{key[a]}params_at_N={int(n_ref)},D={budget}"] = (
                 no_interval(ratio_at_equal_loss(fits[base], fits[a], n_ref))
                 if {base, a} & exact
-                else ratio_interval(fits[base], boots[base], fits[a], boots[a], n_ref, cfg.level)
+                else ratio_interval(fits[base], pair_boot[a][0], fits[a], pair_boot[a][1], n_ref, cfg.level)
             )
     mode = cfg.joint
     budgets = {r.tokens for r in done}
@@ -233,7 +263,10 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         for arch, rs in series.items():
             n, d, y = _joint_points(cfg, rs, mode)
             try:
-                joint[arch], joint_boot[arch] = bootstrap_joint(n, d, y, max(cfg.reps // 4, 20), cfg.seed)
+                check_identified("L(N, D)", len(y), len(set(n)))
+                joint[arch], joint_boot[arch] = bootstrap_joint(
+                    n, d, y, max(cfg.reps // 4, 20), generator(cfg.seed, arch)
+                )
             except ValueError as e:
                 notes.append(f"L(N, D) for {arch} from {mode}: skipped ({e})")
                 continue
@@ -245,6 +278,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     result["joint"] = {
         a: {
             "law": asdict(j),
+            "flags": at_bounds(j),
             **{
                 k: _interval(getattr(j, k), [getattr(b, k) for b in joint_boot[a]], cfg.level, a in joint_exact)
                 for k in JOINT_KEYS
@@ -286,6 +320,17 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             cfg.compute_ref,
         )
         notes += more
+    if held:
+        result["holdout"] = holdout.predictions(
+            held,
+            sel.series,
+            lambda r: _n(r, cfg.params),
+            cfg.loss,
+            budget,
+            (fits, boots),
+            (joint, joint_boot),
+            cfg.level,
+        )
     result["_plot"] = (points, fits, joint, done, mode, sel, optimal_plot)
     return result
 
@@ -330,6 +375,8 @@ def _jsonable(o):
         if o.exact:
             return {"value": o.value, "exact": True}
         return {"value": o.value, "low": o.low, "high": o.high, "n_valid": o.n_valid, "n_total": o.n_total}
+    if isinstance(o, ArchFit):
+        return {**asdict(o), "flags": list(o.flags)}
     if hasattr(o, "__dataclass_fields__"):
         return asdict(o)
     if isinstance(o, np.generic):
@@ -337,37 +384,52 @@ def _jsonable(o):
     raise TypeError(type(o))
 
 
+def _law_table(rows: list[ArchFit]) -> list[str]:
+    head = ["| series | points | E | A | alpha | at a bound |", "|---|---|---|---|---|---|"]
+    return head + [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} | {', '.join(f.flags) or '-'} |" for f in rows]
+
+
 def render(result: dict) -> str:
     cfg = result["config"]
     lvl = f"{cfg['level']:.0%}"
     lines = [
         f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
-        f"parameters, loss = {cfg['loss']}; [{lvl} residual-bootstrap intervals].",
+        f"parameters, loss = {cfg['loss']}; [{lvl} bootstrap intervals: L(N) over runs (seeds "
+        "redrawn per size; residual where every size has one run), L(N, D) residual].",
         "",
     ]
+    chosen = result.get("selection", {})
+    if chosen.get("select") and chosen.get("protocol"):
+        lines += [f"Selection of {chosen['select']}: {chosen['protocol']['description']}.", ""]
     lines += [f"note: {note}" for note in result.get("notes", [])] + ([""] if result.get("notes") else [])
     if result["power_law"]:
         lines += [
             f"L(N) = E + A N^-alpha at D = {result['power_law_tokens']:,} tokens:",
             "",
-            "| series | points | E | A | alpha |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [f"| {f.arch} | {f.points} | {f.E} | {f.A} | {f.alpha} |" for f in result["power_law"]]
+        ] + _law_table(result["power_law"])
     else:
         lines.append("No L(N) fit was made (the notes above say why).")
+    if result.get("power_law_with_undertrained") is not None:
+        lines += [
+            "",
+            "The same L(N) with the under-trained runs kept (exclude_undertrained=false, the default):",
+            "",
+        ] + _law_table(result["power_law_with_undertrained"])
     if result["joint"]:
         lines += [
             "",
             f"L(N, D) = E + A N^-alpha + B D^-beta, points from {result['joint_mode']}:",
             "",
-            "| series | " + " | ".join(JOINT_KEYS) + " |",
-            "|---|---|---|---|---|---|",
+            "| series | " + " | ".join(JOINT_KEYS) + " | at a bound |",
+            "|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + " |" for arch, j in result["joint"].items()
+            f"| {arch} | " + " | ".join(str(j[k]) for k in JOINT_KEYS) + f" | {', '.join(j['flags']) or '-'} |"
+            for arch, j in result["joint"].items()
         ]
     lines += optimal_markdown(result.get("compute_optimal"))
+    if result.get("holdout"):
+        lines += [""] + holdout.markdown(cfg["holdout"], result["holdout"], cfg["level"])
     if result["ratios"]:
         base, *others = result["ratio_archs"]
         names = " and ".join(variants()[a].label if a in variants() else a for a in others)

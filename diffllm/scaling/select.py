@@ -15,12 +15,13 @@ import difflib
 import functools
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..errors import UserError
 from ..results import flatten
 from .config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from .protocol import Protocol, nearest, quadratic_optimum, resolve
 
 if TYPE_CHECKING:
     from ..results import RunRecord
@@ -67,7 +68,8 @@ class Choice:
     value: Any  # the selected value (None without a select axis)
     values: tuple  # the values tried, in order
     means: tuple  # mean of the selection metric over seeds at each value tried (same order)
-    seeds: int  # finished runs at the selected value
+    seeds: int  # reported runs at the selected value
+    optimum: Optional[float] = None  # select_protocol=quadratic: the fitted optimum the chosen value is nearest to
 
     @property
     def at_edge(self) -> bool:
@@ -84,6 +86,8 @@ class Selection:
     selected: set = field(default_factory=set)  # run_dirs at the selected value of their group
     choices: list[Choice] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    protocol: Protocol = Protocol("same")  # how values were chosen and which seeds are reported
+    notes: list[str] = field(default_factory=list)  # groups the protocol could not apply as asked
 
 
 def series_label(r: RunRecord, axes: list[str]) -> str:
@@ -119,18 +123,26 @@ def check_select_by(by: str) -> None:
 
 
 def mark_selected(
-    records: list[RunRecord], select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY
+    records: list[RunRecord], select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY, **protocol
 ) -> None:
-    """Each record's `selected` flag: at its group's best-of-grid value (None for runs no group holds: unfinished)."""
-    sel = select_runs(records, select, by)
+    """Each record's `selected` flag: reported at its group's selected value (None for runs no group holds:
+    unfinished). `protocol`: select_runs' protocol keywords."""
+    sel = select_runs(records, select, by, **protocol)
     for r in records:
         r.selected = (r.run_dir in sel.selected) if r.run_dir in sel.series else None
 
 
 def select_runs(
-    records: list[RunRecord], select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY
+    records: list[RunRecord],
+    select: Optional[str] = DEFAULT_SELECT,
+    by: str = DEFAULT_SELECT_BY,
+    protocol: str = "same",
+    select_seeds: Optional[Sequence] = None,
+    report_seeds: Optional[Sequence] = None,
 ) -> Selection:
-    """Series, selected runs, choices and edge warnings. Only finished runs with a value of `by` take part."""
+    """Series, reported runs, choices and edge warnings under a selection protocol (diffllm/scaling/protocol.py; the
+    commands default to `auto`, this function to `same` for its library callers). Only finished runs with a value of
+    `by` take part."""
     axis_names = sorted({k for r in records for k in r.axes})
     check_select(select, set(axis_names))
     check_select_by(by)
@@ -139,8 +151,7 @@ def select_runs(
     by_arch: dict[str, list] = defaultdict(list)
     for r in done:
         by_arch[r.arch].append(r)
-    sel = Selection(select_axis, by)
-    sign = -1.0 if by in HIGHER_IS_BETTER else 1.0
+    sel = Selection(select_axis, by, protocol=resolve(protocol, [r.seed for r in done], select_seeds, report_seeds))
     for arch, rs in by_arch.items():  # series axes: non-selected axes whose value differs within this arch
         varying = [k for k in axis_names if k != select_axis and len({repr(r.axes.get(k)) for r in rs}) > 1]
         for r in rs:
@@ -150,25 +161,53 @@ def select_runs(
     for r in done:
         groups[(sel.series[r.run_dir], r.model, r.tokens)].append(r)
     for (series, model, tokens), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
-        at: dict = defaultdict(list)
-        for r in rs:
-            at[r.axes.get(select_axis) if select_axis else None].append(r)
-        values = tuple(sorted(at, key=_order))
-        means = tuple(sum(getattr(r, by) for r in at[v]) / len(at[v]) for v in values)
-        best = min(range(len(values)), key=lambda i: (sign * means[i], i))
-        choice = Choice(
-            series, size_of(model, rs[0].arch), model, tokens, values[best], values, means, len(at[values[best]])
-        )
-        sel.choices.append(choice)
-        sel.selected.update(r.run_dir for r in at[values[best]])
-        if choice.at_edge:
-            tried = ", ".join(value_label(select_axis, v) for v in values)
-            sel.warnings.append(
-                f"{series}, {choice.size}, {tokens:,} tokens: the best {select_axis}="
-                f"{value_label(select_axis, choice.value)} is at the edge of the values tried "
-                f"({tried}): widen the grid"
-            )
+        _choose(sel, series, model, tokens, rs)
     return sel
+
+
+def _choose(sel: Selection, series: str, model: str, tokens: Optional[int], rs: list[RunRecord]) -> None:
+    """One (series, size, budget) group: the value chosen under the protocol, the runs reported at it."""
+    axis, by, proto = sel.select, sel.by, sel.protocol
+    sign = -1.0 if by in HIGHER_IS_BETTER else 1.0
+    tried = {r.axes.get(axis) if axis else None for r in rs}
+    where = f"{series}, {size_of(model, rs[0].arch)}, {'?' if tokens is None else f'{tokens:,}'} tokens"
+    pick, report = rs, rs  # runs the value is chosen on; runs reported at it
+    if len(tried) > 1 and proto.mode == "split":
+        pick = [r for r in rs if r.seed in proto.select_seeds]
+        report = [r for r in rs if r.seed in proto.report_seeds]
+        if not pick:
+            pick = rs
+            sel.notes.append(f"{where}: no run of select seed(s) {proto.select_seeds}: chosen on every seed (same)")
+    at: dict = defaultdict(list)
+    for r in pick:
+        at[r.axes.get(axis) if axis else None].append(r)
+    values = tuple(sorted(at, key=_order))
+    means = tuple(sum(getattr(r, by) for r in at[v]) / len(at[v]) for v in values)
+    best, optimum = min(range(len(values)), key=lambda i: (sign * means[i], i)), None
+    if len(values) > 1 and proto.mode == "quadratic":
+        optimum = quadratic_optimum([r.axes.get(axis) for r in pick], [getattr(r, by) for r in pick], sign < 0)
+        if optimum is None:
+            sel.notes.append(
+                f"{where}: no quadratic optimum in log {axis} (fewer than 3 values, or not convex): best of grid"
+            )
+        else:
+            best = nearest(values, optimum)
+    value = values[best]
+    reported = [r for r in report if (r.axes.get(axis) if axis else None) == value]
+    if not reported:
+        sel.notes.append(
+            f"{where}: no run of report seed(s) {proto.report_seeds} at the chosen {axis}="
+            f"{value_label(axis, value)}: nothing reported"
+        )
+    choice = Choice(series, size_of(model, rs[0].arch), model, tokens, value, values, means, len(reported), optimum)
+    sel.choices.append(choice)
+    sel.selected.update(r.run_dir for r in reported)
+    if choice.at_edge:
+        listed = ", ".join(value_label(axis, v) for v in values)
+        sel.warnings.append(
+            f"{where}: the best {axis}={value_label(axis, value)} is at the edge of the values tried ({listed}): "
+            "widen the grid"
+        )
 
 
 @dataclass(frozen=True)
@@ -256,7 +295,9 @@ def selection_dict(sel: Selection) -> dict:
     return {
         "select": sel.select,
         "by": sel.by,
+        "protocol": {**asdict(sel.protocol), "description": sel.protocol.describe()},
         "warnings": list(sel.warnings),
+        "notes": list(sel.notes),
         "choices": [
             {
                 "series": c.series,
@@ -268,6 +309,7 @@ def selection_dict(sel: Selection) -> dict:
                 "means": list(c.means),
                 "seeds": c.seeds,
                 "at_edge": c.at_edge,
+                "optimum": c.optimum,
             }
             for c in sel.choices
         ],
@@ -279,14 +321,14 @@ def baseline_series(sel: Selection, fits: dict, baseline_arch: str) -> Optional[
     return next((s for s in fits if sel.arch.get(s) == baseline_arch), None)
 
 
-def under_trained_note(finished: list[RunRecord], sel: Selection, include: bool) -> Optional[str]:
+def under_trained_note(finished: list[RunRecord], sel: Selection, exclude: bool) -> Optional[str]:
     flagged = [r for r in finished if r.under_trained and r.run_dir in sel.selected]
     if not flagged:
         return None
     what = (
-        "kept in the fits (include_undertrained=true)"
-        if include
-        else "left out of the fits (include_undertrained=true keeps them)"
+        "left out of the fits (exclude_undertrained=true; the L(N) table with them kept follows the main one)"
+        if exclude
+        else "kept in the fits (every run is reported; exclude_undertrained=true leaves them out)"
     )
     names = ", ".join(f"{sel.series[r.run_dir]} {size_of(r.model, r.arch)} seed {r.seed}" for r in flagged[:4])
     return f"{len(flagged)} selected run(s) do not beat the bigram baseline (under-trained), {what}: {names}" + (
@@ -318,6 +360,8 @@ def run_rows(finished: list[RunRecord], sel: Selection, fitted: set, loss: str) 
                 "loss": getattr(r, loss),
                 "unigram": r.unigram_loss,
                 "bigram": r.bigram_loss,
+                "kn3": r.kn3_loss,
+                "kn4": r.kn4_loss,
                 "selected": r.run_dir in sel.selected,
                 "under_trained": bool(r.under_trained),
                 "fitted": r.run_dir in fitted,
@@ -339,8 +383,8 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
     lines = [
         "Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):",
         "",
-        f"| series | size | tokens | seed |{col} loss | unigram | bigram | mark |",
-        "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|",
+        f"| series | size | tokens | seed |{col} loss | unigram | bigram | KN 3-gram | KN 4-gram | mark |",
+        "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|---|---|",
     ]
     for w in rows:
         mark = ", ".join(
@@ -349,7 +393,7 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
         val = f" {value_label(select, w['value'])} |" if select else ""
         lines.append(
             f"| {w['series']} | {w['size']} | {w['tokens']:,} | {w['seed']} |{val} {f(w['loss'])} | "
-            f"{f(w['unigram'])} | {f(w['bigram'])} | {mark} |"
+            f"{f(w['unigram'])} | {f(w['bigram'])} | {f(w.get('kn3'))} | {f(w.get('kn4'))} | {mark} |"
         )
     return lines
 
@@ -383,12 +427,14 @@ def choices_markdown(sel: dict) -> list[str]:
         return []
     label, by = short_label(select), sel.get("by", DEFAULT_SELECT_BY)
     best = "highest" if by in HIGHER_IS_BETTER else "lowest"
+    proto = (sel.get("protocol") or {}).get("description", "protocol same")
     lines = [
-        f"Best-of-grid over {select}: mean {by} over seeds at each {label} tried (the {best} selected, in bold; "
-        "fits use the selected runs):",
+        f"Selection over {select} ({proto}): mean {by} over seeds at each {label} tried, on the choosing seeds (the "
+        f"{best} selected, in bold; under quadratic, the tried value nearest the fitted optimum); fits use the "
+        "reported runs at it:",
         "",
-        f"| series | size | tokens | {label}: mean {by} | seeds |",
-        "|---|---|---|---|---|",
+        f"| series | size | tokens | {label}: mean {by} | fitted optimum | reported seeds |",
+        "|---|---|---|---|---|---|",
     ]
     for c in sel["choices"]:
         cells = ", ".join(
@@ -396,6 +442,8 @@ def choices_markdown(sel: dict) -> list[str]:
             for v, m in zip(c["values"], c["means"])
         )
         edge = " (edge)" if c["at_edge"] else ""
-        lines.append(f"| {c['series']} | {c['size']} | {c['tokens']:,} | {cells}{edge} | {c['seeds']} |")
+        opt = "-" if c.get("optimum") is None else f"{c['optimum']:.4g}"
+        lines.append(f"| {c['series']} | {c['size']} | {c['tokens']:,} | {cells}{edge} | {opt} | {c['seeds']} |")
+    lines += [f"\nnote: {n}" for n in sel.get("notes", [])]
     lines += [f"\nWARNING: {w}" for w in sel["warnings"]]
     return lines

@@ -2,8 +2,9 @@
 [dry_run=true [gpu=h200 nodes=8 gpus_per_node=8]]`
 runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH); a dry run also
 prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=` its GPU-hours on that cluster;
-`diffllm sweep collect [sweep_dir=...] [out=...] [select=optim.lr] [select_by=final_val_loss|recall_acc]`
-tabulates the summaries. Their own keys (configs/sweep.yaml) are typed by SweepCommandConfig, the grid by
+`diffllm sweep collect [sweep_dir=...] [out=...] [select=optim.lr] [select_by=final_val_loss|recall_acc]
+[select_protocol=auto|split|quadratic|same] [select_seeds=[..]] [report_seeds=[..]]` tabulates the summaries.
+Their own keys (configs/sweep.yaml) are typed by SweepCommandConfig, the grid by
 SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class SweepCommandConfig:
     mfu: float = 0.40
     select: Optional[str] = DEFAULT_SELECT  # collect: the axis best-of-grid chooses over; null: none
     select_by: str = DEFAULT_SELECT_BY  # collect: final_val_loss | final_train_loss | recall_acc
+    select_protocol: str = "auto"  # collect: auto | split | quadratic | same (diffllm/scaling/protocol.py)
+    select_seeds: Optional[list[int]] = None  # collect, split: the seeds the value is chosen on
+    report_seeds: Optional[list[int]] = None  # collect, split: the seeds reported at it
     out: Optional[str] = None  # collect: where runs.csv / runs.md go (null: sweep_dir)
 
     def validate(self) -> None:
@@ -147,8 +151,14 @@ def collect_main() -> None:
     @hydra_app("sweep")
     def app(cfg: DictConfig) -> None:
         select, by = cfg.get("select"), cfg.get("select_by") or DEFAULT_SELECT_BY
-        records = collect(cfg.sweep_dir, select=select, by=by)
-        csv_path, md_path = write_tables(records, cfg.sweep_dir, cfg.get("out") or cfg.sweep_dir, select=select, by=by)
+        protocol = {
+            "protocol": cfg.get("select_protocol") or "auto",
+            "select_seeds": list(cfg.get("select_seeds") or []) or None,
+            "report_seeds": list(cfg.get("report_seeds") or []) or None,
+        }
+        records = collect(cfg.sweep_dir, select=select, by=by, **protocol)
+        out = cfg.get("out") or cfg.sweep_dir
+        csv_path, md_path = write_tables(records, cfg.sweep_dir, out, select=select, by=by, **protocol)
         print(Path(md_path).read_text(), end="")
         print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
 

@@ -17,6 +17,7 @@ from ..results import RunRecord, axis_names, to_csv, trained_compute, trained_wa
 from ..results import collect as collect_runs
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from ..scaling.protocol import check_protocol
 from ..scaling.select import (
     check_select,
     check_select_by,
@@ -35,11 +36,15 @@ def collect(
     baselines: bool = True,
     notes: Optional[list[str]] = None,
     by: str = DEFAULT_SELECT_BY,
+    **protocol,
 ) -> list[RunRecord]:
     """Every run under `root`, sorted, with its axes; with `baselines`, its reference baselines (cached in
-    <root>/.baselines) and under-trained flag; its `selected` flag from best-of-grid over `select` by the metric `by`.
-    Problems that do not stop the table (a baseline that cannot be computed) are appended to `notes` (without:
-    printed as warnings)."""
+        <root>/.baselines) and under-trained flag; its `selected` flag: reported at the value of `select` chosen by the
+    metric `by` under the selection protocol (`protocol`: select_runs' select_protocol keywords, by name `protocol`,
+    `select_seeds`, `report_seeds`; diffllm/scaling/protocol.py).
+        Problems that do not stop the table (a baseline that cannot be computed) are appended to `notes` (without:
+        printed as warnings)."""
+    check_protocol(protocol.get("protocol", "same"), protocol.get("select_seeds"), protocol.get("report_seeds"))
     records = collect_runs(root)
     check_select(select, set(axis_names(records)))  # a typo fails before the baselines are counted
     check_select_by(by)
@@ -51,7 +56,7 @@ def collect(
                 print(f"warning: {note}", file=sys.stderr)
         else:
             notes += found
-    mark_selected(records, select, by)
+    mark_selected(records, select, by, **protocol)
     return records
 
 
@@ -105,7 +110,11 @@ def _axis_label(key: str, value: Any, varies: bool) -> str:
 
 
 def to_markdown(
-    records: list[RunRecord], root: str | Path = "", select: Optional[str] = DEFAULT_SELECT, by: str = DEFAULT_SELECT_BY
+    records: list[RunRecord],
+    root: str | Path = "",
+    select: Optional[str] = DEFAULT_SELECT,
+    by: str = DEFAULT_SELECT_BY,
+    **protocol,
 ) -> str:
     """The runs table (axes by short label; `*` marks the runs at their group's best-of-grid value, `under-trained`
     those that do not beat the bigram), then the best-of-grid table and its warnings, and what the baselines are."""
@@ -122,6 +131,8 @@ def to_markdown(
         "final_val_loss",
         "unigram_loss",
         "bigram_loss",
+        "kn3_loss",
+        "kn4_loss",
         "lambda_min",
         "lambda_lowest",
         "spikes",
@@ -152,7 +163,7 @@ def to_markdown(
             f"{_rel(r.run_dir, root)} |"
         )
     lines += ["", compute_line(records)]
-    sel = select_runs(records, select, by)
+    sel = select_runs(records, select, by, **protocol)
     if sel.select:
         lines += [""] + choices_markdown(selection_dict(sel))
     if any(r.bigram_loss is not None for r in records):
@@ -166,13 +177,14 @@ def write_tables(
     out: str | Path,
     select: Optional[str] = DEFAULT_SELECT,
     by: str = DEFAULT_SELECT_BY,
+    **protocol,
 ) -> tuple[Path, Path]:
     """runs.csv and runs.md under `out`; best-of-grid edge warnings also go to stderr."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "runs.csv", out / "runs.md"
     csv_path.write_text(to_csv(records))
-    md_path.write_text(to_markdown(records, root, select, by))
-    for w in select_runs(records, select, by).warnings:
+    md_path.write_text(to_markdown(records, root, select, by, **protocol))
+    for w in select_runs(records, select, by, **protocol).warnings:
         print(f"warning: {w}", file=sys.stderr)
     return csv_path, md_path

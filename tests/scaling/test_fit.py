@@ -115,10 +115,10 @@ def test_interval_counts_never_as_infinite():
     assert str(iv) == "0.5 [0.4, inf] (finite in 3/10)"
 
 
-def test_exactly_determined_fit_says_so_and_gives_no_interval(tmp_path):
-    """Three sizes, one seed, for the three parameters of L(N): the fit passes through every point and its bootstrap
-    replicates all equal it (zero-width intervals that need not contain the estimate). `scaling fit` says the fit is
-    exactly determined and prints no interval for it or for the ratios drawn from it."""
+def test_fits_below_the_minimum_are_refused_in_one_line(tmp_path):
+    """Three sizes, one seed: 3 points for the 3 parameters of L(N) (it would pass through every point, with
+    zero-width intervals). `scaling fit` refuses the fit in one line (>= 4 points at >= 3 sizes), draws no ratio from
+    it, and says so on stderr."""
     t = JointLaw(1.5, 60.0, 0.35, 900.0, 0.4)
     _synthetic_sweep(tmp_path / "sweep", {"transformer": t, "diff": t}, noise=0.0)
     for arch in ("transformer", "diff"):  # keep sizes 1-3 with one seed: 3 points
@@ -126,14 +126,9 @@ def test_exactly_determined_fit_says_so_and_gives_no_interval(tmp_path):
         shutil.rmtree(tmp_path / "sweep" / f"{arch}-micro-1" / "524288" / "seed1235")
     cfg = ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=40, joint="none")
     result = fit_sweep(cfg, collect(cfg.sweep_dir))
-    fits = {f.arch: f for f in result["power_law"]}
-    assert fits["transformer"].points == 3 and all(fits[a].alpha.exact for a in fits)
-    assert all(iv.exact for iv in result["ratios"].values())
-    md = render(result)
-    assert "| transformer | 3 | " in md and "(exactly determined: no interval)" in md
-    assert "L(N) for transformer: 3 points for 3 parameters: the fit is exactly determined" in md
-    table = [line for line in md.splitlines() if line.startswith("| transformer | 3 |")][0]
-    assert "[" not in table  # no interval printed
+    assert result["power_law"] == [] and result["ratios"] == {}
+    line = "L(N) for transformer: no fit (refused: 3 points at 3 sizes; L(N) needs >= 4 points at >= 3 sizes"
+    assert any(n.startswith(line) for n in result["notes"])
     done = subprocess.run(
         [
             sys.executable,
@@ -151,8 +146,19 @@ def test_exactly_determined_fit_says_so_and_gives_no_interval(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "warning: L(N) for diff: 3 points for 3 parameters: the fit is exactly determined" in done.stderr
-    assert json.loads((tmp_path / "out" / "fits.json").read_text())["power_law"][0]["alpha"]["exact"] is True
+    assert "warning: L(N) for diff: no fit (refused: 3 points at 3 sizes" in done.stderr
+
+
+def test_a_parameter_at_its_bound_is_flagged_in_the_table(tmp_path):
+    """Losses that ask for E < 0 (E = -0.3, B = 0): the fit lands on the bound E = 0, and the table flags it."""
+    _synthetic_sweep(tmp_path / "sweep", {"transformer": JointLaw(-0.3, 60.0, 0.35, 0.0, 0.4)}, noise=0.0)
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "sweep"), reps=20, joint="none")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    (fit,) = result["power_law"]
+    assert fit.law.E == 0 and fit.flags == ("E=0",)
+    md = render(result)
+    assert "| series | points | E | A | alpha | at a bound |" in md
+    assert [line for line in md.splitlines() if line.startswith("| transformer | 5 |")][0].endswith("| E=0 |")
 
 
 def test_inverse_of_a_nearly_flat_law_is_never_not_an_overflow():
@@ -180,3 +186,13 @@ def test_too_few_points_say_why_first_and_make_no_empty_table(tmp_path):
     md = render(result).splitlines()
     assert md[2].startswith("note: ")  # the reason, right after the header line
     assert "| series | points | E | A | alpha |" not in md and "No L(N) fit was made (the notes above say why)." in md
+
+
+def test_an_optimum_outside_the_trained_sizes_is_flagged():
+    from diffllm.scaling.fit import Interval
+    from diffllm.scaling.optimal import _beyond
+
+    sizes = (1e5, 4e5)
+    assert _beyond(Interval(9e5, 5e5, 2e6, 10, 10), sizes) == " (FLAG: beyond the largest size)"
+    assert _beyond(Interval(5e4, 1e4, 2e5, 10, 10), sizes) == " (FLAG: below the smallest size)"
+    assert _beyond(Interval(2e5, 1e5, 3e5, 10, 10), sizes) == ""

@@ -75,6 +75,7 @@ def test_collect_axes_baselines_selection(sweep, capsys):
         seed = r.seed
         assert r.unigram_loss == pytest.approx(bigram[seed][0], rel=1e-12)
         assert r.bigram_loss == pytest.approx(bigram[seed][1], rel=1e-12)
+        assert r.kn3_loss is not None and r.kn4_loss is not None
         series, size, lr, _, loss = losses[r.run_dir]
         assert r.axes["optim.lr"] == lr and r.under_trained == ((series, size) == UNDER_TRAINED)
     best = _best(losses)
@@ -96,19 +97,36 @@ def test_collect_axes_baselines_selection(sweep, capsys):
         assert f"WARNING: {line}" in md and f"warning: {line}" in err
     assert md.count("widen the grid") == 2
     assert "| seed | λ_init | lr |" in md and "(under-trained)" in md and "**0.004:" in md
+    assert "| bigram_loss | kn3_loss | kn4_loss |" in md and "Kneser-Ney 3- and 4-gram" in md
 
 
 def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
+    """Every selected run is fitted by default, under-trained ones too (dropping them selects on the outcome);
+    exclude_undertrained=true leaves them out and fits.md then shows L(N) both ways."""
     root, bigram, losses = sweep
-    cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none")
+    cfg = ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", select_protocol="same")
     result = fit_sweep(cfg, collect(cfg.sweep_dir))
     best = _best(losses)
     fitted = {(f.arch, f.points) for f in result["power_law"]}
-    assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 4)}  # micro-1 left out
-    assert result["fit_runs"] == 16 and result["runs"] == 54
-    assert any(
-        "2 selected run(s) do not beat the bigram baseline (under-trained), left out" in n for n in result["notes"]
+    assert fitted == {("transformer", 6), ("diff λ_init=0.8", 6), ("diff λ_init=formula", 6)}
+    assert result["fit_runs"] == 18 and result["runs"] == 54 and result["power_law_with_undertrained"] is None
+    note = "2 selected run(s) do not beat the bigram baseline (under-trained), kept in"
+    assert any(note in n for n in result["notes"])
+    excluded = fit_sweep(
+        ScalingConfig(
+            sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True, select_protocol="same"
+        ),
+        collect(cfg.sweep_dir),
     )
+    # formula without micro-1: 4 points at 2 sizes, refused (L(N) needs 3 sizes)
+    assert {(f.arch, f.points) for f in excluded["power_law"]} == {("transformer", 6), ("diff λ_init=0.8", 6)}
+    assert "L(N) for diff λ_init=formula: no fit (refused: 4 points at 2 sizes" in "\n".join(excluded["notes"])
+    assert excluded["fit_runs"] == 16
+    kept = {(f.arch, f.points) for f in excluded["power_law_with_undertrained"]}
+    assert kept == fitted
+    assert any("left out of the fits (exclude_undertrained=true" in n for n in excluded["notes"])
+    md = render(excluded)
+    assert "The same L(N) with the under-trained runs kept" in md and "| diff λ_init=formula | 6 |" in md
     at = {(s, size, lr, seed): loss for s, size, lr, seed, loss in losses.values()}
     gaps = {(g["series"], g["size"]): g for g in result["gaps"]}
     assert len(gaps) == 6 and {g["baseline"] for g in gaps.values()} == {"transformer"}
@@ -124,18 +142,16 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     md = render(result)
     assert "Paired gaps" in md and "| diff λ_init=0.8 | transformer | micro-2 | 640 | 2 |" in md
     assert "widen the grid" in md and "bigram p(b|a)" in md
-    kept = fit_sweep(
-        ScalingConfig(sweep_dir=str(root / "runs"), reps=20, joint="none", include_undertrained=True),
-        collect(cfg.sweep_dir),
+    excluded_cfg = ScalingConfig(
+        sweep_dir=str(root / "runs"), reps=20, joint="none", exclude_undertrained=True, select_protocol="same"
     )
-    assert {(f.arch, f.points) for f in kept["power_law"]} >= {("diff λ_init=formula", 6)}
     records = [
         r for r in collect(cfg.sweep_dir) if not (r.model == "diff-micro-3" and r.axes["model.lambda_init"] is None)
     ]
-    short = fit_sweep(cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
+    short = fit_sweep(excluded_cfg, records)  # formula: micro-1 under-trained, micro-3 gone: 2 points at one size
     assert "diff λ_init=formula" not in {f.arch for f in short["power_law"]}
     assert any(
-        n.startswith("L(N) for diff λ_init=formula: no fit (a power-law fit needs >= 3 points") for n in short["notes"]
+        n.startswith("L(N) for diff λ_init=formula: no fit (refused: 2 points at 1 sizes") for n in short["notes"]
     )
 
 
@@ -173,6 +189,21 @@ def test_scaling_fit_cli_prints_warnings(sweep):
     assert out.stderr.count("widen the grid") == 2 and "under-trained" in out.stderr
     fits = json.loads((root / "fit" / "fits.json").read_text())
     assert fits["selection"]["select"] == "optim.lr" and len(fits["gaps"]) == 6
+    assert fits["selection"]["protocol"]["mode"] == "split"  # the default with 2 seeds: seed 1 selects, 2 reports
+    assert all(g["seeds"] == [2] for g in fits["gaps"])
+    assert "Selection of optim.lr: protocol split: chosen on seed(s) 1, reported on seed(s) 2 only." in out.stdout
+    swapped = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root}/runs", f"out={root}/swapped"]
+        + ["select_seeds=[2]", "report_seeds=[1]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert swapped.returncode == 0, swapped.stderr
+    md = (root / "swapped" / "runs.md").read_text()
+    assert "protocol split: chosen on seed(s) 2, reported on seed(s) 1 only" in md
+    rows = [r for r in read_csv(root / "swapped" / "runs.csv") if r.selected]
+    assert len(rows) == 9 and {r.seed for r in rows} == {1}  # one reported run per (series, size)
 
 
 def test_size_pairs_presets_by_their_size_base(tmp_path, monkeypatch):

@@ -99,7 +99,7 @@ def test_axis_columns_round_trip(tmp_path):
     assert text.splitlines()[0].endswith(
         "selected,lambda_min,lambda_lowest,spikes,skipped_steps,max_grad_norm,"
         "act_max,attn_logit_max,recall_acc,recall_step_50,recall_step_90,branch_parent,branch_tokens,"
-        "branch_wall_s,model.lambda_init,optim.betas,optim.lr,"
+        "branch_wall_s,kn3_loss,kn4_loss,model.lambda_init,optim.betas,optim.lr,"
         "optim.schedule,trainer.compile"
     )
     (tmp_path / "runs.csv").write_text(text)

@@ -1,0 +1,66 @@
+"""`scaling fit holdout=<size or budget>`: the held-out runs are left out of the fits and predicted from them
+(L(N) at the L(N) budget, else L(N, D)); error = predicted - measured, covered = inside the prediction's interval."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from diffllm.results import collect
+from diffllm.scaling.fit import JointLaw
+from diffllm.scaling.report import ScalingConfig, fit_sweep, render
+from tests.scaling.synthetic import DOC_LAWS, write_law_sweep
+
+LAWS = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
+
+
+def test_holdout_size_is_predicted_by_l_of_n_fitted_without_it(tmp_path):
+    write_law_sweep(tmp_path / "s", LAWS, seeds=lambda size: (1, 2), noise=0.002)
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=30, joint="none", holdout="micro-4")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    assert {f.points for f in result["power_law"]} == {6} and result["fit_runs"] == 12  # sizes 1-3 only
+    assert result["power_law_with_undertrained"] is None  # held-out runs are not "excluded under-trained" ones
+    rows = result["holdout"]
+    assert len(rows) == 4 and {w["size"] for w in rows} == {"micro-4"} and {w["law"] for w in rows} == {"L(N)"}
+    runs = {(r.arch, r.seed): r for r in collect(cfg.sweep_dir) if r.model.endswith("micro-4")}
+    laws = {f.arch: f.law for f in result["power_law"]}
+    for w in rows:
+        r = runs[(w["series"], w["seed"])]
+        assert w["measured"] == r.final_val_loss
+        assert w["predicted"] == pytest.approx(float(laws[w["series"]](r.block_params)), rel=1e-12)
+        assert w["error"] == pytest.approx(w["predicted"] - w["measured"], abs=1e-12)
+        assert w["covered"] == (w["low"] <= w["measured"] <= w["high"])
+    md = render(result)
+    assert "Held out (holdout=micro-4): fitted without these runs" in md and "| transformer | micro-4 | 524,288 |" in md
+
+
+def test_holdout_budget_is_predicted_by_the_joint_fit(tmp_path):
+    write_law_sweep(tmp_path / "s", LAWS, budgets=(524288, 1048576, 2097152), noise=0.002)
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, holdout="2097152")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    rows = result["holdout"]
+    assert len(rows) == 8 and {w["tokens"] for w in rows} == {2097152} and {w["law"] for w in rows} == {"L(N, D)"}
+    assert result["joint_mode"] == "final"
+    runs = {(r.arch, r.model, r.seed): r for r in collect(cfg.sweep_dir) if r.tokens == 2097152}
+    for w in rows:
+        r = runs[(w["series"], f"{w['series']}-{w['size']}", w["seed"])]
+        law = JointLaw(**result["joint"][w["series"]]["law"])  # fitted on 0.5M and 1M only
+        assert w["predicted"] == pytest.approx(float(law(r.block_params, 2097152)), rel=1e-12)
+        assert w["error"] == pytest.approx(w["predicted"] - r.final_val_loss, abs=1e-12)
+
+
+def test_holdout_that_matches_nothing_is_one_line(tmp_path):
+    write_law_sweep(tmp_path / "s", LAWS, noise=0.002)
+    done = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/s", "holdout=micro-9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "diffllm scaling fit: error: holdout=micro-9: no fitted run has this size or budget (sizes: micro-1, "
+        "micro-2, micro-3, micro-4; budgets: 524288)"
+    )
