@@ -36,15 +36,15 @@ LAUNCHERS = ("basic", "submitit_slurm")
 class SweepCommandConfig:
     """`diffllm sweep` and `diffllm sweep collect`: the keys beside the grid (`sweep.*`, a SweepConfig)."""
 
-    sweep_dir: str = "runs/sweep/${sweep.name}"
+    sweep_dir: str = "runs/sweep/${sweep.name}"  # the sweep's folder: one run directory per grid point below it
     launcher: str = "basic"  # basic (jobs one after another here) | submitit_slurm (one SLURM job per run)
     launcher_overrides: list[str] = field(default_factory=list)  # Hydra launcher keys, e.g. hydra.launcher.nodes=1
     shard: Optional[str] = None  # i/n: run every n-th run of the grid from the i-th
     dry_run: bool = False  # print the runs, the multirun commands and the grid's compute only
     gpu: Optional[str] = None  # dry run: also the GPU-hours on this cluster
-    nodes: int = 1
-    gpus_per_node: int = 8
-    mfu: float = 0.40
+    nodes: int = 1  # dry run: nodes per job, for the GPU-hours
+    gpus_per_node: int = 8  # dry run: GPUs per node, for the GPU-hours
+    mfu: float = 0.40  # dry run: model FLOPs utilisation assumed for the GPU-hours
     select: Optional[str] = DEFAULT_SELECT  # collect: the axis best-of-grid chooses over; null: none
     select_by: str = DEFAULT_SELECT_BY  # collect: final_val_loss | final_train_loss | recall_acc
     select_protocol: str = "auto"  # collect: auto | split | quadratic | same (diffllm/scaling/protocol.py)

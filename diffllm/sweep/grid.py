@@ -34,15 +34,15 @@ BRANCH_KEYS = ("trainer.branch_budgets", "trainer.branch_from")  # set by the sw
 
 @dataclass
 class SweepConfig:
-    name: str = "sweep"
-    models: list[str] = field(default_factory=list)
+    name: str = "sweep"  # the grid's name (the default sweep_dir is runs/sweep/<name>)
+    models: list[str] = field(default_factory=list)  # the model presets the grid trains
     tokens: list[str] = field(default_factory=list)  # budgets for every model (20M, 1.5B, ...)
     tokens_per_param: list[float] = field(default_factory=list)  # or budgets = k x params (Chinchilla: 20)
     params: str = "total"  # what tokens_per_param multiplies: total | nonembedding | block (no embedding, no head)
     tokens_by_model: dict[str, list[Any]] = field(default_factory=dict)  # per-model budgets (ints or 20M), replacing
     round_tokens_to: int = 1  # round budgets up to a multiple (the global batch: whole optimizer steps)
     seeds: list[int] = field(default_factory=lambda: [1234])  # `seed=` and `data.seed=` of each run
-    seeds_by_model: dict[str, list[int]] = field(default_factory=dict)
+    seeds_by_model: dict[str, list[int]] = field(default_factory=dict)  # per-preset seeds, replacing `seeds`
     grid: dict[str, list[Any]] = field(default_factory=dict)  # extra axes, any Hydra key: {optim.lr: [1e-3, 2e-3]}
     # {"diff-*": {model.lambda_init: [null, 0.8]}}: axes for the presets each glob matches (over `grid`; later wins)
     grid_by_model: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # axes per preset glob
