@@ -282,7 +282,7 @@ _REGISTRY: dict[str, Command] = {
     "eval ppl": Command(
         _eval_ppl,
         "loss, perplexity and bits per byte of a run, per held-out source",
-        schema=_root("diffllm.eval.ppl:PplConfig"),
+        schema=_root("diffllm.eval.options:PplConfig"),
         examples=("diffllm eval ppl run=runs/diff-tiny", "diffllm eval ppl run=runs/diff-tiny data=my_texts/*.txt"),
     ),
     "eval needle": Command(

@@ -12,6 +12,11 @@ from typing import Optional, TextIO
 STEPS = 10  # plain lines: one each time another tenth of the total is done
 
 
+def say(msg: str) -> None:
+    """One line of the data layer to the user, on stderr."""
+    print(f"[diffllm.data] {msg}", file=sys.stderr, flush=True)
+
+
 def progress(total: int, desc: str, unit: str = "tok", stream: Optional[TextIO] = None):
     """A context manager with update(n) and close(): tqdm on a terminal, else `Lines`."""
     stream = stream or sys.stderr

@@ -370,7 +370,7 @@ _SAID: set = set()
 def _say_skipped(label: str, bad: list) -> None:
     """Once per file and process: which lines data.on_bad_record=skip skips."""
     if label not in _SAID:
-        from .tokenizer import say
+        from .progress import say
 
         _SAID.add(label)
         line, why = bad[0]

@@ -7,20 +7,16 @@ import fcntl
 import hashlib
 import json
 import os
-import sys
 import time
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from .config import DataConfig, DataError, TokenizerConfig, cache_dir
+from .progress import say  # noqa: F401 - loader and packing say through here
 from .sources import Reader, Source, resolve
 
 BPE_VERSION = 1  # bump when train_bpe changes, so cached tokenizers are retrained
-
-
-def say(msg: str) -> None:
-    print(f"[diffllm.data] {msg}", file=sys.stderr, flush=True)
 
 
 class Tokenizer:

@@ -17,13 +17,13 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from .common import EvalError, inference_mode, load_run, out_dir, say, write_report
+from .common import EvalError, data_config, inference_mode, load_run, out_dir, say, write_report
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from .ppl import PplConfig
+    from .options import PplConfig
 
 STEM = "ppl_by_position"
 
@@ -166,7 +166,6 @@ def run_by_position(c: PplConfig, the_seq_len) -> dict:
     """`eval ppl by_position=true`: reads the long documents before the weights are gathered (their lengths are the
     argument check), scores them and writes ppl_by_position.{json,md,png} beside ppl.json."""
     from ..data.progress import progress
-    from .ppl import data_config
 
     found: dict[str, tuple] = {}
 

@@ -157,3 +157,24 @@ def score_continuations(
             target = torch.tensor(cont)
             out.append((float(rows.gather(-1, target[:, None]).sum()), bool((rows.argmax(-1) == target).all())))
     return out
+
+
+def data_config(run_config: Optional[dict], data: Any):
+    """The DataConfig whose held-out sources are scored: a data config by name, the run's own, or files (a source
+    each)."""
+    from ..config import build, find_config, group_options, load_group
+    from ..data import DataConfig
+
+    if data is None:
+        node = (run_config or {}).get("data")
+        if not node:
+            raise EvalError(
+                "data: the run has no config.yaml to take its held-out sources from; pass data=<config name or files>"
+            )
+        return build(DataConfig, node, "data")
+    if isinstance(data, str) and find_config("data", data) is not None:  # along the search path, as data=<name>
+        return build(DataConfig, load_group("data", data), f"data={data}")
+    paths = [data] if isinstance(data, str) else list(data)
+    if isinstance(data, str) and "/" not in data and "." not in data:
+        raise EvalError(f"data={data}: neither a data config ({', '.join(group_options('data'))}) nor a file")
+    return DataConfig(sources=[], val=[{"path": p} for p in paths])

@@ -23,42 +23,7 @@ import torch
 from ..config import run_key_values
 from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
 from .common import EvalError, load_run, out_dir, padded, say, write_report
-from .options import MODES, NeedleConfig, NeedleTask  # noqa: F401 - the configs live apart, light for --help
-
-CITIES = (
-    "Paris",
-    "London",
-    "Rome",
-    "Madrid",
-    "Berlin",
-    "Vienna",
-    "Prague",
-    "Lisbon",
-    "Dublin",
-    "Oslo",
-    "Athens",
-    "Cairo",
-    "Tokyo",
-    "Lima",
-    "Sydney",
-    "Toronto",
-    "Boston",
-    "Chicago",
-    "Denver",
-    "Seattle",
-    "Mumbai",
-    "Delhi",
-    "Moscow",
-    "Warsaw",
-    "Geneva",
-    "Milan",
-    "Naples",
-    "Venice",
-    "Florence",
-    "Bristol",
-    "Leeds",
-    "York",
-)
+from .options import CITIES, MODES, NeedleConfig, NeedleTask  # noqa: F401 - the configs live apart, light for --help
 
 
 @dataclass

@@ -10,6 +10,40 @@ from typing import Any, List, Optional
 from .common import EvalError
 
 MODES = ("synthetic", "text")  # eval needle's haystacks
+CITIES = (
+    "Paris",
+    "London",
+    "Rome",
+    "Madrid",
+    "Berlin",
+    "Vienna",
+    "Prague",
+    "Lisbon",
+    "Dublin",
+    "Oslo",
+    "Athens",
+    "Cairo",
+    "Tokyo",
+    "Lima",
+    "Sydney",
+    "Toronto",
+    "Boston",
+    "Chicago",
+    "Denver",
+    "Seattle",
+    "Mumbai",
+    "Delhi",
+    "Moscow",
+    "Warsaw",
+    "Geneva",
+    "Milan",
+    "Naples",
+    "Venice",
+    "Florence",
+    "Bristol",
+    "Leeds",
+    "York",
+)
 
 
 @dataclass
@@ -40,7 +74,6 @@ class NeedleTask:
 
     def validate(self) -> None:
         from ..data.needle import KEYS
-        from .needle import CITIES
 
         if self.mode not in MODES:
             raise EvalError(f"mode={self.mode!r}: expected one of {MODES}")
@@ -136,3 +169,23 @@ class OutliersConfig:
     # attention-logit quantisation widths (absmax, per head) the loss is measured at
     bits: List[int] = field(default_factory=lambda: [16, 8, 6, 4])
     out: Optional[str] = None  # folder for outliers.json; null: <run>/eval
+
+
+@dataclass
+class PplConfig:
+    """Loss, perplexity and bits per byte per source. data: a data config name (its held-out `val` sources), or
+    files/globs (one source each); default: the run's own held-out sources."""
+
+    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
+    step: Any = "latest"  # latest, or a checkpoint's step number
+    data: Any = None  # null | shakespeare | path/to/*.txt | [a.txt, b.jsonl]
+    seq_len: Optional[int] = None  # null: the run's data.seq_len
+    batch_size: int = 8  # windows per forward (on CPU 8 beats 32: the logits stay smaller; scripts/bench_eval.py)
+    max_tokens: Optional[int] = None  # per source; null: every document (every held-out window)
+    whole: bool = False  # with a data.val_fraction config: score every document of its sources (mostly training
+    # text), not only the windows the trainer held out
+    doc_mask: Optional[bool] = None  # attention within documents; null: as the run trained (its data.doc_mask)
+    out: Optional[str] = None  # folder for ppl.json; null: <run>/eval
+    by_position: bool = False  # NLL by token position over documents >= seq_len tokens (seq_len may exceed the
+    # training length: extrapolation, labelled) -> ppl_by_position.{json,md,png} (diffllm/eval/by_position.py)
+    max_docs: Optional[int] = None  # by_position: documents per source; null: every long enough one

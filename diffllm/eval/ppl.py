@@ -14,32 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from ..config import run_key_values
-from .common import EvalError, load_run, out_dir, say, target_logprobs, write_json
+from .common import EvalError, data_config, load_run, out_dir, say, target_logprobs, write_json
+from .options import PplConfig
 
 if TYPE_CHECKING:  # numpy and torch are imported where they are used: `eval ppl --help` imports this module
     import torch
 
     from ..data import Batch
-
-
-@dataclass
-class PplConfig:
-    """Loss, perplexity and bits per byte per source. data: a data config name (its held-out `val` sources), or
-    files/globs (one source each); default: the run's own held-out sources."""
-
-    run: str = ""  # a run directory (or its checkpoints/step<N> folder)
-    step: Any = "latest"  # latest, or a checkpoint's step number
-    data: Any = None  # null | shakespeare | path/to/*.txt | [a.txt, b.jsonl]
-    seq_len: Optional[int] = None  # null: the run's data.seq_len
-    batch_size: int = 8  # windows per forward (on CPU 8 beats 32: the logits stay smaller; scripts/bench_eval.py)
-    max_tokens: Optional[int] = None  # per source; null: every document (every held-out window)
-    whole: bool = False  # with a data.val_fraction config: score every document of its sources (mostly training
-    # text), not only the windows the trainer held out
-    doc_mask: Optional[bool] = None  # attention within documents; null: as the run trained (its data.doc_mask)
-    out: Optional[str] = None  # folder for ppl.json; null: <run>/eval
-    by_position: bool = False  # NLL by token position over documents >= seq_len tokens (seq_len may exceed the
-    # training length: extrapolation, labelled) -> ppl_by_position.{json,md,png} (diffllm/eval/by_position.py)
-    max_docs: Optional[int] = None  # by_position: documents per source; null: every long enough one
 
 
 def perplexity(
@@ -124,27 +105,6 @@ def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], i
             if max_tokens is not None and n_tokens >= max_tokens:
                 return docs, n_bytes
     return docs, n_bytes
-
-
-def data_config(run_config: Optional[dict], data: Any):
-    """The DataConfig whose held-out sources are scored: a data config by name, the run's own, or files (a source
-    each)."""
-    from ..config import build, find_config, group_options, load_group
-    from ..data import DataConfig
-
-    if data is None:
-        node = (run_config or {}).get("data")
-        if not node:
-            raise EvalError(
-                "data: the run has no config.yaml to take its held-out sources from; pass data=<config name or files>"
-            )
-        return build(DataConfig, node, "data")
-    if isinstance(data, str) and find_config("data", data) is not None:  # along the search path, as data=<name>
-        return build(DataConfig, load_group("data", data), f"data={data}")
-    paths = [data] if isinstance(data, str) else list(data)
-    if isinstance(data, str) and "/" not in data and "." not in data:
-        raise EvalError(f"data={data}: neither a data config ({', '.join(group_options('data'))}) nor a file")
-    return DataConfig(sources=[], val=[{"path": p} for p in paths])
 
 
 def eval_sources(run_config: Optional[dict], data: Any) -> list:
