@@ -193,21 +193,6 @@ def test_command_line_error_names_k_and_the_lengths(runs):
     assert "k=50: the prompt of query" in got.stderr and "tokens (" in got.stderr and "seq_len=64" in got.stderr
 
 
-def test_help_imports_no_torch_or_numpy():
-    from tests.eval.test_help import PROBE
-
-    got = subprocess.run(
-        [sys.executable, "-c", PROBE.format(argv=["eval", "icl", "--help"])],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert got.returncode == 0, got.stderr
-    assert got.stdout.strip() == "[]"
-
-
 def test_compare_draws_accuracy_by_k_from_each_runs_icl_results(tmp_path):
     """<run>/eval/icl-<task>.json is read by `eval compare` (never computed there) and drawn as accuracy by k with
     its interval, ticked at the k evaluated."""
