@@ -142,7 +142,7 @@ def throughput(name: str, backend: str, seq: int, base_tps: float | None) -> flo
 
 def autotune_rows() -> None:
     """The block sizes the autotuner chose for each kernel (the last shape it tuned)."""
-    from diffllm.model import triton_diff as td
+    from diffllm.model import triton_diff_kernels as td
 
     for kernel in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
         best = getattr(getattr(td, kernel, None), "best_config", None)
