@@ -122,6 +122,7 @@ def test_bad_input_is_one_line_before_the_weights(runs, tmp_path, capsys, monkey
     assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_compare_overlays_each_runs_cumulative_curve(runs, tmp_path):
     """Two runs with ppl_by_position.json (written by the command): `eval compare` keeps each in compare.json and
     draws one curve per run in a panel of its own, its points the run's cumulative curve; never computed there."""

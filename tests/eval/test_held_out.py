@@ -81,6 +81,7 @@ def test_an_eval_commands_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
     assert got.stdout.startswith("| activation |") and "checkpoint" not in got.stdout and "deepspeed" not in got.stdout
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_exports_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
     """Without DS_ACCELERATOR, importing DeepSpeed (to gather a ZeRO-1 checkpoint) logs "Setting accelerator to CPU"
     to stdout: it goes to stderr, and stdout is export's three lines."""

@@ -177,6 +177,7 @@ def test_bfloat16_export_holds_our_weights_rounded(runs, tmp_path):
     assert max_logit_diff(ours, hf, torch.tensor([tok.encode(TEXT)]))[0] <= 1e-5
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_remote_exports_of_two_variants_in_one_process_keep_their_own_attention(runs, tmp_path):
     """transformers re-executes a changed modeling file but takes the modules it imports from sys.modules by name:
     two remote exports in folders of the same name (here `hf`), loaded one after the other, must each run their own

@@ -115,6 +115,7 @@ def test_interval_counts_never_as_infinite():
     assert str(iv) == "0.5 [0.4, inf] (finite in 3/10)"
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_fits_below_the_minimum_are_refused_in_one_line(tmp_path):
     """Three sizes, one seed: 3 points for the 3 parameters of L(N) (it would pass through every point, with
     zero-width intervals). `scaling fit` refuses the fit in one line (>= 4 points at >= 3 sizes), draws no ratio from

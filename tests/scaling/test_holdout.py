@@ -51,6 +51,7 @@ def test_holdout_budget_is_predicted_by_the_joint_fit(tmp_path):
         assert w["error"] == pytest.approx(w["predicted"] - r.final_val_loss, abs=1e-12)
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_holdout_that_matches_nothing_is_one_line(tmp_path):
     write_law_sweep(tmp_path / "s", LAWS, noise=0.002)
     done = subprocess.run(

@@ -100,6 +100,7 @@ def test_collect_axes_baselines_selection(sweep, capsys):
     assert "| bigram_loss | kn3_loss | kn4_loss |" in md and "Kneser-Ney 3- and 4-gram" in md
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     """Every selected run is fitted by default, under-trained ones too (dropping them selects on the outcome);
     exclude_undertrained=true leaves them out and fits.md then shows L(N) both ways."""
@@ -155,6 +156,7 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     )
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_without_selection_every_lr_is_its_own_series(sweep):
     root, _, _ = sweep
     sel = select_runs(collect(root / "runs", baselines=False), select=None)
@@ -261,6 +263,7 @@ def test_select_by_recall_takes_the_highest_mean_accuracy():
     assert "mean recall_acc over seeds" in md and "the highest selected" in md and "**0.001: 0.7000**" in md
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_select_by_a_typo_is_one_line_with_a_suggestion(sweep):
     root, _, _ = sweep
     with pytest.raises(

@@ -74,6 +74,7 @@ def section(out: str, script: str) -> str:
     return out.split(f"## {script}\n", 1)[1].split("\n## ", 1)[0].split("\n# diffllm benchmark summary", 1)[0]
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_bench_data_prints_every_process_layout_and_the_training_line(bench):
     out = section(bench, "bench_data.py")
     for label in ("1", "2: 2 ranks", "2: 1 rank, 2 workers"):
@@ -116,6 +117,7 @@ def test_bench_all_prints_the_summary_table(bench):
         assert name in names, (name, names)
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_gpu_check_runs_on_cpu_in_smoke_mode(tmp_path):
     """The prepared GPU check (scripts/gpu_check.sh and the three scripts it runs) on tiny models; the throughput rows
     get a budget of a few seconds, so most of them print as skipped."""
@@ -191,6 +193,7 @@ def test_train_sbatch_is_what_diffllm_launch_writes(tmp_path):
     assert written == (SCRIPTS / "train.sbatch").read_text()
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_repeat_tests_counts_passes_and_failures(tmp_path):
     (tmp_path / "test_one.py").write_text("import os\n\ndef test_one():\n    assert not os.environ.get('FAIL')\n")
     run = lambda fail: subprocess.run(  # noqa: E731
