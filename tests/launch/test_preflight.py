@@ -98,6 +98,7 @@ def test_launch_refuses_what_plan_says_does_not_fit():
     assert anyway.returncode == 0 and "model=diff-13.1b" in anyway.stdout
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_advice_never_names_a_preset_already_given():
     paper = refused(cli("launch", *SLURM_4X8, *BIG))  # 8 x 2048 x 32 ranks: 524,288 tokens > the 262,144 batch
     assert "trainer=paper-scaling" not in paper and paper.endswith("or trainer.micro_batch_size=4")

@@ -108,6 +108,7 @@ def test_a_series_that_never_reaches_the_baseline_loss_is_inf_with_a_note():
     assert any(n.startswith("compute-optimal diff: never reaches transformer's frontier loss") for n in notes)
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_scaling_fit_counts_each_runs_own_flops_and_reports_the_frontier(tmp_path):
     """Two archs over 4 sizes x 3 budgets at seq_len 64 (not the presets' 128): C of each run is model_stats' FLOPs
     per token at 64 x tokens; the compute-optimal table matches the frontier of the true laws; E, A, B have intervals;

@@ -66,6 +66,7 @@ def _best(losses):
     return {k: v[0] for k, v in best.items()}
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_collect_axes_baselines_selection(sweep, capsys):
     root, bigram, losses = sweep
     records = collect(root / "runs")

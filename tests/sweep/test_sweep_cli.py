@@ -61,6 +61,7 @@ def test_each_documented_launcher_plans_the_paper_grid(tmp_path, launcher):
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 @pytest.mark.skipif(SUBMITIT, reason="hydra-submitit-launcher is installed: a real run would submit")
 def test_submitit_without_its_plugin_is_refused_before_anything_runs(tmp_path):
     out = sweep("sweep=paper", "launcher=submitit_slurm", f"sweep_dir={tmp_path}/s")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 
 from diffllm.model import DecoderLM, ModelConfig
@@ -67,6 +69,7 @@ def _skip_step_on_two_ranks() -> dict:
     }
 
 
+@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_skip_step_adamw_agrees_across_ranks():
     for r in run_distributed(_skip_step_on_two_ranks, world_size=2):
         assert r == {"skipped": True, "matches_adamw": True, "judged": True, "forced": True, "adam_steps": 1}
