@@ -17,7 +17,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from .common import EvalError, data_config, inference_mode, load_run, out_dir, say, write_report
+from .common import EvalError, data_config, documents, inference_mode, load_run, out_dir, say, write_report
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,21 +40,15 @@ def buckets(T: int) -> list[tuple[int, int]]:
 def long_docs(tok, src, seq_len: int, max_docs: Optional[int]) -> tuple[list[list[int]], int, int]:
     """(the first seq_len tokens of each document of `src` at least seq_len tokens long (up to max_docs), the number of
     shorter documents skipped, the longest document's length)."""
-    from ..data.sources import Reader
-
-    reader, kept, skipped, longest = Reader(src, tok.fingerprint), [], 0, 0
-    for f in range(src.n_files):
-        for _, doc, _ in reader.docs(f, 0, 1):
-            if doc is None or len(doc) == 0:
-                continue
-            ids = tok.encode(doc) if isinstance(doc, str) else [int(t) for t in doc]
-            longest = max(longest, len(ids))
-            if len(ids) < seq_len:
-                skipped += 1
-                continue
-            kept.append(ids[:seq_len])
-            if max_docs is not None and len(kept) >= max_docs:
-                return kept, skipped, longest
+    kept, skipped, longest = [], 0, 0
+    for ids, _ in documents(tok, src):
+        longest = max(longest, len(ids))
+        if len(ids) < seq_len:
+            skipped += 1
+            continue
+        kept.append(ids[:seq_len])
+        if max_docs is not None and len(kept) >= max_docs:
+            break
     return kept, skipped, longest
 
 

@@ -178,3 +178,14 @@ def data_config(run_config: Optional[dict], data: Any):
     if isinstance(data, str) and "/" not in data and "." not in data:
         raise EvalError(f"data={data}: neither a data config ({', '.join(group_options('data'))}) nor a file")
     return DataConfig(sources=[], val=[{"path": p} for p in paths])
+
+
+def documents(tok, src):
+    """(token ids, the document as read: text or ids) of each non-empty document of source `src`, in file order."""
+    from ..data.sources import Reader
+
+    reader = Reader(src, tok.fingerprint)
+    for f in range(src.n_files):
+        for _, doc, _ in reader.docs(f, 0, 1):
+            if doc is not None and len(doc):
+                yield (tok.encode(doc) if isinstance(doc, str) else [int(t) for t in doc]), doc

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from ..config import run_key_values
-from .common import EvalError, data_config, load_run, out_dir, say, target_logprobs, write_json
+from .common import EvalError, data_config, documents, load_run, out_dir, say, target_logprobs, write_json
 from .options import PplConfig
 
 if TYPE_CHECKING:  # numpy and torch are imported where they are used: `eval ppl --help` imports this module
@@ -86,24 +86,18 @@ def windows(
 
 def source_docs(tok, src, max_tokens: Optional[int]) -> tuple[list[list[int]], int]:
     """The token ids of a source's documents (up to max_tokens document tokens) and their UTF-8 byte count."""
-    from ..data.sources import Reader
-
-    reader, docs, n_tokens, n_bytes = Reader(src, tok.fingerprint), [], 0, 0
-    for f in range(src.n_files):
-        for _, doc, _ in reader.docs(f, 0, 1):
-            if doc is None or len(doc) == 0:
-                continue
-            ids = tok.encode(doc) if isinstance(doc, str) else [int(t) for t in doc]
-            if max_tokens is not None and n_tokens + len(ids) > max_tokens:
-                ids = ids[: max_tokens - n_tokens]
-                doc = tok.decode(ids)
-            elif not isinstance(doc, str):
-                doc = tok.decode(ids)
-            docs.append(ids)
-            n_tokens += len(ids)
-            n_bytes += len(doc.encode("utf-8"))
-            if max_tokens is not None and n_tokens >= max_tokens:
-                return docs, n_bytes
+    docs, n_tokens, n_bytes = [], 0, 0
+    for ids, doc in documents(tok, src):
+        if max_tokens is not None and n_tokens + len(ids) > max_tokens:
+            ids = ids[: max_tokens - n_tokens]
+            doc = tok.decode(ids)
+        elif not isinstance(doc, str):
+            doc = tok.decode(ids)
+        docs.append(ids)
+        n_tokens += len(ids)
+        n_bytes += len(doc.encode("utf-8"))
+        if max_tokens is not None and n_tokens >= max_tokens:
+            break
     return docs, n_bytes
 
 
