@@ -60,37 +60,52 @@ def test_config_dir_option_and_help(diffllm, tmp_path, monkeypatch):
     assert str((tmp_path / "mine_cfg").resolve()) in help_text
 
 
-@pytest.mark.slow
-def test_sweep_config_dir_reaches_the_jobs(tmp_path):
-    """The grid (sweep/mine.yaml) and the data config its runs name (data=mine) live in the user's directory. The
-    data config is deliberately invalid (seq_len 0): the job must find it and reject it by name, which it can only
-    do if the sweep passed the directory on (before: `Could not find 'data/mine'`)."""
-    cfg_dir = user_configs(tmp_path / "my_configs", seq_len=0)
-    (cfg_dir / "sweep").mkdir()
-    (cfg_dir / "sweep" / "mine.yaml").write_text(
-        "name: mine\nmodels: [diff-tiny]\ntokens: [4096]\noverrides: [data=mine, logging.wandb=disabled]\n"
-    )
+def run_sweep(cfg_dir: Path, tmp_path: Path, sweep_dir: Path) -> subprocess.CompletedProcess:
+    """`diffllm sweep --config-dir <cfg_dir> sweep=mine` from a directory that has no configs of its own."""
     env = {k: v for k, v in os.environ.items() if k not in ("DIFFLLM_CONFIG_PATH", "HYDRA_FULL_ERROR")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diffllm.cli",
-            "sweep",
-            "--config-dir",
-            str(cfg_dir),
-            "sweep=mine",
-            f"sweep_dir={tmp_path / 'sweep'}",
-        ],
+    cmd = [sys.executable, "-m", "diffllm.cli", "sweep", "--config-dir", str(cfg_dir), "sweep=mine"]
+    return subprocess.run(
+        [*cmd, f"sweep_dir={sweep_dir}"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
         env={**env, "PYTHONPATH": str(REPO)},
     )
-    assert "Could not find" not in done.stderr
-    assert done.returncode == 2 and "diffllm train: error: data.seq_len: must be >= 1, got 0" in done.stderr, (
-        done.stderr
+
+
+def sweep_configs(root: Path, seq_len: int) -> Path:
+    """<root>/sweep/mine.yaml, a one-run grid whose runs name data=mine, beside <root>/data/mine.yaml."""
+    cfg_dir = user_configs(root, seq_len=seq_len)
+    (cfg_dir / "sweep").mkdir()
+    (cfg_dir / "sweep" / "mine.yaml").write_text(
+        "name: mine\nmodels: [diff-tiny]\ntokens: [4096]\noverrides: [data=mine, logging.wandb=disabled]\n"
     )
+    return cfg_dir
+
+
+def test_sweep_checks_its_jobs_with_the_config_dir_before_queueing(tmp_path):
+    """The grid and the data config its runs name live in the user's directory; the data config is deliberately
+    invalid (seq_len 0). The sweep composes each job with that directory, so it rejects the job by name before
+    anything is queued (before: `Could not find 'data/mine'`)."""
+    cfg_dir = sweep_configs(tmp_path / "my_configs", seq_len=0)
+    done = run_sweep(cfg_dir, tmp_path, tmp_path / "sweep")
+    assert "Could not find" not in done.stderr
+    job = tmp_path / "sweep" / "diff-tiny" / "4096" / "seed1234"
+    assert done.returncode == 2 and done.stderr == (
+        f"diffllm sweep: error: the job of {job}: data.seq_len: must be >= 1, got 0\n"
+    ), done.stderr
+    assert not job.exists()
+
+
+@pytest.mark.slow
+def test_sweep_config_dir_reaches_the_jobs(tmp_path):
+    """A valid data config in the user's directory (seq_len 32, not the packaged 256): the job itself, a separate
+    process started by the sweep, must find it, so its run's config.yaml carries it."""
+    cfg_dir = sweep_configs(tmp_path / "my_configs", seq_len=32)
+    done = run_sweep(cfg_dir, tmp_path, tmp_path / "sweep")
+    assert done.returncode == 0, done.stderr
+    saved = (tmp_path / "sweep" / "diff-tiny" / "4096" / "seed1234" / "config.yaml").read_text()
+    assert "name: mine" in saved and "seq_len: 32" in saved
     # the printed multirun command carries the directory too, so it can be rerun by hand
     assert f"DIFFLLM_CONFIG_PATH={cfg_dir} " in done.stdout and "-m diffllm.sweep.job --multirun" in done.stdout
