@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import UserError
+from . import parametrization
 from .registry import variant
 
 NORMS = ("rmsnorm", "layernorm")
@@ -37,6 +38,11 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on the q, k, v projections (StableLM: false)
     tie_embeddings: bool = False  # the output head shares the input embedding matrix
     init_std: float = 0.02  # std of the normal init of every weight matrix
+    # sp (standard) | mup (Tensor Programs V: hidden matrices' lr and init std scale with base_width / d_model, the
+    # logits with it too; diffllm/model/mup.py)
+    parametrization: str = "sp"
+    base_width: Optional[int] = None  # mup: d_model of the base model (heads and ffn scale with it); null: d_model
+    base_head_dim: Optional[int] = None  # mup: attention logits q.k sqrt(base_head_dim)/d; null: 1/sqrt(d) as sp
     # the longest sequence the model is built for (RoPE tables, the KV cache); data.seq_len may not exceed it
     max_seq_len: int = field(default=2048, metadata={"resume": ("kept",)})
     # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
@@ -71,6 +77,7 @@ class ModelConfig:
         if self.n_heads % self.kv_heads:
             bad("n_kv_heads", f"{self.kv_heads} does not divide n_heads={self.n_heads}")
         arch.check(self)
+        parametrization.check(self)
         if not 0.0 < self.rotary_pct <= 1.0 or self.rotary_dim % 2:
             bad("rotary_pct", f"{self.rotary_pct} gives an odd or empty rotary dim ({self.rotary_dim})")
         if self.vocab_size < 1:

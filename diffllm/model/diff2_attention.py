@@ -57,6 +57,8 @@ class Diff2Equations(AttentionEquations):
 class Diff2Attention(AttentionVariant, Diff2Equations):
     arch, label, color = "diff2", "Diff Transformer V2", "tab:green"
     map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
+    # W_Q, W_K, W_V, W_O and W_lambda (width -> h: the head count scales with width); q/k/v biases
+    mup = {"*_proj.weight": "hidden", "*_proj.bias": "vector"}
 
     def probes(self):
         """lambda_mean: the mean of sigmoid(x W_lambda) over the step's tokens and heads."""

@@ -117,6 +117,8 @@ class DiffAttention(AttentionVariant, DiffEquations):
     arch, label, color = "diff", "Diff Transformer", "tab:red"
     map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
     no_decay = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+    # W_Q, W_K, W_V, W_O; q/k/v biases, the four lambda vectors (d), the shared per-head RMSNorm weight (2d)
+    mup = {"*_proj.weight": "hidden", "*_proj.bias": "vector", "lambda_*": "vector", "subln.weight": "vector"}
 
     def attend(self, x, q, k, v, docs: Optional[Documents]):
         """triton: the fused kernel on q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) -> (B, h, T, 2d); its cached

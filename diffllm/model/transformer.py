@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -12,6 +13,7 @@ from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .documents import Documents
 from .layers import SwiGLU, build_norm, rotary_cos_sin
+from .parametrization import init_mult, readout_scale, treatments, width_mult
 from .variant import init_parameter
 
 
@@ -49,6 +51,7 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
+        self.readout_scale = readout_scale(cfg)  # 1 but under mup: 1 / width_mult (mup's MuReadout)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -56,14 +59,20 @@ class DecoderLM(nn.Module):
         """Every parameter in `named_parameters` order (a tied lm_head once, as the embedding): an attention module's
         by its variant's `init_parameter` (Diff: its lambda vectors ~ N(0, lambda_std)), the others N(0, init_std)
         for matrices and embeddings, zero biases, unit norm weights. One pass in that order keeps the random draws
-        in the order of the parameters, whatever the variant."""
+        in the order of the parameters, whatever the variant. Under mup the hidden matrices' init_std is divided by
+        sqrt(width_mult) (diffllm/model/parametrization.py)."""
         owner = {id(p): (layer.attn, n) for layer in self.layers for n, p in layer.attn.named_parameters()}
+        hidden, kinds = self.cfg, {}
+        if self.cfg.parametrization == "mup":
+            kinds, m = treatments(self), width_mult(self.cfg)
+            hidden = replace(self.cfg, init_std=self.cfg.init_std * init_mult("hidden", m)) if m != 1.0 else hidden
         for name, p in self.named_parameters():
+            cfg = hidden if kinds.get(name) == "hidden" else self.cfg
             if id(p) in owner:
                 attn, local = owner[id(p)]
-                attn.init_parameter(local, p, self.cfg)
+                attn.init_parameter(local, p, cfg)
             else:
-                init_parameter(name, p, self.cfg.init_std)
+                init_parameter(name, p, cfg.init_std)
 
     def no_decay_parameters(self) -> list[nn.Parameter]:
         """The parameters each attention variant keeps from weight decay whatever their shape (Diff: its lambdas)."""
@@ -104,4 +113,5 @@ class DecoderLM(nn.Module):
             x = layer(x, cos, sin, cache.layer(i) if cache is not None else None, docs)
         if cache is not None:
             cache.advance(T)
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        return logits if self.readout_scale == 1.0 else logits * self.readout_scale

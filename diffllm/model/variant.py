@@ -31,6 +31,7 @@ from .cache import LayerCache
 from .documents import Documents
 from .kernels import causal_attention, causal_probs, weigh
 from .layers import AttentionEquations
+from .parametrization import query_scale
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -64,10 +65,15 @@ class AttentionVariant:
     baseline: ClassVar[bool] = False  # the variant scaling fits compare the others against
     map_normalisation: ClassVar[str] = "softmax rows"  # what eval attention says its rebuilt map rows are
     no_decay: ClassVar[tuple[str, ...]] = ()  # its parameters (local names) kept from weight decay whatever their shape
+    # How parametrization=mup treats each of its parameters: fnmatch pattern of a local name -> "hidden" (a width x
+    # width matrix: lr and init std scale down with width) | "vector" (constant lr and init); first match wins.
+    # None: undeclared, refused under mup (diffllm/model/parametrization.py).
+    mup: ClassVar[Optional[dict[str, str]]] = None
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
         super().__init__(cfg, depth)  # the equations: projections and parameters, in their order
         self.backend = backend or cfg.attn_backend
+        self.query_scale = query_scale(cfg)  # 1 but under mup with base_head_dim: sqrt(base_head_dim / d)
 
     def forward(
         self,
@@ -77,10 +83,16 @@ class AttentionVariant:
         cache: Optional[LayerCache] = None,
         docs: Optional[Documents] = None,
     ) -> torch.Tensor:
-        q, k, v = self.project(x, cos, sin)  # (B, Hq, T, d), (B, Hk, T, d), (B, Hv, T, dv)
+        q, k, v = self.scaled_project(x, cos, sin)  # (B, Hq, T, d), (B, Hk, T, d), (B, Hv, T, dv)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, H*, pos + T, d*)
         return self.finish(x, self.attend(x, q, k, v, docs))  # (B, T, E)
+
+    def scaled_project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """`project`, the queries times `query_scale` (mup's sqrt(base_head_dim)/d logits; an export folds it into
+        the query projection)."""
+        q, k, v = self.project(x, cos, sin)
+        return (q if self.query_scale == 1.0 else q * self.query_scale), k, v
 
     def attend(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Optional[Documents]
@@ -95,7 +107,7 @@ class AttentionVariant:
         """(q k^T / sqrt d of every query head (B, Hq, T, T) in fp32, the values (B, Hv, T, dv) in fp32) from this
         module's input x (B, T, E): query head j reads key head j // (Hq/Hk), as in the kernel call. Eval's maps and
         training's logit telemetry read them (diffllm/eval/maps.py)."""
-        q, k, v = self.project(x, cos, sin)
+        q, k, v = self.scaled_project(x, cos, sin)
         q, k = q.float(), k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, Hq, T, d)
         return q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, v.float()
 

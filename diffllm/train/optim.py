@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import nn
 
+from ..model.parametrization import lr_mult, treatments, width_mult
 from .config import OptimConfig
 from .dist import all_reduce_max
 
@@ -19,16 +20,30 @@ def no_decay(name: str, p: nn.Parameter) -> bool:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """model: a DecoderLM; what its attention variants keep from decay (Diff: the lambdas) joins the no-decay group."""
+    """model: a DecoderLM; what its attention variants keep from decay (Diff: the lambdas) joins the no-decay group.
+    Under parametrization=mup each group is split by its parameters' lr multiplier (`lr_mult`, which the step
+    multiplies the scheduled lr by; a hidden matrix's weight decay times width_mult): at width_mult 1 the groups
+    are sp's."""
     decay, plain = [], []
     exempt = {id(p) for p in model.no_decay_parameters()}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (plain if no_decay(name, p) or id(p) in exempt else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay, "group": "decay"},
-        {"params": plain, "weight_decay": 0.0, "group": "no_decay"},
-    ]
+            (plain if no_decay(name, p) or id(p) in exempt else decay).append((name, p))
+    groups = [("decay", decay, weight_decay), ("no_decay", plain, 0.0)]
+    if model.cfg.parametrization == "mup":
+        return [g for label, params, wd in groups for g in mup_groups(model, label, params, wd)]
+    return [{"params": [p for _, p in params], "weight_decay": wd, "group": label} for label, params, wd in groups]
+
+
+def mup_groups(model: nn.Module, label: str, params: list, weight_decay: float) -> list[dict]:
+    """One group per lr multiplier, in the order first met: {"params", "weight_decay", "group", "lr_mult"}."""
+    kinds, m = treatments(model), width_mult(model.cfg)
+    split: dict[float, dict] = {}
+    for name, p in params:
+        mult = lr_mult(kinds[name], m)
+        wd = weight_decay * m if kinds[name] == "hidden" else weight_decay  # mup.MuAdamW: lr x wd unchanged
+        split.setdefault(mult, {"params": [], "weight_decay": wd, "group": label, "lr_mult": mult})["params"].append(p)
+    return list(split.values()) or [{"params": [], "weight_decay": weight_decay, "group": label, "lr_mult": 1.0}]
 
 
 class UpdateGate:

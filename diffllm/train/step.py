@@ -70,7 +70,7 @@ class Step:
         engine, accum = self.engine, self.budget.grad_accum
         lr = lr_at(state.step, self.budget.steps, self.optim)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_mult", 1.0)  # mup: per-group multipliers (optim.param_groups)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         loss_tokens = 0  # this rank's targets that count in the loss
         self.watchdog.beat("data")

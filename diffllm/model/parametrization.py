@@ -1,0 +1,117 @@
+"""μP (Yang et al. 2022, Tensor Programs V) for AdamW, `model.parametrization: mup`: how each parameter is treated.
+
+The base model is this one with every size but the vocabulary and the head dim divided by width_mult = d_model /
+base_width (head count, kv heads, SwiGLU width scale with d_model). A parameter is one of
+
+    kind     examples                                   AdamW lr    init std           forward
+    hidden   every projection matrix (width x width)    lr / m      init_std / sqrt m  as is
+    vector   embedding, norm gains, biases, Diff's      lr          as sp              as is
+             lambda vectors and subln weight
+    readout  lm_head (width -> vocab)                   lr          as sp              logits / m
+
+(m = width_mult), and attention logits are q.k sqrt(base_head_dim) / d instead of q.k / sqrt(d) (base_head_dim:
+the model's own head dim unless set). A hidden matrix's weight decay is multiplied by m, so AdamW's lr x wd stays
+(`mup.MuAdamW`'s default, decoupled_wd=False). At width_mult 1 everything is sp's, bit for bit.
+
+Who declares what: the model's own parameters in `MODEL_TREATMENT` below; each attention variant its own in its
+class attribute `mup` (fnmatch patterns of its parameters' local names -> kind, first match wins). A variant
+without one is refused under mup (`check`), never silently sp. tests/model/test_mup.py checks every declaration
+against the `mup` package's own classification (set_base_shapes + MuAdamW) of the same model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .config import ModelConfig
+
+PARAMETRIZATIONS = ("sp", "mup")
+KINDS = ("hidden", "vector", "readout")
+
+# The decoder's own parameters (names in DecoderLM without the `layers.<i>.` prefix; attention's are its variant's).
+MODEL_TREATMENT = {
+    "tok_embeddings.weight": "vector",  # input embedding: vocab (finite) x width
+    "*norm.weight": "vector",  # attn_norm, mlp_norm, the final norm
+    "*norm.bias": "vector",  # layernorm
+    "mlp.*.weight": "hidden",  # SwiGLU gate/up (width -> ffn) and down (ffn -> width)
+    "lm_head.weight": "readout",  # width -> vocab; a tied head is the embedding (its one treatment: vector)
+}
+
+
+def check(cfg: ModelConfig) -> None:
+    """Raise UserError for a config μP cannot build (ModelConfig.validate calls it)."""
+    if cfg.parametrization not in PARAMETRIZATIONS:
+        raise UserError(f"model.parametrization: got {cfg.parametrization!r}, expected one of {PARAMETRIZATIONS}")
+    for key in ("base_width", "base_head_dim"):
+        value = getattr(cfg, key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise UserError(f"model.{key}: must be a positive integer or null, got {value!r}")
+    if cfg.parametrization != "mup":
+        return
+    if cfg.variant.mup is None:
+        raise UserError(
+            f"model.parametrization: mup needs arch {cfg.arch!r} to declare how each of its parameters is treated "
+            f"(its class attribute `mup`, see diffllm/model/parametrization.py); it declares nothing"
+        )
+
+
+def width_mult(cfg: ModelConfig) -> float:
+    """m = d_model / base_width under mup (base_width null: 1); 1 under sp."""
+    if cfg.parametrization != "mup" or cfg.base_width is None:
+        return 1.0
+    return cfg.d_model / cfg.base_width
+
+
+def query_scale(cfg: ModelConfig) -> float:
+    """What the queries are multiplied by so the kernels' 1/sqrt(d) becomes sqrt(base_head_dim)/d: sqrt(d_base/d)."""
+    if cfg.parametrization != "mup" or cfg.base_head_dim is None:
+        return 1.0
+    return math.sqrt(cfg.base_head_dim / cfg.head_dim)
+
+
+def readout_scale(cfg: ModelConfig) -> float:
+    """The logits' multiplier: 1/m (mup's MuReadout with output_mult 1)."""
+    return 1.0 / width_mult(cfg)
+
+
+def lookup(table: dict[str, str], name: str, owner: str) -> str:
+    """The kind of parameter `name` by the first pattern of `table` it matches; unmatched -> UserError."""
+    for pattern, kind in table.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            if kind not in KINDS:
+                raise UserError(f"{owner}: mup treatment {kind!r} of {pattern!r} is not one of {KINDS}")
+            return kind
+    raise UserError(f"{owner}: its mup table declares no treatment for parameter {name!r}")
+
+
+def treatments(model: nn.Module) -> dict[str, str]:
+    """Every parameter of a DecoderLM (named_parameters names; a tied head once, as the embedding) -> its kind."""
+    kinds = {}
+    for i, layer in enumerate(model.layers):
+        table = type(layer.attn).mup
+        if table is None:
+            raise UserError(f"model.parametrization: arch {model.cfg.arch!r} declares no mup treatment")
+        for local, _ in layer.attn.named_parameters():
+            kinds[f"layers.{i}.attn.{local}"] = lookup(table, local, f"arch {model.cfg.arch!r}")
+    for name, _ in model.named_parameters():
+        if name not in kinds:
+            local = name.split(".", 2)[2] if name.startswith("layers.") else name
+            kinds[name] = lookup(MODEL_TREATMENT, local, "DecoderLM")
+    return kinds
+
+
+def lr_mult(kind: str, m: float) -> float:
+    """AdamW's per-parameter lr multiplier."""
+    return 1.0 / m if kind == "hidden" else 1.0
+
+
+def init_mult(kind: str, m: float) -> float:
+    """The multiplier of the sp init std (matrices N(0, init_std))."""
+    return 1.0 / math.sqrt(m) if kind == "hidden" else 1.0

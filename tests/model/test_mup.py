@@ -1,0 +1,162 @@
+"""parametrization=mup against the reference implementation: the `mup` package's set_base_shapes + MuAdamW on the same
+model give the same per-parameter lr multipliers, weight decays and init scales as diffllm's declarations, and its
+MuReadout the same logits; at width_mult 1 mup is sp bit for bit; a variant that declares nothing is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mup
+import pytest
+import torch
+
+from diffllm.errors import UserError
+from diffllm.model.config import ModelConfig
+from diffllm.model.parametrization import init_mult, treatments
+from diffllm.model.transformer import DecoderLM
+from diffllm.train.optim import param_groups
+
+ARCHS = ("transformer", "diff", "diff2")
+BASE, HEAD_DIM, WD, STD = 48, 8, 0.1, 0.02  # d_model 48: the SwiGLU width int(8/3 d) scales exactly (128 per 48)
+
+
+def config(arch: str, width: int, **kw) -> ModelConfig:
+    """Head dim fixed, heads scale with width (the base shapes' rule, diffllm/model/parametrization.py)."""
+    return ModelConfig(
+        **{"n_layers": 2, "vocab_size": 200, "init_std": STD, **kw}, arch=arch, d_model=width, n_heads=width // HEAD_DIM
+    )
+
+
+def mup_model(arch: str, width: int) -> DecoderLM:
+    """Our model at `width` under mup with the `mup` package's infshapes set from a base and a delta model."""
+    torch.manual_seed(0)
+    model = DecoderLM(config(arch, width, parametrization="mup", base_width=BASE))
+    base, delta = DecoderLM(config(arch, BASE)), DecoderLM(config(arch, 2 * BASE))
+    # our readout is a plain nn.Linear (the 1/width_mult is in DecoderLM.forward): mup's assert would ask for a
+    # MuReadout there, and our table must call exactly that one Linear the readout (checked below)
+    mup.set_base_shapes(model, base, delta=delta, rescale_params=False, do_assert=False)
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lr_multipliers_and_weight_decay_equal_mup_adamw(arch):
+    model = mup_model(arch, 4 * BASE)
+    ours = {id(p): (g["lr_mult"], g["weight_decay"]) for g in param_groups(model, WD) for p in g["params"]}
+    decays = {id(p): g["weight_decay"] for g in param_groups(model, WD) for p in g["params"]}
+    # MuAdamW splits each group we give it by width_mult: hand it our decay split, lr 1 -> its lr is the multiplier
+    plain = [{"params": [p], "weight_decay": decays[id(p)] if ours[id(p)][0] == 1 else WD} for p in model.parameters()]
+    reference = {
+        id(p): (g["lr"], g["weight_decay"]) for g in mup.MuAdamW(plain, lr=1.0).param_groups for p in g["params"]
+    }
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert len(ours) == len(reference) == len(names)
+    for key, (lr, wd) in reference.items():
+        assert ours[key] == pytest.approx((lr, wd), rel=1e-12), names[key]
+    assert {ours[id(p)][0] for p in model.parameters()} == {1.0, 0.25}  # both rules are exercised
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kinds_and_init_scales_equal_mup(arch):
+    model, m = mup_model(arch, 4 * BASE), 4.0
+    kinds = treatments(model)
+    # the readout: each nn.Linear with an infinite fan-in and a finite fan-out (assert_hidden_size_inf's MuReadout)
+    readouts = {
+        f"{n}.weight"
+        for n, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and mod.weight.infshape[1].isinf() and not mod.weight.infshape[0].isinf()
+    }
+    assert readouts == {"lm_head.weight"}
+    for name, p in model.named_parameters():
+        # mup: 2 infinite dims = matrix-like (hidden); <= 1 = vector-like
+        kind = "hidden" if p.infshape.ninf() == 2 else "readout" if name in readouts else "vector"
+        assert kinds[name] == kind, name
+        # mup.init.normal_ draws std x (width_mult^-1/2 for matrix-like): the same draws scaled
+        t = torch.empty_like(p)
+        t.infshape = p.infshape
+        torch.manual_seed(1)
+        mup.init.normal_(t, std=1.0)
+        torch.manual_seed(1)
+        scale = (t / torch.randn_like(p)).flatten()[0].item()
+        assert init_mult(kind, m) == pytest.approx(scale, rel=1e-6), name
+        if p.dim() == 2:  # the draws we made have that std
+            assert p.std().item() == pytest.approx(STD * scale, rel=0.1), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_readout_equals_mu_readout(arch):
+    model = mup_model(arch, 4 * BASE)
+    readout = mup.MuReadout(4 * BASE, model.lm_head.out_features, bias=False)
+    readout.weight = model.lm_head.weight  # carries its infshape: width_mult 4
+    assert model.readout_scale == pytest.approx(1 / readout.width_mult())
+    tokens = torch.randint(0, 200, (2, 8))
+    hidden = {}
+    model.norm.register_forward_hook(lambda mod, inp, out: hidden.setdefault("h", out))
+    logits = model(tokens)
+    torch.testing.assert_close(logits, readout(hidden["h"]), rtol=1e-5, atol=1e-6)
+
+
+def test_query_scale_makes_logits_one_over_d():
+    """base_head_dim 2 with d = 8: logits q.k sqrt(2)/8, i.e. sp's q.k/sqrt(8) x 1/2 (eval's maps see them too)."""
+    sp = DecoderLM(config("transformer", 64, n_layers=1))
+    mu = DecoderLM(config("transformer", 64, n_layers=1, parametrization="mup", base_head_dim=2))
+    mu.load_state_dict(sp.state_dict())
+    x, (cos, sin) = torch.randn(1, 5, 64), (torch.ones(5, 4), torch.zeros(5, 4))
+    s_sp, _ = sp.layers[0].attn.scores(x, cos, sin)
+    s_mu, _ = mu.layers[0].attn.scores(x, cos, sin)
+    torch.testing.assert_close(s_mu, s_sp / 2)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mup_at_base_width_is_sp_bit_for_bit(arch):
+    """Same seed, three AdamW steps: the losses and the weights of mup at width_mult 1 equal sp's exactly."""
+
+    def losses(**kw):
+        torch.manual_seed(0)
+        model = DecoderLM(config(arch, 64, **kw))
+        opt = torch.optim.AdamW(param_groups(model, WD), lr=1e-2)
+        out = []
+        for step in range(3):
+            for g in opt.param_groups:
+                g["lr"] = 1e-2 * (step + 1) / 3 * g.get("lr_mult", 1.0)  # what train/step.py does
+            tokens = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(step))
+            loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out, model.state_dict()
+
+    (sp, sp_state), (mu, mu_state) = losses(), losses(parametrization="mup", base_width=64, base_head_dim=HEAD_DIM)
+    assert sp == mu
+    for key in sp_state:
+        assert torch.equal(sp_state[key], mu_state[key]), key
+
+
+def test_undeclared_variant_is_refused_in_one_line():
+    with pytest.raises(UserError, match="mup needs arch 'mla' to declare"):
+        ModelConfig(arch="mla", parametrization="mup")
+    with pytest.raises(UserError, match="model.parametrization: got 'mu'"):
+        ModelConfig(parametrization="mu")
+    with pytest.raises(UserError, match="model.base_width: must be a positive integer"):
+        ModelConfig(parametrization="mup", base_width=0)
+
+
+def test_undeclared_variant_cli_exit_2(tmp_path):
+    """`diffllm info` on an mla preset under mup: one line on stderr, exit 2."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffllm.cli",
+            "info",
+            "model=transformer-tiny",
+            "model.arch=mla",
+            "model.parametrization=mup",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "declares nothing" in r.stderr, r.stderr
