@@ -25,6 +25,7 @@ import torch
 
 from ..errors import UserError
 from ..model import ModelConfig
+from ..model.parametrization import folded
 from ..runs import Run, read_metrics
 from . import deepseek, diffllama, llama, remote, stablelm
 
@@ -133,6 +134,7 @@ def write_hf(
 
     if dtype not in DTYPES:
         raise UserError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    cfg, state_dict = folded(cfg, state_dict)  # mup: its multipliers into the weights, an sp model
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if fmt is remote:  # the bundle's own classes: the model the user will load

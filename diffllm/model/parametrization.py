@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
@@ -115,3 +116,23 @@ def lr_mult(kind: str, m: float) -> float:
 def init_mult(kind: str, m: float) -> float:
     """The multiplier of the sp init std (matrices N(0, init_std))."""
     return 1.0 / math.sqrt(m) if kind == "hidden" else 1.0
+
+
+def folded(cfg: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
+    """(an sp config, weights) whose sp forward equals this mup model's: the readout's 1/width_mult folded into
+    lm_head, the query scale into each attention's q_proj (weight and bias). What an export writes."""
+    if cfg.parametrization == "sp":
+        return cfg, state_dict
+    r, q, sd = readout_scale(cfg), query_scale(cfg), dict(state_dict)
+    if r != 1.0:
+        if cfg.tie_embeddings:
+            raise UserError(
+                "export: a mup model with tied embeddings cannot fold its readout scale into the shared weight"
+            )
+        sd["lm_head.weight"] = sd["lm_head.weight"] * r
+    if q != 1.0:
+        queries = [k for k in sd if k.split(".")[2:4] == ["attn", "q_proj"]]  # layers.<i>.attn.q_proj.{weight,bias}
+        if len(queries) < cfg.n_layers:
+            raise UserError(f"export: arch {cfg.arch!r} has no attn.q_proj to fold mup's query scale into")
+        sd.update({k: sd[k] * q for k in queries})
+    return replace(cfg, parametrization="sp", base_width=None, base_head_dim=None), sd

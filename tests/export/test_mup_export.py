@@ -1,0 +1,46 @@
+"""Export of a parametrization=mup model: the readout's 1/width_mult and the query scale are folded into the weights,
+so transformers' logits on the exported directory equal ours (a native and a remote-code format)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffllm.export import llama, remote
+from diffllm.export.hf import write_hf
+from diffllm.model import DecoderLM, ModelConfig
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("arch,fmt", [("transformer", llama), ("diff2", remote)])
+def test_exported_mup_logits_equal_ours(arch, fmt, tmp_path):
+    # width_mult 4 (readout x 1/4), head dim 16 with base_head_dim 4: queries x 1/2
+    cfg = ModelConfig(
+        arch=arch,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        vocab_size=250,
+        max_seq_len=64,
+        qkv_bias=True,
+        parametrization="mup",
+        base_width=16,
+        base_head_dim=4,
+    )
+    torch.manual_seed(0)
+    ours = DecoderLM(cfg).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    write_hf(cfg, ours.state_dict(), tmp_path, fmt)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=fmt is remote).eval()
+    tokens = torch.randint(0, 250, (2, 32))
+    with torch.no_grad():
+        want, got = ours(tokens), hf(tokens).logits
+    sp = DecoderLM(ModelConfig(**{**cfg.__dict__, "parametrization": "sp"})).eval()
+    sp.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert (sp(tokens) - want).abs().max() > 0.1 * want.std()  # the fold is needed: sp on our weights differs
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
