@@ -100,6 +100,12 @@ def _scaling_fit():
     return main
 
 
+def _coord_check():
+    from ..scaling.coord_check import main
+
+    return main
+
+
 def _generate():
     from ..eval.generate import main
 
@@ -268,6 +274,16 @@ _REGISTRY: dict[str, Command] = {
         examples=(
             "diffllm scaling fit sweep_dir=runs/sweep/micro",
             "diffllm scaling fit params=total joint=none reps=100",
+        ),
+    ),
+    "scaling coord-check": Command(
+        _coord_check,
+        "mean |activation| per layer after a few steps at 5+ widths: does a parametrization transfer (mup vs sp)",
+        config="coord_check",
+        schema={**_MODEL, **_root("diffllm.scaling.coord_check:CoordCheckConfig")},
+        examples=(
+            "diffllm scaling coord-check model=diff-tiny model.parametrization=mup",
+            "diffllm scaling coord-check model=transformer-tiny widths=[16,32,64,128,256] steps=4 out=cc/sp",
         ),
     ),
     "generate": Command(

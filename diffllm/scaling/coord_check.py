@@ -1,0 +1,194 @@
+"""`diffllm scaling coord-check model=<preset> widths=[...]`: the coordinate check of Yang et al. 2022 (Tensor Programs
+V, Fig. 5). The preset is trained a few AdamW steps at each width (d_model; head dim, depth and vocabulary fixed; heads
+and SwiGLU width scale with it; under model.parametrization=mup the base width is the smallest), on one fixed batch
+of Zipf-distributed random tokens, and the mean |activation| of every layer is recorded at every step: the embedding
+output, each block's attention output, MLP output and residual stream, and the logits. Under a parametrization whose
+hyperparameters transfer (mup) they stay flat across width; under sp the later steps' grow with it.
+
+Writes <out>/coord_check.json (every value, the fitted slopes), <out>/coord_check.png (mean |activation| vs width,
+one panel per recorded step) and prints a table of the last step with each layer's slope of log mean|a| on log width.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from ..config import build, hydra_app
+from ..errors import UserError
+from ..model.config import ModelConfig
+from ..model.transformer import DecoderLM
+from ..train.optim import param_groups
+
+
+@dataclass
+class CoordCheckConfig:
+    """`diffllm scaling coord-check`'s own keys (the model group is the ModelConfig it varies in width)."""
+
+    widths: list = field(default_factory=lambda: [16, 32, 64, 128, 256])  # d_model values, >= 2, increasing
+    head_dim: int = 8  # the head dim at every width (n_heads = width / head_dim)
+    steps: int = 4  # AdamW steps at each width (values recorded before each step and after the last)
+    lr: float = 0.01  # the (base) learning rate, constant
+    weight_decay: float = 0.0  # AdamW weight decay (mup: a hidden matrix's is scaled with its lr)
+    batch_size: int = 8  # sequences per step (the same batch every step)
+    seq_len: int = 64  # tokens per sequence
+    seed: int = 0  # the model init and the batch
+    out: str = "coord-check"  # folder of coord_check.json and coord_check.png
+
+
+def check(own: CoordCheckConfig, model: ModelConfig) -> None:
+    """One-line UserErrors for widths the check cannot build."""
+    w = own.widths
+    if len(w) < 2 or any(not isinstance(x, int) or x < 1 for x in w) or list(w) != sorted(set(w)):
+        raise UserError(f"widths: want >= 2 increasing positive integers, got {list(w)}")
+    if bad := [x for x in w if x % own.head_dim]:
+        raise UserError(f"widths: {bad} not a multiple of head_dim={own.head_dim}")
+    if own.steps < 1:
+        raise UserError(f"steps: must be >= 1, got {own.steps}")
+    if own.seq_len > model.max_seq_len:
+        raise UserError(f"seq_len: {own.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
+
+
+def at_width(model: ModelConfig, width: int, own: CoordCheckConfig) -> ModelConfig:
+    """The preset at d_model = width: head dim fixed, heads, kv heads and (a set) ffn_dim scaled; mup's base width is
+    the smallest width."""
+    ratio = width / model.d_model
+    heads = width // own.head_dim
+    kv = None if model.n_kv_heads is None else max(1, round(model.n_kv_heads * heads / model.n_heads))
+    ffn = None if model.ffn_dim is None else round(model.ffn_dim * ratio)
+    base = own.widths[0] if model.parametrization == "mup" else model.base_width
+    return replace(model, d_model=width, n_heads=heads, n_kv_heads=kv, ffn_dim=ffn, base_width=base, init_from=None)
+
+
+def batch(vocab: int, own: CoordCheckConfig) -> torch.Tensor:
+    """(batch_size, seq_len + 1) tokens, Zipf-distributed (p ~ 1/rank): a unigram the model can learn quickly."""
+    g = torch.Generator().manual_seed(own.seed)
+    p = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
+    return torch.multinomial(p / p.sum(), own.batch_size * (own.seq_len + 1), True, generator=g).view(
+        own.batch_size, -1
+    )
+
+
+def record(model: DecoderLM, tokens: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:
+    """One forward: (layer -> mean |activation|, the loss)."""
+    seen: dict[str, float] = {}
+
+    def hook(name):
+        return lambda mod, inp, out: seen.__setitem__(name, out.detach().abs().mean().item())
+
+    handles = [model.tok_embeddings.register_forward_hook(hook("embedding"))]
+    for i, layer in enumerate(model.layers):
+        handles += [layer.attn.register_forward_hook(hook(f"block{i}.attn"))]
+        handles += [layer.mlp.register_forward_hook(hook(f"block{i}.mlp"))]
+        handles += [layer.register_forward_hook(hook(f"block{i}.residual"))]
+    try:
+        logits = model(tokens[:, :-1])  # (B, T, V)
+    finally:
+        for h in handles:
+            h.remove()
+    seen["logits"] = logits.detach().abs().mean().item()
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+    return seen, loss
+
+
+def run_width(cfg: ModelConfig, own: CoordCheckConfig) -> dict[str, list[float]]:
+    """layer -> mean |activation| at steps 0..own.steps (step t: after t updates)."""
+    torch.manual_seed(own.seed)
+    model = DecoderLM(cfg)
+    opt = torch.optim.AdamW(param_groups(model, own.weight_decay), lr=own.lr)
+    for g in opt.param_groups:
+        g["lr"] = own.lr * g.get("lr_mult", 1.0)  # as train/step.py sets it
+    tokens = batch(cfg.vocab_size, own)
+    values: dict[str, list[float]] = {}
+    for step in range(own.steps + 1):
+        seen, loss = record(model, tokens)
+        for k, v in seen.items():
+            values.setdefault(k, []).append(v)
+        if step < own.steps:
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return values
+
+
+def slope(widths: list[int], values: list[float]) -> float:
+    """Least-squares slope of log(value) on log(width)."""
+    x = [math.log(w) for w in widths]
+    y = [math.log(max(v, 1e-30)) for v in values]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+
+
+def coord_check(model: ModelConfig, own: CoordCheckConfig) -> dict:
+    """The check's result: {"widths", "steps", "parametrization", "values": {layer: {width: [per step]}},
+    "slopes": {layer: slope at the last step}}."""
+    check(own, model)
+    per_width = {w: run_width(at_width(model, w, own), own) for w in own.widths}
+    layers = list(per_width[own.widths[0]])
+    values = {k: {w: per_width[w][k] for w in own.widths} for k in layers}
+    slopes = {k: slope(own.widths, [values[k][w][-1] for w in own.widths]) for k in layers}
+    return {
+        "model": model.name,
+        "arch": model.arch,
+        "parametrization": model.parametrization,
+        "widths": list(own.widths),
+        "steps": own.steps,
+        "lr": own.lr,
+        "values": values,
+        "slopes": slopes,
+    }
+
+
+def table(result: dict) -> str:
+    widths = result["widths"]
+    rows = [
+        f"mean |activation| after {result['steps']} steps, {result['arch']} ({result['parametrization']}), "
+        f"lr {result['lr']:g}",
+        "| layer | " + " | ".join(f"d={w}" for w in widths) + " | slope |",
+        "|---|" + "---|" * (len(widths) + 1),
+    ]
+    for k, by_width in result["values"].items():
+        cells = " | ".join(f"{by_width[w][-1]:.4g}" for w in widths)
+        rows.append(f"| {k} | {cells} | {result['slopes'][k]:+.3f} |")
+    worst = max(result["slopes"], key=lambda k: abs(result["slopes"][k]))
+    rows.append(f"largest |slope|: {worst} {result['slopes'][worst]:+.3f} (flat ~ 0: activations independent of width)")
+    return "\n".join(rows)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted({0, result["steps"] // 2, result["steps"]})
+    fig, axes = plt.subplots(1, len(steps), figsize=(4.5 * len(steps), 4), sharey=True, squeeze=False)
+    for ax, t in zip(axes[0], steps):
+        for k, by_width in result["values"].items():
+            ax.plot(result["widths"], [by_width[w][t] for w in result["widths"]], marker="o", label=k)
+        ax.set(xscale="log", yscale="log", xlabel="width (d_model)", title=f"step {t}")
+    axes[0][0].set_ylabel("mean |activation|")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"coordinate check: {result['arch']}, {result['parametrization']}, lr {result['lr']:g}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+@hydra_app("coord_check", prog="diffllm scaling coord-check")
+def main(cfg: DictConfig) -> None:
+    keys = {f.name: cfg[f.name] for f in CoordCheckConfig.__dataclass_fields__.values()}
+    own = build(CoordCheckConfig, keys, "")
+    result = coord_check(build(ModelConfig, cfg.model, "model"), own)
+    out = Path(own.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "coord_check.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, out / "coord_check.png")
+    print(table(result))
+    print(f"wrote {out / 'coord_check.json'} and {out / 'coord_check.png'}")
