@@ -44,7 +44,8 @@ def resolve(argv: list[str]) -> tuple[str, list[str]]:
     if family and len(argv) > 1 and argv[1] in ("-h", "--help"):
         if len(family) == 1:  # `diffllm tokenizer --help` -> tokenizer train's help
             return family[0], argv[1:]
-        print("subcommands:\n" + "\n".join(f"  diffllm {n:<16}{COMMANDS[n].summary}" for n in family))
+        width = max(16, max(len(n) for n in family) + 2)
+        print("subcommands:\n" + "\n".join(f"  diffllm {n:<{width}}{COMMANDS[n].summary}" for n in family))
         raise SystemExit(0)
     if family and len(argv) == 1:
         fail(f"diffllm {argv[0]}", f"missing subcommand: {', '.join('diffllm ' + n for n in family)}")

@@ -278,9 +278,9 @@ _REGISTRY: dict[str, Command] = {
     ),
     "scaling coord-check": Command(
         _coord_check,
-        "mean |activation| per layer after a few steps at 5+ widths: does a parametrization transfer (mup vs sp)",
+        "mean |activation| per layer after a few steps at 5+ widths: flat if a parametrization transfers",
         config="coord_check",
-        schema={**_MODEL, **_root("diffllm.scaling.coord_check:CoordCheckConfig")},
+        schema={**_MODEL, **_root("diffllm.scaling.config:CoordCheckConfig")},
         examples=(
             "diffllm scaling coord-check model=diff-tiny model.parametrization=mup",
             "diffllm scaling coord-check model=transformer-tiny widths=[16,32,64,128,256] steps=4 out=cc/sp",

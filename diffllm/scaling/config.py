@@ -1,9 +1,10 @@
-"""The typed configs of the scaling commands: `diffllm plan` (PlanConfig) and `diffllm scaling fit` (ScalingConfig).
+"""The typed configs of the scaling commands: `diffllm plan` (PlanConfig), `diffllm scaling fit` (ScalingConfig) and
+`diffllm scaling coord-check` (CoordCheckConfig).
 Plain dataclasses that import nothing heavy, so that composing their configs and `--help` stay light."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import UserError
@@ -77,3 +78,18 @@ class ScalingConfig:
         check_protocol(self.select_protocol, self.select_seeds, self.report_seeds)
         if self.compute_grid < 2:
             raise UserError(f"compute_grid={self.compute_grid}: need at least 2 values of C for the exponents")
+
+
+@dataclass
+class CoordCheckConfig:
+    """`diffllm scaling coord-check`'s own keys (the model group is the ModelConfig it varies in width)."""
+
+    widths: list = field(default_factory=lambda: [16, 32, 64, 128, 256])  # d_model values, >= 2, increasing
+    head_dim: int = 8  # the head dim at every width (n_heads = width / head_dim)
+    steps: int = 4  # AdamW steps at each width (values recorded before each step and after the last)
+    lr: float = 0.01  # the (base) learning rate, constant
+    weight_decay: float = 0.0  # AdamW weight decay (mup: a hidden matrix's is scaled with its lr)
+    batch_size: int = 8  # sequences per step (the same batch every step)
+    seq_len: int = 64  # tokens per sequence
+    seed: int = 0  # the model init and the batch
+    out: str = "coord-check"  # folder of coord_check.json and coord_check.png

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,21 +25,7 @@ from ..errors import UserError
 from ..model.config import ModelConfig
 from ..model.transformer import DecoderLM
 from ..train.optim import param_groups
-
-
-@dataclass
-class CoordCheckConfig:
-    """`diffllm scaling coord-check`'s own keys (the model group is the ModelConfig it varies in width)."""
-
-    widths: list = field(default_factory=lambda: [16, 32, 64, 128, 256])  # d_model values, >= 2, increasing
-    head_dim: int = 8  # the head dim at every width (n_heads = width / head_dim)
-    steps: int = 4  # AdamW steps at each width (values recorded before each step and after the last)
-    lr: float = 0.01  # the (base) learning rate, constant
-    weight_decay: float = 0.0  # AdamW weight decay (mup: a hidden matrix's is scaled with its lr)
-    batch_size: int = 8  # sequences per step (the same batch every step)
-    seq_len: int = 64  # tokens per sequence
-    seed: int = 0  # the model init and the batch
-    out: str = "coord-check"  # folder of coord_check.json and coord_check.png
+from .config import CoordCheckConfig
 
 
 def check(own: CoordCheckConfig, model: ModelConfig) -> None:
