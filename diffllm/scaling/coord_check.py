@@ -154,13 +154,23 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = sorted({0, result["steps"] // 2, result["steps"]})
-    fig, axes = plt.subplots(1, len(steps), figsize=(4.5 * len(steps), 4), sharey=True, squeeze=False)
+    widths, layers = result["widths"], list(result["values"])
+    depth = 1 + max([int(k[5:].split(".")[0]) for k in layers if k.startswith("block")], default=0)
+    style = {"attn": "-", "mlp": "--", "residual": ":"}
+    fig, axes = plt.subplots(1, len(steps), figsize=(4.5 * len(steps) + 2, 4), sharey=True, squeeze=False)
     for ax, t in zip(axes[0], steps):
-        for k, by_width in result["values"].items():
-            ax.plot(result["widths"], [by_width[w][t] for w in result["widths"]], marker="o", label=k)
+        for k in layers:
+            if k.startswith("block"):  # colour by depth, line style by sublayer
+                i, part = k[5:].split(".")
+                kw = dict(color=plt.cm.viridis(int(i) / max(1, depth - 1) * 0.85), linestyle=style[part])
+            else:
+                kw = dict(color="black" if k == "logits" else "tab:red", linewidth=2)
+            ax.plot(widths, [result["values"][k][w][t] for w in widths], marker="o", markersize=3, label=k, **kw)
         ax.set(xscale="log", yscale="log", xlabel="width (d_model)", title=f"step {t}")
+        ax.set_xticks(widths, [str(w) for w in widths])
+        ax.minorticks_off()
     axes[0][0].set_ylabel("mean |activation|")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(f"coordinate check: {result['arch']}, {result['parametrization']}, lr {result['lr']:g}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
