@@ -38,8 +38,8 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on the q, k, v projections (StableLM: false)
     tie_embeddings: bool = False  # the output head shares the input embedding matrix
     init_std: float = 0.02  # std of the normal init of every weight matrix
-    # sp (standard) | mup (Tensor Programs V: hidden matrices' lr and init std scale with base_width / d_model, the
-    # logits with it too; diffllm/model/mup.py)
+    # sp (standard) | mup (Tensor Programs V for AdamW: hidden matrices' lr and init std, and the logits, scale with
+    # base_width / d_model; docs/model.md, diffllm/model/parametrization.py)
     parametrization: str = "sp"
     base_width: Optional[int] = None  # mup: d_model of the base model (heads and ffn scale with it); null: d_model
     base_head_dim: Optional[int] = None  # mup: attention logits q.k sqrt(base_head_dim)/d; null: 1/sqrt(d) as sp

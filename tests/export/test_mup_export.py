@@ -44,3 +44,13 @@ def test_exported_mup_logits_equal_ours(arch, fmt, tmp_path):
     with torch.no_grad():
         assert (sp(tokens) - want).abs().max() > 0.1 * want.std()  # the fold is needed: sp on our weights differs
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+def test_tied_mup_export_is_refused(tmp_path):
+    from diffllm.errors import UserError
+
+    cfg = ModelConfig(
+        d_model=64, n_heads=4, n_layers=1, vocab_size=100, tie_embeddings=True, parametrization="mup", base_width=16
+    )
+    with pytest.raises(UserError, match="tied embeddings cannot fold its readout scale"):
+        write_hf(cfg, DecoderLM(cfg).state_dict(), tmp_path, llama)
