@@ -36,6 +36,7 @@ def run(tmp_path, *args):
     )
 
 
+@pytest.mark.slow  # 13-36 s here: a subprocess importing torch, hydra and matplotlib, five widths
 def test_cli_writes_table_json_and_plot(tmp_path):
     r = run(
         tmp_path,
