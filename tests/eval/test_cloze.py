@@ -131,3 +131,10 @@ def test_eval_outliers_reports_the_accuracy(runs, tmp_path):
     assert "| plays_cloze accuracy (8 items) |" in (tmp_path / "outliers.md").read_text()
     outliers.main([f"run={runs('diff')}", "tokens=128", "bits=[4]", "cloze_items=0", f"out={tmp_path}"])
     assert "quantised_accuracy" not in json.loads((tmp_path / "outliers.json").read_text())
+
+
+def test_a_negative_cloze_items_is_one_line(runs, capsys):
+    with pytest.raises(SystemExit) as e:
+        outliers.main([f"run={runs('diff')}", "cloze_items=-1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == "diffllm eval outliers: error: cloze_items=-1: want >= 0 (0: no accuracy)\n"
