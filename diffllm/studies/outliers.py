@@ -42,7 +42,7 @@ def chosen_runs(records) -> dict[tuple, list]:
         if r.run_dir in sel.selected:
             groups[(sel.series[r.run_dir], size_of(r.model, r.arch))].append(r)
     return {
-        key: sorted((r for r in rs if r.tokens == max(x.tokens or 0 for x in rs)), key=lambda r: r.seed or 0)
+        key: sorted((r for r in rs if (r.tokens or 0) == max(x.tokens or 0 for x in rs)), key=lambda r: r.seed or 0)
         for key, rs in groups.items()
     }
 

@@ -162,3 +162,10 @@ def test_a_tiny_real_sweep_end_to_end(tmp_path, tokenizer):
         t_d = [(values("diff-tiny", f), values("transformer-tiny", f)) for f in cols]
         diffs = [ci([d - t for d, t in zip(ds, ts)], digits) for ds, ts in t_d]
         assert f"| diff | tiny | 2,048 | 2 | {' | '.join(x + ' (n=2)' for x in diffs)} |" in lines
+
+
+def test_runs_without_a_recorded_budget_are_kept():
+    from diffllm.studies.outliers import chosen_runs
+
+    records = [record("diff", s, 3.0, 0.01, tokens=None) for s in (2, 1)]
+    assert [r.seed for r in chosen_runs(records)[("diff", "micro-1")]] == [1, 2]
