@@ -8,8 +8,8 @@ layer and batch.
 Then the loss with each attention map's logits absmax-quantised to 16/8/6/4 bits: per map (one head of one
 sequence), scale = max |logit| over its causal entries / (2^(bits-1) - 1), logits rounded to that grid; and through
 the same quantised forward the accuracy on the shipped plays_cloze task (eval/cloze.py; the paper's HellaSwag
-accuracy under low-bit logits at our scale: a model trained on plays scores above its chance of 0.25, while the
-synthetic ICL task sits at chance without ICL-like training data, docs/eval.md).
+accuracy under low-bit logits, at our scale: text of the training distribution, whose accuracy can rise with language
+modelling alone, where the synthetic ICL task sits at chance without ICL-like training data; docs/eval.md).
 """
 
 from __future__ import annotations
