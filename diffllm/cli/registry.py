@@ -367,6 +367,12 @@ _REGISTRY: dict[str, Command] = {
         schema=_root("diffllm.studies.needle:Config"),
         examples=("diffllm study needle sweep_dir=runs/sweep/micro",),
     ),
+    "study outliers": Command(
+        _study("outliers"),
+        "eval outliers on a sweep's selected runs: top-1 logit and hidden state, loss and accuracy by logit bits",
+        schema=_root("diffllm.studies.outliers:Config"),
+        examples=("diffllm study outliers sweep_dir=runs/sweep/micro-branch out=docs/micro-outliers",),
+    ),
     "study recall": Command(
         _study("recall"),
         "the retrieval study: recall accuracy, steps to a level, attention probe",

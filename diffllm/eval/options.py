@@ -158,7 +158,8 @@ class AttentionConfig:
 @dataclass
 class OutliersConfig:
     """Activation outliers (top-k and median of attention logits and hidden states) and the loss after absmax
-    quantisation of attention logits, over held-out windows (default: the run's held-out sources)."""
+    quantisation of attention logits, over held-out windows (default: the run's held-out sources), and the
+    plays_cloze accuracy under the same quantisation."""
 
     run: str = ""  # a run directory (or its checkpoints/step<N> folder)
     step: Any = "latest"  # latest, or a checkpoint's step number
@@ -168,6 +169,8 @@ class OutliersConfig:
     batch_size: int = 4  # windows per forward
     # attention-logit quantisation widths (absmax, per head) the loss is measured at
     bits: List[int] = field(default_factory=lambda: [16, 8, 6, 4])
+    # plays_cloze items (of 300) whose accuracy is measured at fp32 and each width (chance 0.25); 0: none
+    cloze_items: int = 300
     out: Optional[str] = None  # folder for outliers.json; null: <run>/eval
 
 

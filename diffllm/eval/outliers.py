@@ -6,7 +6,10 @@ and causal entry; Diff: both maps pooled, as the paper's authors measured) and o
 states (all layers pooled, and top-1 per layer). Medians come from a uniform random sample of up to 2^16 values per
 layer and batch.
 Then the loss with each attention map's logits absmax-quantised to 16/8/6/4 bits: per map (one head of one
-sequence), scale = max |logit| over its causal entries / (2^(bits-1) - 1), logits rounded to that grid.
+sequence), scale = max |logit| over its causal entries / (2^(bits-1) - 1), logits rounded to that grid; and through
+the same quantised forward the accuracy on the shipped plays_cloze task (eval/cloze.py; the paper's HellaSwag
+accuracy under low-bit logits, at our scale: text of the training distribution, whose accuracy can rise with language
+modelling alone, where the synthetic ICL task sits at chance without ICL-like training data; docs/eval.md).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import torch
 
 from ..config import run_key_values
 from ..model.documents import causal_mask
+from . import cloze
 from .common import EvalError, load_run, out_dir, say, write_json
 from .maps import capture, scores_transformed
 from .options import OutliersConfig
 from .ppl import eval_sources, perplexity
 
 TOPS = (1, 2, 3, 10, 100)
+CLOZE_BATCH = 16  # plays_cloze sequences (one length each batch) per forward
 SAMPLE = 1 << 20
 
 
@@ -87,16 +92,28 @@ def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
     }
 
 
+def at_each_width(model: torch.nn.Module, bits: List[int], measure) -> dict:
+    """{"fp32": measure(), "16": measure() with every attention map's logits quantised to 16 bits, ...}."""
+    out = {"fp32": measure()}
+    for b in bits:
+        with scores_transformed(model, absmax_quantiser(b)):
+            out[str(b)] = measure()
+    return out
+
+
 def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: List[int]) -> dict:
     """{"fp32": loss, "16": loss, ...}: the mean token loss with every attention map's logits quantised."""
     from ..data.batch import Batch
 
     full = [Batch(b) for b in batches]  # every target counts
-    out = {"fp32": perplexity(model, full)["loss"]}
-    for b in bits:
-        with scores_transformed(model, absmax_quantiser(b)):
-            out[str(b)] = perplexity(model, full)["loss"]
-    return out
+    return at_each_width(model, bits, lambda: perplexity(model, full)["loss"])
+
+
+def quantised_accuracy(model: torch.nn.Module, tok, n_items: int, bits: List[int], batch_size: int) -> dict:
+    """{"fp32": accuracy, "16": accuracy, ...}: plays_cloze accuracy (eval/cloze.py) on its first n_items items with
+    every attention map's logits quantised."""
+    task = cloze.items(n_items)
+    return at_each_width(model, bits, lambda: cloze.accuracy(model, tok, task, batch_size))
 
 
 def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_len: int, batch_size: int) -> list:
@@ -125,6 +142,8 @@ def run_outliers(c: OutliersConfig) -> dict:
             raise EvalError(f"bits={c.bits}: each must be >= 2")
         if c.tokens < 1 or c.batch_size < 1:
             raise EvalError(f"tokens={c.tokens}, batch_size={c.batch_size}: each must be >= 1")
+        if c.cloze_items < 0:
+            raise EvalError(f"cloze_items={c.cloze_items}: want >= 0 (0: no accuracy)")
         if the_seq_len(run, mcfg) > mcfg.max_seq_len:
             raise EvalError(f"seq_len={the_seq_len(run, mcfg)}: longer than the model's context ({mcfg.max_seq_len})")
         eval_sources(run.config(), c.data)  # a data config that does not exist, a glob that matches nothing
@@ -135,6 +154,9 @@ def run_outliers(c: OutliersConfig) -> dict:
     batches = sample_batches(run_cfg, c.data, tok, c.tokens, seq_len, c.batch_size)
     res = outlier_stats(model, batches)
     res["quantised_loss"] = quantised_losses(model, batches, c.bits)
+    if c.cloze_items:
+        res["quantised_accuracy"] = quantised_accuracy(model, tok, c.cloze_items, c.bits, CLOZE_BATCH)
+        res["accuracy_task"] = {"task": "plays_cloze", "items": len(cloze.items(c.cloze_items)), "chance": 0.25}
     res.update(
         run=str(run.dir),
         step=run.checkpoint(c.step).step,
@@ -151,9 +173,11 @@ def run_outliers(c: OutliersConfig) -> dict:
     ]
     table = markdown(["activation"] + [f"top-{k}" for k in TOPS] + ["median"], rows)
     q = res["quantised_loss"]
-    table += "\n\n" + markdown(
-        ["logits"] + [k if k == "fp32" else f"{k}-bit" for k in q], [["loss"] + [f"{v:.4f}" for v in q.values()]]
-    )
+    quantised = [["loss"] + [f"{v:.4f}" for v in q.values()]]
+    if "quantised_accuracy" in res:
+        name = f"plays_cloze accuracy ({res['accuracy_task']['items']} items)"
+        quantised.append([name] + [f"{v:.4f}" for v in res["quantised_accuracy"].values()])
+    table += "\n\n" + markdown(["logits"] + [k if k == "fp32" else f"{k}-bit" for k in q], quantised)
     folder = out_dir(c.out, run.dir)
     write_json(folder / "outliers.json", res)
     (folder / "outliers.md").write_text(table + "\n")

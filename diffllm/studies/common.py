@@ -1,9 +1,11 @@
 """What the studies share: where their runs come from (a sweep directory, collected here, or the runs.csv `sweep
 collect` wrote for one), a run's series with the learning rate left out, the median of "steps to a level" with how
-many seeds got there, the (size, series) order of every table, and where the text goes."""
+many seeds got there, a mean's 95% t-interval over seeds, a run's eval results, the (size, series) order of every
+table, and where the text goes."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any, Iterable, Optional, TypeVar
 
 from ..errors import UserError
 from ..results import RunRecord, read_csv
+from ..runs import read_json
 from ..scaling.select import series_label
 
 LR = "optim.lr"
@@ -55,6 +58,29 @@ def reached(steps: list, runs: int) -> str:
     """`median (got/runs)` of the steps at which the runs that got there reached a level; `- (0/runs)` if none did."""
     got = [s for s in steps if s is not None]
     return f"{statistics.median(got):.0f} ({len(got)}/{runs})" if got else f"- (0/{runs})"
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%
+
+
+def t_interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t-interval over seeds (a point with one seed has no interval: nan)."""
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    half = T975.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def fmt_ci(xs: list[float], digits: int = 3) -> str:
+    m, lo, hi = t_interval(xs)
+    return f"{m:.{digits}f}" if math.isnan(lo) else f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def eval_json(r, name: str) -> dict | None:
+    """<run>/eval/<name>, or None where the eval command has not run on it."""
+    path = Path(r.run_dir) / "eval" / name
+    return read_json(path) if path.is_file() else None
 
 
 def by_size(table: dict[tuple, V]) -> Iterable[tuple[tuple, V]]:

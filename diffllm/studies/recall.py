@@ -15,7 +15,6 @@ per size).
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 import sys
 from collections import defaultdict
@@ -26,11 +25,9 @@ from typing import Optional
 from ..config import run_key_values
 from ..errors import UserError
 from ..model.registry import baseline
-from ..runs import read_json, read_metrics
+from ..runs import read_metrics
 from ..scaling.select import size_of
-from .common import LR, by_size, folder_of, reached, read_records, series_without_lr
-
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%
+from .common import LR, by_size, eval_json, fmt_ci, folder_of, reached, read_records, series_without_lr
 
 
 @dataclass
@@ -39,26 +36,6 @@ class Config:
 
     sweep_dir: str = ""  # the sweep directory (or its collected runs.csv, whose run_dir paths hold the eval results)
     out: Optional[str] = None  # the folder for study.md and recall_vs_step.png (default: the sweep's folder)
-
-
-def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and its 95% t-interval over seeds (a point with one seed has no interval: nan)."""
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, math.nan, math.nan
-    half = T975.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - half, m + half
-
-
-def fmt_ci(xs: list[float], digits: int = 3) -> str:
-    m, lo, hi = t_interval(xs)
-    return f"{m:.{digits}f}" if math.isnan(lo) else f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def eval_json(r, name: str) -> dict | None:
-    """<run>/eval/<name>, or None where the eval command has not run on it."""
-    path = Path(r.run_dir) / "eval" / name
-    return read_json(path) if path.is_file() else None
 
 
 @functools.cache

@@ -197,6 +197,17 @@ def test_every_key_in_every_help_says_what_it_means(diffllm, name):
     assert rows and [k for k, meaning in rows.items() if not meaning] == []
 
 
+def test_the_outlier_study_keys_say_what_they_mean(diffllm):
+    """eval outliers' accuracy key and study outliers' keys (issue 33 §3) are described in their --help."""
+    rows = _keys_and_meanings(diffllm("eval", "outliers", "--help").out)
+    assert rows["cloze_items=300"].startswith("plays_cloze items (of 300) whose accuracy is measured at fp32 and each")
+    study = diffllm("study", "outliers", "--help").out
+    rows = _keys_and_meanings(study)
+    assert rows["sweep_dir="].startswith("the sweep directory (or its collected runs.csv")
+    assert rows["out=null"] == "the folder for outliers.md (default: the sweep's folder)"
+    assert "study outliers" in diffllm("--help").out and "seed-paired against the Transformer" in study
+
+
 _NO_HEAVY = """
 import contextlib, io, sys
 HEAVY = ("torch", "deepspeed", "datasets", "transformers", "matplotlib")

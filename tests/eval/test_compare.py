@@ -18,7 +18,7 @@ def test_compare_table_holds_each_commands_numbers(runs, tmp_path, capsys):
         shutil.copytree(runs(arch), run)
         ppl.main([f"run={run}", "max_tokens=512"])
         needle.main([f"run={run}", "n_needles=[1,2]", "depths=[0,100]", "lengths=[64]", "trials=2"])
-        outliers.main([f"run={run}", "tokens=256", "bits=[4]"])
+        outliers.main([f"run={run}", "tokens=256", "bits=[4]", "cloze_items=4"])
         dirs.append(str(run))
     attention.main([f"run={dirs[1]}", "depths=[50]", "length=64", "trials=1"])  # the transformer's stays missing
     compare.main([f"runs=[{dirs[0]},{dirs[1]}]", "compute=false", f"out={tmp_path / 'cmp'}"])

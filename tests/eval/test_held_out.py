@@ -76,7 +76,7 @@ def test_generate_stdout_is_only_the_text_and_quotes_are_hydras(held_out_run):
 
 
 def test_an_eval_commands_stdout_has_no_deepspeed_line(held_out_run, tmp_path):
-    got = cli("eval", "outliers", f"run={held_out_run}", "tokens=256", "bits=[4]", f"out={tmp_path}")
+    got = cli("eval", "outliers", f"run={held_out_run}", "tokens=256", "bits=[4]", "cloze_items=4", f"out={tmp_path}")
     assert got.returncode == 0, got.stderr
     assert got.stdout.startswith("| activation |") and "checkpoint" not in got.stdout and "deepspeed" not in got.stdout
 

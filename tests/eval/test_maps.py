@@ -97,7 +97,7 @@ def test_allocation_shares(loaded, arch):
 
 
 def test_commands_write_results(runs, tmp_path, capsys):
-    outliers.main([f"run={runs('diff')}", "tokens=256", "bits=[8,4]", f"out={tmp_path}"])
+    outliers.main([f"run={runs('diff')}", "tokens=256", "bits=[8,4]", "cloze_items=4", f"out={tmp_path}"])
     res = json.loads((tmp_path / "outliers.json").read_text())
     assert set(res["quantised_loss"]) == {"fp32", "8", "4"} and res["tokens"] >= 256
     assert (tmp_path / "outliers.md").read_text().startswith("| activation | top-1 |")

@@ -140,7 +140,7 @@ def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy,
     ppl.main([f"run={ref}", "max_tokens=256", f"out={out}"])
     needle.main([f"run={ref}", "n_needles=[1]", "depths=[0,100]", "lengths=[64]", "trials=1", f"out={out}"])
     attention.main([f"run={ref}", "depths=[50]", "length=64", "trials=1", f"out={out}"])
-    outliers.main([f"run={ref}", "tokens=128", "bits=[8]", f"out={out}"])
+    outliers.main([f"run={ref}", "tokens=128", "bits=[8]", "cloze_items=4", f"out={out}"])
     assert json.loads((out / "ppl.json").read_text())["arch"] == "gated"
     assert json.loads((out / "attention.json").read_text())["normalisation"] == "softmax rows"
     q = json.loads((out / "outliers.json").read_text())["quantised_loss"]
