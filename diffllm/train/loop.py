@@ -303,7 +303,8 @@ class Trainer:
         s, t = self.state, self.cfg.trainer
         if code == EXIT_FINISHED:
             final = self.final_val.evaluate(self.view)  # collective: the whole held-out set, as `eval ppl` scores it
-            say(f"final validation: loss {final['loss']:.4f} over {final['tokens']:,} tokens ({'; '.join(final['scored'])})")
+            scored = "; ".join(final["scored"])
+            say(f"final validation: loss {final['loss']:.4f} over {final['tokens']:,} tokens ({scored})")
             skipped = bad_records(self.loader)  # collective: every rank finishes here
             summary = summary_of(self.cfg, self.budget, self.stats, self.precision, s, self.run_obj, skipped, final)
             self.hooks.call("on_finish", summary)
