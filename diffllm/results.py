@@ -13,6 +13,7 @@ import csv
 import functools
 import io
 import json
+import os
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
@@ -363,25 +364,46 @@ def axis_names(records: list[RunRecord]) -> list[str]:
     return sorted({k for r in records for k in r.axes})
 
 
-def to_csv(records: list[RunRecord]) -> str:
-    """One row per run: the RunRecord fields, then one column per axis named by its dotted key."""
+PATHS = ("run_dir", "branch_parent")  # run paths: runs.csv holds them relative to its own folder
+
+
+def to_csv(records: list[RunRecord], folder: Optional[str | Path] = None) -> str:
+    """One row per run: the RunRecord fields, then one column per axis named by its dotted key. `folder`: where the
+    CSV is written; its run paths are then relative to it (a sweep's runs.csv: relative to the sweep), so that the
+    sweep folder can move or be copied with its table."""
     axes = axis_names(records)
     out = io.StringIO()
     writer = csv.DictWriter(out, COLUMNS + axes, lineterminator="\n")
     writer.writeheader()
     for r in records:
         row = {k: v for k, v in asdict(r).items() if k != "axes"}
+        if folder is not None:
+            row.update({k: os.path.relpath(os.path.abspath(row[k]), os.path.abspath(folder)) for k in PATHS if row[k]})
         writer.writerow({**row, **{k: _axis_cell(r.axes.get(k)) for k in axes}})
     return out.getvalue()
 
 
+def _located(path: str, folder: str) -> str:
+    """A run path of a runs.csv in `folder`: relative ones are relative to that folder; absolute ones (older tables)
+    stay; an older table's path relative to the working directory is taken as such where only it exists."""
+    if not path or os.path.isabs(path):
+        return path
+    here = os.path.normpath(os.path.join(folder, path))
+    return os.path.abspath(path) if not os.path.exists(here) and os.path.exists(path) else here
+
+
 def read_csv(path: str | Path) -> list[RunRecord]:
-    """The table `to_csv` wrote, typed again (columns that are no RunRecord field are axes)."""
+    """The table `to_csv` wrote, typed again (columns that are no RunRecord field are axes), its run paths absolute
+    (resolved against the CSV's folder)."""
+    folder = os.path.dirname(os.path.abspath(path))
     with open(path, newline="") as f:
-        return [
-            RunRecord(
-                **{k: _parse(k, v) for k, v in row.items() if k in COLUMNS},
-                axes={k: _axis_value(v) for k, v in row.items() if k not in COLUMNS},
-            )
-            for row in csv.DictReader(f)
-        ]
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row.update({k: _located(row[k], folder) for k in PATHS if row.get(k)})
+    return [
+        RunRecord(
+            **{k: _parse(k, v) for k, v in row.items() if k in COLUMNS},
+            axes={k: _axis_value(v) for k, v in row.items() if k not in COLUMNS},
+        )
+        for row in rows
+    ]

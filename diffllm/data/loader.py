@@ -286,21 +286,88 @@ def build_train_loader(
     return TrainLoader(cfg, tok, rank, world_size, micro_batch_size)
 
 
-def build_val_batches(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> list[Batch]:
-    """The first max_batches batches (of batch_size windows of seq_len + 1 tokens) of the held-out sources, read once
-    in file order
-    (several sources: one stream, each window drawn from a source by weight)."""
-    return _val_batches(resolve_sources(cfg, val=True), cfg, tok, batch_size, max_batches, "data.val")
+def build_val_batches(
+    cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int, max_tokens: Optional[int] = None
+) -> list[Batch]:
+    """Validation's batches (of batch_size windows of seq_len + 1 tokens): max_batches x batch_size windows spread
+    over the whole held-out set (`held_out_windows`), each source's share proportional to its windows, evenly strided
+    within it; the same windows every time (all of them where the set holds fewer)."""
+    return spread_batches(held_out_windows(cfg, tok, max_tokens), cfg, batch_size, max_batches, "data.val")
 
 
-def build_val_sets(cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int) -> dict[str, list[Batch]]:
-    """Per held-out source (by name, config order): its own first max_batches batches of batch_size windows,
-    read once in file order, so that a loss can be reported per source. With data.val_fraction the sources are the
-    training sources' held-out documents."""
+def build_val_sets(
+    cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int, max_tokens: Optional[int] = None
+) -> dict[str, list[Batch]]:
+    """Per held-out source (by name, config order): max_batches batches of its own windows, evenly strided over it, so
+    that a loss can be reported per source. With data.val_fraction the sources are the training sources' held-out
+    documents."""
+    return per_source_batches(held_out_windows(cfg, tok, max_tokens), cfg, batch_size, max_batches)
+
+
+def validation_sets(
+    cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int, max_tokens: Optional[int], main: str
+) -> dict[str, list[Batch]]:
+    """The trainer's validation sets from one read of the held-out set: {main: build_val_batches'}, and with several
+    held-out sources each one's own (build_val_sets')."""
+    held = held_out_windows(cfg, tok, max_tokens)
+    sets = {main: spread_batches(held, cfg, batch_size, max_batches, "data.val")}
+    if len(held) > 1:
+        sets.update(per_source_batches(held, cfg, batch_size, max_batches))
+    return sets
+
+
+def per_source_batches(
+    held: dict[str, list[np.ndarray]], cfg: DataConfig, batch_size: int, max_batches: int
+) -> dict[str, list[Batch]]:
     return {
-        src.name: _val_batches([src], cfg, tok, batch_size, max_batches, f"held-out source {src.name!r}")
+        name: spread_batches({name: wins}, cfg, batch_size, max_batches, f"held-out source {name!r}")
+        for name, wins in held.items()
+    }
+
+
+def held_out_windows(cfg: DataConfig, tok: Tokenizer, max_tokens: Optional[int] = None) -> dict[str, list[np.ndarray]]:
+    """The held-out set: per held-out source (config order), its packed windows (`val_windows`) in file order, at most
+    max_tokens // seq_len of them (trainer.val_tokens; None: every one)."""
+    limit = None if max_tokens is None else max(1, max_tokens // cfg.seq_len)
+    return {
+        src.name: val_windows([src], cfg, tok, limit, f"held-out source {src.name!r}")
         for src in resolve_sources(cfg, val=True)
     }
+
+
+def spread(sizes: list[int], count: int) -> list[list[int]]:
+    """Which windows validation takes: `count` of them over sources holding `sizes` windows, each source's share
+    proportional to its size (largest remainders; every source at least one while count allows), and within a source
+    evenly strided, the middle of each of its share's equal slices. All of them where count >= sum(sizes)."""
+    total = sum(sizes)
+    if count >= total:
+        return [list(range(n)) for n in sizes]
+    exact = [count * n / total for n in sizes]
+    floor = 1 if count >= sum(n > 0 for n in sizes) else 0  # every source that has windows gets one, if it can
+    share = [min(n, max(int(e), floor)) for n, e in zip(sizes, exact)]
+    while sum(share) > count:  # that minimum overshot: take back from the largest shares
+        share[share.index(max(share))] -= 1
+    by_remainder = sorted(range(len(sizes)), key=lambda i: int(exact[i]) - exact[i])  # largest remainder first
+    while sum(share) < count:
+        for i in by_remainder:
+            if sum(share) < count and share[i] < sizes[i]:
+                share[i] += 1
+    return [[(2 * j + 1) * n // (2 * k) for j in range(k)] for n, k in zip(sizes, share)]
+
+
+def spread_batches(
+    windows: dict[str, list[np.ndarray]], cfg: DataConfig, batch_size: int, max_batches: int, what: str
+) -> list[Batch]:
+    """max_batches batches of batch_size windows `spread` over `windows` (source -> its windows), source by source;
+    the last batch is short when the set holds fewer windows than asked for."""
+    lists = list(windows.values())
+    picked = [w[i] for w, idx in zip(lists, spread([len(w) for w in lists], batch_size * max_batches)) for i in idx]
+    if len(picked) < batch_size:
+        raise DataError(
+            f"{what}: only {len(picked)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
+            + ("; raise data.val_fraction" if cfg.holds_out else "")
+        )
+    return [Batch.from_windows(np.stack(picked[i : i + batch_size]), cfg) for i in range(0, len(picked), batch_size)]
 
 
 def val_windows(
@@ -309,8 +376,8 @@ def val_windows(
     """The held-out stream's packed windows ((3, seq_len + 1): tokens, document ids, loss marks), read once in file
     order with seed 0
     (the held-out stream must not change with the training seed): at most `limit`, or all of them. Validation's
-    batches are its first ones; `diffllm eval ppl` scores all of them (with data.val_fraction: the held-out documents
-    only, as the trainer validates)."""
+    batches are spread over them (`spread`); `diffllm eval ppl` scores all of them (with data.val_fraction: the
+    held-out documents only, as the trainer validates)."""
     stream = Stream(sources, tok, dataclasses.replace(cfg, seed=0), 0, 1, shuffle=False, epochs=1, part="val")
     windows: list[np.ndarray] = []
     while limit is None or len(windows) < limit:
@@ -326,16 +393,3 @@ def val_windows(
                 ) from None
             raise
     return windows
-
-
-def _val_batches(
-    sources: list[Source], cfg: DataConfig, tok: Tokenizer, batch_size: int, max_batches: int, what: str
-) -> list[Batch]:
-    windows = val_windows(sources, cfg, tok, batch_size * max_batches, what)
-    if len(windows) < batch_size:
-        raise DataError(
-            f"{what}: only {len(windows)} windows of {cfg.seq_len + 1} tokens, fewer than one batch of {batch_size}"
-            + ("; raise data.val_fraction" if cfg.holds_out else "")
-        )
-    n = len(windows) // batch_size
-    return [Batch.from_windows(np.stack(windows[i * batch_size : (i + 1) * batch_size]), cfg) for i in range(n)]

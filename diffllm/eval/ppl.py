@@ -29,6 +29,19 @@ def perplexity(
     """{loss, ppl, tokens[, bits_per_byte]} over Batches of windows (B, T+1): their counted targets (a Batch's
     loss_mask; all targets without one), with their document ids when they carry them. Gradient-free; the model runs
     with its own (sdpa/flash) kernel. A plain function for in-loop evaluation."""
+    nats, count = summed_nats(model, batches, progress)
+    if count == 0:
+        raise EvalError("perplexity: no tokens to score")
+    out = {"loss": nats / count, "ppl": math.exp(min(nats / count, 700.0)), "tokens": count}
+    if n_bytes:
+        out["bits_per_byte"] = nats / math.log(2) / n_bytes
+        out["bytes"] = n_bytes
+    return out
+
+
+def summed_nats(model: torch.nn.Module, batches: Iterable[Batch], progress: Any = None) -> tuple[float, int]:
+    """(summed negative log-likelihood in nats, float64, of the counted targets; their count) over `batches`: what
+    `perplexity` divides, and what the trainer's final validation sums over ranks."""
     nats, count = 0.0, 0
     for batch in batches:
         logp = target_logprobs(model, batch.tokens, **batch.model_kwargs()).double()  # (B, T)
@@ -37,13 +50,7 @@ def perplexity(
         count += batch.loss_tokens()
         if progress is not None:
             progress.update(int(batch.targets.numel()))
-    if count == 0:
-        raise EvalError("perplexity: no tokens to score")
-    out = {"loss": nats / count, "ppl": math.exp(min(nats / count, 700.0)), "tokens": count}
-    if n_bytes:
-        out["bits_per_byte"] = nats / math.log(2) / n_bytes
-        out["bytes"] = n_bytes
-    return out
+    return nats, count
 
 
 def windows(
@@ -187,6 +194,25 @@ def score_sets(
     return out
 
 
+def run_score_sets(
+    run_config: Optional[dict],
+    tok,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: Optional[int] = None,
+    data: Any = None,
+    whole: bool = False,
+    doc_mask: Optional[bool] = None,
+) -> tuple[list[ScoreSet], bool]:
+    """What `eval ppl` scores on a run (its own held-out set unless `data`), with the run's document masks unless
+    doc_mask says otherwise; and whether they are on. The trainer's final validation is this call."""
+    train_data = (run_config or {}).get("data") or {}
+    doc_mask = train_data.get("doc_mask", False) if doc_mask is None else doc_mask
+    restart = doc_mask and train_data.get("restart_positions", False)
+    sets = score_sets(run_config, data, tok, seq_len, batch_size, max_tokens, whole, doc_mask, restart)
+    return sets, doc_mask
+
+
 def run_ppl(c: PplConfig) -> dict:
     from ..data.progress import progress
 
@@ -215,20 +241,9 @@ def run_ppl(c: PplConfig) -> dict:
         "seq_len": seq_len,
         "sources": {},
     }
-    train_data = (run_cfg or {}).get("data") or {}
-    doc_mask = train_data.get("doc_mask", False) if c.doc_mask is None else c.doc_mask
+    sets, doc_mask = run_score_sets(run_cfg, tok, seq_len, c.batch_size, c.max_tokens, c.data, c.whole, c.doc_mask)
     results["doc_mask"] = doc_mask
-    for s in score_sets(
-        run_cfg,
-        c.data,
-        tok,
-        seq_len,
-        c.batch_size,
-        c.max_tokens,
-        c.whole,
-        doc_mask,
-        doc_mask and train_data.get("restart_positions", False),
-    ):
+    for s in sets:
         say(f"scoring {s.what}")
         t0 = time.perf_counter()
         with progress(s.total, f"ppl {s.name}") as bar:  # a bar on a terminal, plain lines in a log

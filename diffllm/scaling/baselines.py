@@ -11,8 +11,9 @@ target) pairs, c(a) = sum_b c(a, b). With V the tokenizer's vocabulary and N the
 
 The training windows are rebuilt from the run's config.yaml and tokenizer.json with the data pipeline itself
 (diffllm/data: the same streams, seed and layout as its TrainLoader: rank r's micro-batch k comes from its
-DataLoader worker k mod workers, whose slot serves its streams round-robin); the validation windows are
-`build_val_batches` with the trainer's batch size and count. The numbers are cached in <sweep_dir>/.baselines/ by a
+DataLoader worker k mod workers, whose slot serves its streams round-robin); the validation windows are every
+packed window of the held-out set the run's final_val_loss covers (`held_out_windows`, trainer.val_tokens per
+source). The numbers are cached in <sweep_dir>/.baselines/ by a
 key of the data config, the tokenizer, the token budget and the data layout (the seed is in the data config).
 """
 
@@ -36,9 +37,10 @@ if TYPE_CHECKING:
 
 BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)
 MAX_TOKENS = 50_000_000  # larger budgets are not counted here (minutes of reading and packing per 50M tokens)
-VERSION = 1  # bump when the definition changes: old cache entries are then ignored
+VERSION = 2  # bump when the definition changes: old cache entries are then ignored
 BASELINES_NOTE = (
-    "Baselines (nats/token, on the validation windows the trainer scores; counts from the run's own "
+    "Baselines (nats/token, on every packed window of the held-out set that final_val_loss covers; counts from "
+    "the run's own "
     f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
     f"p_uni(b)) / (c(a) + {BIGRAM_K:g}); kn3, kn4: interpolated Kneser-Ney 3- and 4-gram (one discount "
     "n1/(n1+2n2) per order, diffllm/scaling/kneser_ney.py). A run whose final_val_loss does not beat its bigram is "
@@ -99,14 +101,14 @@ def stream_windows(workers: int, world_size: int, n_streams: int, batches_per_ra
 
 
 def _layout(config: dict, summary: dict):
-    """(DataConfig, Budget, val batch size, val batches) of a run from its config.yaml and summary."""
+    """(DataConfig, Budget, trainer.val_tokens) of a run from its config.yaml and summary."""
     from ..budget import budget_keys, plan_budget
     from ..config import build
     from ..data import DataConfig
 
     data, trainer = build(DataConfig, config["data"], "data"), config["trainer"]
     budget = plan_budget(budget_keys(trainer), data.seq_len, int(summary.get("world_size") or 1))
-    return data, budget, trainer.get("val_batch_size") or budget.micro_batch_size, trainer.get("val_batches", 16)
+    return data, budget, trainer.get("val_tokens")
 
 
 def training_windows(data, tok, budget) -> np.ndarray:
@@ -125,13 +127,14 @@ def training_windows(data, tok, budget) -> np.ndarray:
     return np.stack(windows)
 
 
-def validation_windows(data, tok, batch: int, n_batches: int) -> np.ndarray:
-    from ..data import build_val_batches
+def validation_windows(data, tok, max_tokens) -> np.ndarray:
+    """(m, T+1) every packed window of the held-out set (at most max_tokens per source; None: all)."""
+    from ..data.loader import held_out_windows
 
-    return np.concatenate([b.tokens.numpy() for b in build_val_batches(data, tok, batch, n_batches)])
+    return np.stack([w[0] for wins in held_out_windows(data, tok, max_tokens).values() for w in wins])
 
 
-def cache_key(config: dict, tok_fingerprint: str, budget, val: tuple[int, int]) -> str:
+def cache_key(config: dict, tok_fingerprint: str, budget, val: tuple) -> str:
     data = json.loads(json.dumps(config["data"]))
     data.get("tokenizer", {}).pop("path", None)  # the run's own copy; the tokenizer counts by its fingerprint
     for k in ("worker_timeout_s", "resume", "ignore_fingerprint"):
@@ -160,14 +163,14 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
             "data.loss_on=marked: its validation loss counts the marked targets only, the unigram/bigram "
             "baselines every target"
         )
-    data, budget, batch, n_val = _layout(config, summary)
+    data, budget, val_tokens = _layout(config, summary)
     if budget.tokens > MAX_TOKENS:
         raise UserError(
             f"a budget of {budget.tokens:,} tokens is more than the baselines count "
             f"(diffllm.scaling.baselines.MAX_TOKENS = {MAX_TOKENS:,})"
         )
     tok = run.tokenizer()
-    path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (batch, n_val))}.json"
+    path = Path(cache) / f"{cache_key(config, tok.fingerprint, budget, (val_tokens,))}.json"
     cached = None
     if path.is_file():
         try:
@@ -183,7 +186,7 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
             return cached
     else:
         windows = training_windows(data, tok, budget)
-    b = cross_entropies(windows, validation_windows(data, tok, batch, n_val), tok.vocab_size)
+    b = cross_entropies(windows, validation_windows(data, tok, val_tokens), tok.vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(dataclasses.asdict(b)) + "\n")
     return b

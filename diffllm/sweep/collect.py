@@ -179,11 +179,12 @@ def write_tables(
     by: str = DEFAULT_SELECT_BY,
     **protocol,
 ) -> tuple[Path, Path]:
-    """runs.csv and runs.md under `out`; best-of-grid edge warnings also go to stderr."""
+    """runs.csv (its run paths relative to `out`) and runs.md under `out`; best-of-grid edge warnings also go to
+    stderr."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "runs.csv", out / "runs.md"
-    csv_path.write_text(to_csv(records))
+    csv_path.write_text(to_csv(records, out))  # run paths relative to out
     md_path.write_text(to_markdown(records, root, select, by, **protocol))
     for w in select_runs(records, select, by, **protocol).warnings:
         print(f"warning: {w}", file=sys.stderr)

@@ -206,7 +206,10 @@ class TrainerConfig:
     compile: bool = operational(False)  # torch.compile each block
     log_every: int = operational(8)  # steps between progress lines / metrics.jsonl records
     val_every: int = branch_free(32)  # steps between validations (0: only at the start and the end)
-    val_batches: int = branch_free(16)  # held-out batches per validation
+    val_batches: int = branch_free(16)  # held-out batches per in-loop validation, spread over the held-out set
+    # the held-out set: at most this many tokens of each held-out source, from its start (null: all of it); in-loop
+    # validation spreads its batches over it, the final validation (summary.json's final_val_loss) scores it whole
+    val_tokens: Optional[int] = branch_free(None)
     val_batch_size: Optional[int] = operational(None)  # None -> micro_batch_size
     save_every_steps: int = operational(32)  # 0: no step-based saves
     save_every_minutes: float = operational(10.0)  # 0: no time-based saves
@@ -255,6 +258,8 @@ class TrainerConfig:
         for key in ("micro_batch_size", "log_every", "keep_last", "val_batches", "max_nonfinite_in_a_row"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.val_tokens is not None and self.val_tokens < 1:
+            bad("val_tokens", f"must be >= 1 (null: the whole held-out set), got {self.val_tokens}")
         for key in ("val_every", "save_every_steps", "save_every_minutes"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")

@@ -22,6 +22,7 @@ from .dist import all_gather_object, barrier, init_distributed, rank, set_env_de
 from .engine import build_engine, deepspeed_config, resolve_precision
 from .eval_hook import eval_hooks
 from .faults import fault_hooks
+from .final_val import FinalValidation
 from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation, View, val_losses_record
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
@@ -77,8 +78,8 @@ class Trainer:
 
     # ----- setup -------------------------------------------------------------------------------------------------
     def setup(self) -> ResumePlan:
-        from ..data import build_train_loader, build_val_batches, build_val_sets
-        from ..data.loader import resolve_sources
+        from ..data import build_train_loader
+        from ..data.loader import validation_sets
 
         self.t_launch = time.monotonic()
         self.device = init_distributed(self.cfg.trainer.dist_timeout_minutes)
@@ -100,10 +101,10 @@ class Trainer:
         self.precision = resolve_precision(trainer)
         self.loader = build_train_loader(data, tok, self.rank, self.ws, self.budget.micro_batch_size)
         batch, n_val = trainer.val_batch_size or self.budget.micro_batch_size, trainer.val_batches
-        sets = {MAIN_VAL: build_val_batches(data, tok, batch, n_val)}
-        if len(resolve_sources(data, val=True)) > 1:  # several held-out sources: a loss for each as well
-            sets.update(build_val_sets(data, tok, batch, n_val))
+        # several held-out sources: a loss for each as well
+        sets = validation_sets(data, tok, batch, n_val, trainer.val_tokens, MAIN_VAL)
         self.validation = Validation(sets, trainer.val_every)
+        self.final_val = FinalValidation(cfg.resolved, tok, data.seq_len, batch, trainer.val_tokens)
         self.resumable = Resumable(
             self.state,
             self.loader,
@@ -301,10 +302,12 @@ class Trainer:
         """The line of the exit (after the save it made), or the finished run's summary."""
         s, t = self.state, self.cfg.trainer
         if code == EXIT_FINISHED:
+            final = self.final_val.evaluate(self.view)  # collective: the whole held-out set, as `eval ppl` scores it
+            scored = "; ".join(final["scored"])
+            say(f"final validation: loss {final['loss']:.4f} over {final['tokens']:,} tokens ({scored})")
             skipped = bad_records(self.loader)  # collective: every rank finishes here
-            self.hooks.call(
-                "on_finish", summary_of(self.cfg, self.budget, self.stats, self.precision, s, self.run_obj, skipped)
-            )
+            summary = summary_of(self.cfg, self.budget, self.stats, self.precision, s, self.run_obj, skipped, final)
+            self.hooks.call("on_finish", summary)
         elif code == EXIT_NONFINITE:
             last = self.run_obj.latest()
             say(

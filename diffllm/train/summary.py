@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .hooks import Hook, View
 from .metrics import device_name, finite_or_none
@@ -53,10 +53,13 @@ def summary_of(
     state: TrainState,
     run: Run,
     skipped_records: int = 0,
+    final_val: Optional[dict] = None,
 ) -> dict:
     """summary.json's record. wall_time_s adds up each launch's time until its last checkpoint: steps that a kill
     threw away (and then were redone) are not counted twice, nor is relaunching a finished run. skipped_records:
-    bad_records(loader), the training records skipped as malformed by this launch's loader since the data began."""
+    bad_records(loader), the training records skipped as malformed by this launch's loader since the data began.
+    final_val: FinalValidation.evaluate's result (the whole held-out set): final_val_loss is its loss; without it,
+    the last in-loop validation's (last_val_loss is that one either way)."""
     s, st, m = state, stats, cfg.model
     return {
         "model": m.name,
@@ -71,7 +74,9 @@ def summary_of(
         "seq_len": budget.seq_len,
         "global_batch_tokens": budget.global_batch_tokens,
         "final_train_loss": finite_or_none(s.last_loss),
-        "final_val_loss": finite_or_none(s.last_val_loss),
+        "final_val_loss": finite_or_none(final_val["loss"] if final_val else s.last_val_loss),
+        "last_val_loss": finite_or_none(s.last_val_loss),  # the last in-loop validation (val_batches, spread)
+        "final_val": final_val,  # per source loss and tokens, and what was scored
         "wall_time_s": round(s.elapsed_s, 3),
         "world_size": budget.world_size,
         "zero_stage": cfg.trainer.zero_stage,

@@ -19,7 +19,8 @@ import numpy as np
 import yaml
 
 from diffllm.config import build
-from diffllm.data import DataConfig, Tokenizer, TokenizerConfig, build_train_loader, build_val_batches
+from diffllm.data import DataConfig, Tokenizer, TokenizerConfig, build_train_loader
+from diffllm.data.loader import held_out_windows
 from diffllm.data.tokenizer import train_bpe
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset
@@ -117,7 +118,7 @@ def expected_baselines(corpus: Path, seed: int, tok: Tokenizer, k: float) -> tup
     data = build(DataConfig, data_node(corpus, seed, "unused"), "data")
     loader = build_train_loader(data, tok, 0, 1, MICRO)
     train = [w.tolist() for _ in range(TOKENS // BATCH_TOKENS) for w in next(loader).tokens]
-    val = [w.tolist() for b in build_val_batches(data, tok, MICRO, VAL_BATCHES) for w in b.tokens]
+    val = [w[0].tolist() for ws in held_out_windows(data, tok).values() for w in ws]  # the whole held-out set
     loader.close()
     return hand_baselines(train, val, tok.vocab_size, k)
 

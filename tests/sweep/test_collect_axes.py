@@ -114,7 +114,8 @@ def test_two_real_tiny_runs(tmp_path):
     """Two real 8-step runs at two learning rates: collect finds the one axis, computes the baselines from the
     Shakespeare windows the trainer read (checked against the trainer's own loader here) and selects the better lr."""
     from diffllm.config import build
-    from diffllm.data import DataConfig, build_train_loader, build_val_batches
+    from diffllm.data import DataConfig, build_train_loader
+    from diffllm.data.loader import held_out_windows
     from diffllm.runs import Run
     from diffllm.sweep.collect import collect
 
@@ -156,7 +157,7 @@ def test_two_real_tiny_runs(tmp_path):
     loader = build_train_loader(data, tok, 0, 1, 16)
     train = np.concatenate([next(loader).tokens.numpy() for _ in range(8)])
     loader.close()
-    val = np.concatenate([b.tokens.numpy() for b in build_val_batches(data, tok, 16, 4)])
+    val = np.stack([w[0] for ws in held_out_windows(data, tok).values() for w in ws])  # the whole held-out set
     uni, bi = hand_baselines(train.tolist(), val.tolist(), tok.vocab_size, BIGRAM_K)
     assert (records[0].unigram_loss, records[0].bigram_loss) == pytest.approx((uni, bi), rel=1e-12)
     assert records[1].bigram_loss == records[0].bigram_loss  # same data, tokens and seed: one cache entry

@@ -33,6 +33,7 @@ TINY = [
     f"trainer.tokens={STEPS * 1024}",
     "trainer.log_every=1",
     "trainer.val_batches=4",
+    "trainer.val_tokens=4096",  # the held-out set: 4096 tokens (64 windows) of the held-out plays, for speed
     "trainer.save_every_steps=4",
     "trainer.keep_last=3",
     "optim.warmup_steps=4",

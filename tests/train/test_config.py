@@ -89,6 +89,8 @@ def test_optim_validation_and_unknown_keys():
     OptimConfig(lr=0.0, min_lr=0.0).validate()  # lr 0: weights that must not move (tests/train/test_init_from.py)
     with pytest.raises(ValueError, match=r"^trainer\.tokenz: unknown key"):
         build(TrainerConfig, {"tokenz": 5}, "trainer")
+    with pytest.raises(ValueError, match=r"^trainer\.val_tokens: must be >= 1 \(null: the whole held-out set\), got 0"):
+        build(TrainerConfig, {"val_tokens": 0}, "trainer").validate()
 
 
 def test_deepspeed_config_from_ours():
@@ -192,6 +194,7 @@ def test_the_roles_of_keys_on_resume_are_field_metadata():
         "trainer.branch_from",
         "trainer.val_every",
         "trainer.val_batches",
+        "trainer.val_tokens",  # a branch may validate on another share of the held-out set
         "trainer.zero_stage",
         "trainer.offload_optimizer",
         "trainer.offload_params",

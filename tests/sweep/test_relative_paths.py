@@ -1,0 +1,86 @@
+"""runs.csv holds its run paths relative to its own folder (a sweep's: relative to the sweep), and every reader
+resolves them against the CSV's location: a collected sweep folder moved elsewhere is still read whole, its runs'
+files found; older tables with absolute paths are read as they are."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+from diffllm.results import read_csv, to_csv, trained_compute
+from diffllm.sweep.collect import collect, write_tables
+from tests.distributed import REPO, base_env
+
+LAMBDAS = [{"step": 25, "lambda/0": 0.5, "lambda/1": 0.4}, {"step": 50, "lambda/0": -0.1, "lambda/1": 0.3}]
+
+
+def fake_run(root, lr: float, tokens: int, parent=None):
+    """A finished diff-micro-1 run folder: config.yaml (its lr), summary.json (a WSD cooldown names its parent by
+    absolute path, as the trainer writes it) and metrics.jsonl with per-layer lambdas."""
+    run = root / "diff-micro-1" / str(tokens) / f"lr={lr:g}" / "seed1"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"optim": {"lr": lr}, "seed": 1, "run_dir": str(run)}))
+    summary = {
+        "model": "diff-micro-1",
+        "arch": "diff",
+        "tokens": tokens,
+        "flops": float(tokens),
+        "final_train_loss": 3.0,
+        "final_val_loss": 3.1,
+        "status": "finished",
+        "seed": 1,
+        "branch": {"parent": str(parent), "tokens": tokens // 2} if parent else None,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, "lambda_min": -0.1}) + "\n" for m in LAMBDAS))
+    return run
+
+
+def test_a_moved_sweep_is_still_read_with_its_runs(tmp_path):
+    sweep = tmp_path / "here" / "sweep"
+    parents = {lr: fake_run(sweep, lr, 2000) for lr in (0.01, 0.02)}
+    for lr, parent in parents.items():
+        fake_run(sweep, lr, 1000, parent)
+    write_tables(collect(sweep, baselines=False), sweep, sweep)  # what `diffllm sweep collect` does
+    rows = list(csv.DictReader(open(sweep / "runs.csv")))
+    paths = [r["run_dir"] for r in rows] + [r["branch_parent"] for r in rows if r["branch_parent"]]
+    assert len(paths) == 6 and all(p.startswith("diff-micro-1/") for p in paths), paths  # relative to the sweep
+
+    moved = tmp_path / "elsewhere" / "copy"
+    moved.parent.mkdir()
+    shutil.move(sweep, moved)
+    records = read_csv(moved / "runs.csv")
+    assert sorted(r.run_dir for r in records) == sorted(str(p.parent) for p in moved.rglob("summary.json"))
+    parent_of = {r.run_dir: r.branch_parent for r in records if r.branch_parent}
+    assert {d.split("/lr=")[1] for d in parent_of} == {"0.01/seed1", "0.02/seed1"}
+    assert all(p.startswith(str(moved)) and p.replace("/2000/", "/1000/") == d for d, p in parent_of.items())
+    assert trained_compute(records)[0] == 2 * 2000 + 2 * 500  # each cooldown's shared half counted once, by its parent
+
+    # a study reads the runs' own metrics.jsonl through the moved table (its second table needs the run folders)
+    done = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "study", "stability", f"sweep_dir={moved / 'runs.csv'}"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("| 1 | 50 | 0 | -0.1, 0.3 |") == 4, done.stdout  # one lambda row per run
+
+
+def test_absolute_and_csv_relative_paths_read_back(tmp_path):
+    """An older table's absolute paths stay; a table written into another folder points back with '..'."""
+    run = fake_run(tmp_path / "sweep", 0.01, 2000)
+    records = collect(tmp_path / "sweep", baselines=False)
+    (tmp_path / "old.csv").write_text(to_csv(records))  # no folder: paths as they are (absolute here)
+    assert next(csv.DictReader(open(tmp_path / "old.csv")))["run_dir"] == str(run)
+    assert read_csv(tmp_path / "old.csv") == records
+    write_tables(records, tmp_path / "sweep", tmp_path / "tables")
+    assert next(csv.DictReader(open(tmp_path / "tables" / "runs.csv")))["run_dir"].startswith("../sweep/")
+    assert read_csv(tmp_path / "tables" / "runs.csv") == records
