@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import UserError
-from . import parametrization
 from .registry import variant
 
 NORMS = ("rmsnorm", "layernorm")
 BACKENDS = ("eager", "sdpa", "flash", "triton")
+PARAMETRIZATIONS = ("sp", "mup")  # diffllm/model/parametrization.py
 
 
 @dataclass
@@ -77,11 +77,27 @@ class ModelConfig:
         if self.n_heads % self.kv_heads:
             bad("n_kv_heads", f"{self.kv_heads} does not divide n_heads={self.n_heads}")
         arch.check(self)
-        parametrization.check(self)
+        self.check_parametrization()
         if not 0.0 < self.rotary_pct <= 1.0 or self.rotary_dim % 2:
             bad("rotary_pct", f"{self.rotary_pct} gives an odd or empty rotary dim ({self.rotary_dim})")
         if self.vocab_size < 1:
             bad("vocab_size", f"must be positive, got {self.vocab_size}")
+
+    def check_parametrization(self) -> None:
+        """Raise UserError for a config μP cannot build (ModelConfig.validate calls it)."""
+        if self.parametrization not in PARAMETRIZATIONS:
+            raise UserError(f"model.parametrization: got {self.parametrization!r}, expected one of {PARAMETRIZATIONS}")
+        for key in ("base_width", "base_head_dim"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise UserError(f"model.{key}: must be a positive integer or null, got {value!r}")
+        if self.parametrization != "mup":
+            return
+        if self.variant.mup is None:
+            raise UserError(
+                f"model.parametrization: mup needs arch {self.arch!r} to declare how each of its parameters is treated "
+                f"(its class attribute `mup`, see diffllm/model/parametrization.py); it declares nothing"
+            )
 
     @property
     def variant(self):

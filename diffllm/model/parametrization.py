@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
     from .config import ModelConfig
 
-PARAMETRIZATIONS = ("sp", "mup")
 KINDS = ("hidden", "vector", "readout")
 
 # The decoder's own parameters (names in DecoderLM without the `layers.<i>.` prefix; attention's are its variant's).
@@ -44,23 +43,6 @@ MODEL_TREATMENT = {
     "mlp.*.weight": "hidden",  # SwiGLU gate/up (width -> ffn) and down (ffn -> width)
     "lm_head.weight": "readout",  # width -> vocab; a tied head is the embedding (its one treatment: vector)
 }
-
-
-def check(cfg: ModelConfig) -> None:
-    """Raise UserError for a config μP cannot build (ModelConfig.validate calls it)."""
-    if cfg.parametrization not in PARAMETRIZATIONS:
-        raise UserError(f"model.parametrization: got {cfg.parametrization!r}, expected one of {PARAMETRIZATIONS}")
-    for key in ("base_width", "base_head_dim"):
-        value = getattr(cfg, key)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise UserError(f"model.{key}: must be a positive integer or null, got {value!r}")
-    if cfg.parametrization != "mup":
-        return
-    if cfg.variant.mup is None:
-        raise UserError(
-            f"model.parametrization: mup needs arch {cfg.arch!r} to declare how each of its parameters is treated "
-            f"(its class attribute `mup`, see diffllm/model/parametrization.py); it declares nothing"
-        )
 
 
 def width_mult(cfg: ModelConfig) -> float:
