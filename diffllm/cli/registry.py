@@ -355,6 +355,15 @@ _REGISTRY: dict[str, Command] = {
         schema=_root("diffllm.eval.compare:CompareConfig"),
         examples=("diffllm eval compare runs=[runs/diff-tiny,runs/transformer-tiny]",),
     ),
+    "study attention": Command(
+        _study("attention"),
+        "the attention family at equal size: val loss, recall accuracy and KV cache per token against MHA",
+        schema=_root("diffllm.studies.attention:Config"),
+        examples=(
+            "diffllm study attention lm=docs/micro-attention/lm/runs.csv recall=docs/micro-attention/recall/runs.csv "
+            "out=docs/micro-attention",
+        ),
+    ),
     "study compare": Command(
         _study("compare"),
         "two collected sweeps on the points both trained: paired differences, spreads, rankings",
