@@ -26,8 +26,7 @@ from ..model.registry import baseline
 from ..results import RunRecord
 from ..runs import Run
 from ..scaling.select import size_of
-from .common import LR, emit, folder_of, read_records
-from .recall import eval_json, fmt_ci
+from .common import LR, emit, eval_json, fmt_ci, folder_of, read_records
 
 MHA = "mha"  # the row every other is paired against
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from diffllm.config import compose
 from diffllm.results import RunRecord
-from diffllm.studies.recall import t_interval
+from diffllm.studies.common import t_interval
 
 from .test_studies import record, study, write
 
