@@ -22,7 +22,7 @@ from ..config import run_key_values
 from ..errors import UserError
 from ..model.accounting import kv_cache_bytes_per_token
 from ..model.config import ModelConfig
-from ..model.registry import baseline
+from ..model.registry import baseline, variants
 from ..results import RunRecord
 from ..runs import Run
 from ..scaling.select import size_of
@@ -116,10 +116,13 @@ def table(lm: dict[Row, list], rec: dict[Row, list]) -> list[str]:
         "minus MHA, seed-paired [95% CI] | lr (recall) | recall acc [95% CI] | minus MHA, seed-paired [95% CI] |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = ["mha", "transformer-gqa", "mla", "diff", "diff-gqa", "diff2", "diff2-gqa"]
-    rows = sorted(
-        {**lm, **rec}, key=lambda r: (r.size, order.index(r.attention) if r.attention in order else 99, r.attention)
-    )
+    archs = list(variants())  # rows in the registry's order: MHA first, each arch beside its -gqa row
+
+    def rank(r: Row) -> tuple:
+        arch = r.attention.removesuffix("-gqa")
+        return (r.size, r.attention != MHA, archs.index(arch) if arch in archs else len(archs), r.attention)
+
+    rows = sorted({**lm, **rec}, key=rank)
     for row in rows:
         ratio = f"{row.kv_bytes / mha_kv[row.size]:.2f}" if row.size in mha_kv else "-"
         lines.append(
