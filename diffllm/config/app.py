@@ -26,6 +26,7 @@ from .loading import (
     fail,
     from_key_values,
     plus_to_force,
+    quote_option_names,
     register_schema,
     schema_for,
     set_env,
@@ -62,7 +63,7 @@ def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfi
                 raise SystemExit(0)
             argv = take_config_dirs(argv)
             schema = register_schema(config_name)
-            argv = plus_to_force(argv, schema)
+            argv = quote_option_names(plus_to_force(argv, schema))
             use_search_path()
             sys.argv = [sys.argv[0]] + argv
             user_full_error = os.environ.get("HYDRA_FULL_ERROR")

@@ -350,6 +350,22 @@ def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
     return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
 
 
+_NON_STRING = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|true|false|null|[+-]?inf|nan", re.I)
+
+
+def quote_option_names(argv: list[str]) -> list[str]:
+    """`sweep=2024` -> `sweep='2024'`: a config group's option named like a number (or true/false/null) stays the
+    option's name; Hydra's grammar would type it and fail on it with a traceback."""
+    dirs = search_path()
+    out = []
+    for a in argv:
+        m = re.fullmatch(r"(\+{0,2})([A-Za-z_][\w.]*)=(.*)", a)
+        if m and _NON_STRING.fullmatch(m.group(3)) and any((d / m.group(2).replace(".", "/")).is_dir() for d in dirs):
+            a = f"{m.group(1)}{m.group(2)}='{m.group(3)}'"
+        out.append(a)
+    return out
+
+
 def fail(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
@@ -368,7 +384,7 @@ def compose(config_name: str, overrides: list[str] | None = None, return_hydra_c
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = plus_to_force(list(overrides or []), register_schema(config_name))
+    overrides = quote_option_names(plus_to_force(list(overrides or []), register_schema(config_name)))
     use_search_path()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

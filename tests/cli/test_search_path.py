@@ -109,3 +109,17 @@ def test_sweep_config_dir_reaches_the_jobs(tmp_path):
     assert "name: mine" in saved and "seq_len: 32" in saved
     # the printed multirun command carries the directory too, so it can be rerun by hand
     assert f"DIFFLLM_CONFIG_PATH={cfg_dir} " in done.stdout and "-m diffllm.sweep.job --multirun" in done.stdout
+
+
+def test_an_option_named_like_a_number_is_the_options_name(diffllm, tmp_path, monkeypatch):
+    """`sweep=2024` names configs/sweep/2024.yaml (before: Hydra typed it an int and raised a ValueError traceback);
+    a missing numeric option is the usual one line with its nearest names."""
+    cfg_dir = sweep_configs(tmp_path / "my_configs", seq_len=64)
+    grid = (cfg_dir / "sweep" / "mine.yaml").read_text()
+    (cfg_dir / "sweep" / "2024.yaml").write_text(grid.replace("name: mine", "name: n2024"))
+    monkeypatch.chdir(tmp_path)
+    res = diffllm("sweep", "--config-dir", str(cfg_dir), "sweep=2024", "dry_run=true", f"sweep_dir={tmp_path}/s")
+    assert res.code == 0 and f"{tmp_path}/s/diff-tiny" in res.out, res.err
+    res = diffllm("sweep", "--config-dir", str(cfg_dir), "sweep=2025", "dry_run=true")
+    assert res.code == 2 and res.err.startswith("diffllm sweep: error: unknown sweep=2025 (closest: 2024"), res.err
+    assert compose("sweep", ["sweep=2024"]).sweep.name == "n2024"  # the compose() tests and scripts use, too
