@@ -247,8 +247,8 @@ def render(p: Plan) -> str:
         s = r.states
         lines.append(
             f"| {r.stage} | {'yes' if r.checkpointing else 'no'} | {'yes' if r.offload else 'no'} | "
-            f"{s.weights / GiB:.2f} | {s.gradients / GiB:.2f} | {s.optimizer / GiB:.2f} | "
-            f"{(s.gather_buffer + s.zero3_weight_shard) / GiB:.2f} | {r.activations_per_sample / GiB:.2f} | "
+            f"{(s.weights + s.zero3_weight_shard) / GiB:.2f} | {s.gradients / GiB:.2f} | {s.optimizer / GiB:.2f} | "
+            f"{s.gather_buffer / GiB:.2f} | {r.activations_per_sample / GiB:.2f} | "
             f"{r.micro_batch or 'does not fit'} | {r.grad_accum or '-'} | {r.total / GiB:.2f} | "
             f"{s.cpu_per_node / GiB:.0f} |"
         )

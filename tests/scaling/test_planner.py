@@ -21,7 +21,7 @@ from diffllm.model.layers import rotary_cos_sin
 from diffllm.model.presets import load_preset
 from diffllm.model.transformer import Block
 from diffllm.scaling.activations import activation_bytes
-from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states
+from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states, render
 
 ds12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
@@ -187,3 +187,14 @@ def test_cli_table_and_unknown_preset():
         [sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True, timeout=120
     )
     assert neg.returncode == 2 and neg.stderr.strip() == "diffllm plan: error: tokens: must be positive, got '-5B'"
+
+
+def test_the_zero3_weight_shard_is_in_the_weights_column():
+    """Each GPU's bf16 shard of the weights under ZeRO-3 (2 B x params / GPUs) shows as its weights, not 0.00; the
+    `zero-3 extra` column is the gather buffer alone (4 B x the largest layer)."""
+    cfg = load_preset("diff-13.1b")
+    p = make_plan(cfg, PlanConfig(nodes=8, gpus_per_node=8, gpu="h100", zero_stage=3, offload=False))
+    row = next(r for r in p.rows if not r.checkpointing)
+    cells = next(line for line in render(p).splitlines() if line.startswith("| 3 | no | no |")).split(" | ")
+    assert float(cells[3]) == round(2 * p.total_params / 64 / GiB, 2) > 0
+    assert float(cells[6]) == round(row.states.gather_buffer / GiB, 2)
