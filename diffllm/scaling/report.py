@@ -1,5 +1,5 @@
-"""`diffllm scaling fit sweep_dir=<dir> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs size) and
-L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), bootstrap
+"""`diffllm scaling fit sweep_dir=<dir or its runs.csv> [out=<dir>]`: per arch L(N) = E + A N^-alpha (final loss vs
+size) and L(N, D) (final points when the grid has several budgets, otherwise the validation learning curves), bootstrap
 intervals for every parameter (L(N): runs redrawn per size, each series from its own generator, ratios paired by
 seed; L(N, D): residual; E at its bound 0 said in a note), each variant's parameter and token ratios over the
 baseline (the Transformer) at equal loss, the compute-optimal frontier of each L(N, D) with C counted from each run's
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..model.registry import baseline, variants
-from ..results import RunRecord, collect
+from ..results import RunRecord, collect, read_csv
 from ..runs import read_metrics
 from . import holdout
 from .baselines import BASELINES_NOTE, add_baselines
@@ -455,6 +455,29 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_runs(sweep_dir: str, notes: list[str]) -> tuple[list[RunRecord], Path]:
+    """The runs of a sweep folder (collected here, baselines computed and cached in it) or of its collected runs.csv
+    (as collected: its baselines, no recomputation, so that a committed table fits where its runs are not), and the
+    folder the report goes to by default."""
+    path = Path(sweep_dir)
+    if not path.is_file():
+        runs = collect(sweep_dir)
+        add_baselines(runs, path, notes)
+        return runs, path
+    try:
+        runs = read_csv(path)
+    except (KeyError, ValueError, TypeError) as e:
+        raise UserError(f"sweep_dir={sweep_dir}: not a runs.csv of `diffllm sweep collect` ({e})") from None
+    if not runs:
+        raise UserError(f"sweep_dir={sweep_dir}: holds no runs")
+    if not any(Path(r.run_dir).is_dir() for r in runs):
+        notes.append(
+            f"{sweep_dir}: none of its run folders is here, so validation learning curves (L(N, D) of a single "
+            "budget) cannot be read; the baselines are the table's"
+        )
+    return runs, path.parent
+
+
 def main() -> None:
     from ..config import build, hydra_app
 
@@ -462,10 +485,9 @@ def main() -> None:
     def app(node) -> None:
         cfg = build(ScalingConfig, node, "scaling")
         notes: list[str] = []
-        runs = collect(cfg.sweep_dir)
-        add_baselines(runs, Path(cfg.sweep_dir), notes)
+        runs, folder = read_runs(cfg.sweep_dir, notes)
         result = fit_sweep(cfg, runs, notes)
-        files = write_report(cfg, result, Path(cfg.out or Path(cfg.sweep_dir) / "scaling"))
+        files = write_report(cfg, result, Path(cfg.out or folder / "scaling"))
         for note in result["selection"]["warnings"] + result.get("notes", []):
             print(f"diffllm scaling fit: warning: {note}", file=sys.stderr)
         print(files[-1].read_text(), end="")

@@ -97,13 +97,14 @@ def test_scaling_fit_end_to_end(tmp_path):
     assert json.loads((tmp_path / "out" / "fits.json").read_text())["runs"] == 10
 
 
+def scaling_fit(*args: str) -> subprocess.CompletedProcess:
+    """`diffllm scaling fit <args>` in a process of its own."""
+    cmd = [sys.executable, "-m", "diffllm.cli", "scaling", "fit", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def test_scaling_fit_cli_missing_dir(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = scaling_fit(f"sweep_dir={tmp_path}/nope")
     assert out.returncode == 2
     assert out.stderr.strip() == f"diffllm scaling fit: error: sweep_dir={tmp_path}/nope: no such directory"
 
@@ -197,3 +198,35 @@ def test_an_optimum_outside_the_trained_sizes_is_flagged():
     assert _beyond(Interval(9e5, 5e5, 2e6, 10, 10), sizes) == " (FLAG: beyond the largest size)"
     assert _beyond(Interval(5e4, 1e4, 2e5, 10, 10), sizes) == " (FLAG: below the smallest size)"
     assert _beyond(Interval(2e5, 1e5, 3e5, 10, 10), sizes) == ""
+
+
+def test_scaling_fit_reads_a_collected_runs_csv_without_its_run_folders(tmp_path):
+    """`sweep_dir=<runs.csv>` (as the config's comment promises): the committed table of a sweep whose runs are not on
+    this machine fits to the same power laws as the sweep folder itself."""
+    from diffllm.results import to_csv
+
+    t = JointLaw(1.5, 60.0, 0.35, 900.0, 0.4)
+    _synthetic_sweep(tmp_path / "sweep", {"transformer": t, "diff": t}, noise=0.001)
+    table = tmp_path / "docs" / "runs.csv"
+    table.parent.mkdir()
+    table.write_text(to_csv(collect(tmp_path / "sweep"), table.parent))
+
+    def fit(sweep_dir: Path, out: Path) -> dict:
+        run = scaling_fit(f"sweep_dir={sweep_dir}", f"out={out}", "reps=20")
+        assert run.returncode == 0, run.stderr
+        return json.loads((out / "fits.json").read_text())
+
+    from_folder = fit(tmp_path / "sweep", tmp_path / "a")
+    shutil.rmtree(tmp_path / "sweep")
+    from_csv = fit(table, tmp_path / "b")
+    assert from_csv["runs"] == from_folder["runs"] == 10
+    assert [f["law"] for f in from_csv["power_law"]] == [f["law"] for f in from_folder["power_law"]]
+    assert any("none of its run folders is here" in n for n in from_csv["notes"])
+
+
+def test_scaling_fit_refuses_a_csv_that_is_no_runs_table_in_one_line(tmp_path):
+    bad = tmp_path / "notes.csv"
+    bad.write_text("a,b\n1,2\n")
+    out = scaling_fit(f"sweep_dir={bad}")
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith(f"diffllm scaling fit: error: sweep_dir={bad}: not a runs.csv"), out.stderr
