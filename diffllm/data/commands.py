@@ -89,7 +89,7 @@ def prepare_main(cfg: DictConfig) -> None:
                 "|||||||"
             )
             continue
-        m = prepare_source(src, tok, out, c.workers)
+        m = prepare_source(src, tok, out, c.workers, skip_bad=data.on_bad_record == "skip")
         print(
             f"| {src.name} | {src.n_files} | {m['docs']:,} | {m['empty']:,} | {m['undecodable']:,} | {m['tokens']:,} | "
             f"{m['seconds']:.2f} | {m['tokens'] / max(m['seconds'], 1e-9):,.0f} |"

@@ -17,7 +17,7 @@ from .helpers import cfg, corpus, make_docs, take, write_jsonl
 
 def _prepare(data, tok, out, workers=1):
     srcs = resolve_sources(data) + (resolve_sources(data, val=True) if data.val else [])
-    return [prepare_source(src, tok, out, workers) for src in srcs]
+    return [prepare_source(src, tok, out, workers, skip_bad=data.on_bad_record == "skip") for src in srcs]
 
 
 def test_prepared_equals_raw_and_state_carries_over(tmp_path, tok):
@@ -65,3 +65,40 @@ def test_prepared_errors(tmp_path, tok):
     )
     with pytest.raises(DataError, match="prepared with another tokenizer"):
         next(loader)
+
+
+def test_prepare_with_on_bad_record_skip_reads_back_as_the_raw_file_does(tmp_path, tok):
+    """`data prepare` honours data.on_bad_record=skip: the prepared folder yields the batches and the bad-record
+    count of the raw file read with skip (before: prepare refused the file, naming the skip it had been given), and a
+    run with on_bad_record=error on that folder is refused in one line rather than silently missing records."""
+    import numpy as np
+
+    from diffllm.data.stream import Stream
+
+    lines = [json.dumps({"text": t}) for t in make_docs("s", 40, 0)]
+    lines.insert(5, '{"text": "cut sh')
+    lines.insert(20, "not json at all")
+    path = tmp_path / "raw" / "s.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n")
+    sources = [{"name": "s", "path": str(path)}]
+    raw = cfg(sources, on_bad_record="skip")
+    (meta,) = _prepare(raw, tok, tmp_path / "prep")
+    assert (meta["docs"], meta["bad_records"]) == (40, 2)
+    prepared = cfg(sources, on_bad_record="skip", prepared_dir=str(tmp_path / "prep"))
+    ref = take(build_train_loader(raw, tok, 0, 1, 2), 6)
+    assert all(torch.equal(a, b) for a, b in zip(take(build_train_loader(prepared, tok, 0, 1, 2), 6), ref))
+
+    def read_all(data) -> tuple[list, int]:
+        stream = Stream(resolve_sources(data), tok, data, 0, 1, epochs=1)
+        windows = []
+        with pytest.raises(StopIteration):
+            while True:
+                windows.append(stream.next_window()[0])
+        toks = np.concatenate(windows + [p.tail() for p in stream.packers])
+        return toks.tolist(), stream.state()["sources"]["s"]["bad_records"]
+
+    assert read_all(prepared) == read_all(raw) and read_all(raw)[1] == 2
+    strict = cfg(sources, prepared_dir=str(tmp_path / "prep"))
+    with pytest.raises(DataError, match=r"prep/s: prepared with data.on_bad_record=skip \(2 malformed records"):
+        take(build_train_loader(strict, tok, 0, 1, 2), 1)
