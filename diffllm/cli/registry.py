@@ -364,6 +364,12 @@ _REGISTRY: dict[str, Command] = {
             "out=docs/micro-attention",
         ),
     ),
+    "study claims": Command(
+        _study("claims"),
+        "eval ppl by_position and eval icl on a sweep's selected runs: NLL by position, ICL by k, order spread",
+        schema=_root("diffllm.studies.claims:Config"),
+        examples=("diffllm study claims sweep_dir=runs/sweep/micro-claims out=docs/micro-claims",),
+    ),
     "study compare": Command(
         _study("compare"),
         "two collected sweeps on the points both trained: paired differences, spreads, rankings",

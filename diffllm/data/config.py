@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 
 from ..errors import UserError
 
-FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle", "recall")  # synthetic: needle.py, recall.py
+FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle", "recall", "icl")  # the last 3: synthetic
 SAMPLE_BY = ("document", "paragraph", "line")
 LOSS_ON = ("all", "marked")
 ON_BAD_RECORD = ("error", "skip")

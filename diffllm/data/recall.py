@@ -71,7 +71,19 @@ class RecallSpec:
         return spec
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(repr(sorted(asdict(self).items())).encode()).hexdigest()[:16]
+        return spec_fingerprint(self)
+
+
+def spec_fingerprint(spec) -> str:
+    """A synthetic split task's spec (recall.py's, icl.py's) as the 16 hex digits its source fingerprint holds."""
+    return hashlib.sha256(repr(sorted(asdict(spec).items())).encode()).hexdigest()[:16]
+
+
+def seeded(spec, file: int, start: int, stride: int) -> Iterator[tuple[int, np.random.Generator]]:
+    """(j, the generator of document j) for j = start, start+stride, ... < spec.docs: seeded by (seed, split, file, j)
+    alone, whoever reads it (exact resume and stream sharding; each split a stream of its own)."""
+    for j in range(start, spec.docs, stride):
+        yield j, np.random.default_rng([spec.seed, SPLITS.index(spec.split), file, j])
 
 
 def check(n: int, gap: int, length: int, split: str) -> None:
@@ -101,10 +113,8 @@ def recall_document(rng: np.random.Generator, n: int, gap: int, length: int, spl
 
 
 def documents(spec: RecallSpec, file: int, start: int, stride: int) -> Iterator[tuple[int, str, int]]:
-    """(index, document, 0) for documents start, start+stride, ... of file `file`: document j is a function of
-    (seed, split, file, j) alone, whoever reads it (exact resume and stream sharding)."""
-    for j in range(start, spec.docs, stride):
-        rng = np.random.default_rng([spec.seed, SPLITS.index(spec.split), file, j])
+    """(index, document, 0) for documents start, start+stride, ... of file `file` (`seeded`)."""
+    for j, rng in seeded(spec, file, start, stride):
         n = int(rng.integers(spec.pairs[0], spec.pairs[1] + 1))
         gap = int(rng.integers(spec.gap[0], spec.gap[1] + 1))
         yield j, recall_document(rng, n, gap, spec.length, spec.split), 0

@@ -15,7 +15,7 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from . import needle, recall
+from . import icl, needle, recall
 from .batch import Marked
 from .config import DataError, SourceConfig
 from .progress import quiet_library_bars
@@ -24,7 +24,11 @@ SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt
 HEAD_BYTES = 1 << 16  # fingerprint: size + hash of the first 64 KiB of each file
 READ_BATCH = 256  # examples per arrow batch when streaming
 SNIFF_BYTES = 8192  # text and json files: the first 8 KiB must look like UTF-8 text
-SYNTHETIC = {"needle": (needle.NeedleSpec, needle.documents), "recall": (recall.RecallSpec, recall.documents)}
+SYNTHETIC = {
+    "needle": (needle.NeedleSpec, needle.documents),
+    "recall": (recall.RecallSpec, recall.documents),
+    "icl": (icl.IclSpec, icl.documents),
+}
 MAX_UNDECODABLE = 0.2  # ... at most this share of their characters undecodable (U+FFFD after decoding)
 
 
@@ -36,7 +40,7 @@ class Source:
     """One source resolved to an ordered list of files (hub: shards), ready to be read by any rank or worker."""
 
     cfg: SourceConfig
-    kind: str  # json | parquet | text | hub | prepared | needle | recall (SYNTHETIC: generated)
+    kind: str  # json | parquet | text | hub | prepared | needle | recall | icl (SYNTHETIC: generated)
     files: list  # absolute paths (hub: shard labels; prepared: the original files' labels)
     fingerprint: str
     prepared: Optional[str] = None  # directory of pre-tokenized shards
@@ -129,12 +133,12 @@ def _semantic(cfg: SourceConfig) -> dict:
 
 def resolve(cfg: SourceConfig, where: str, prepared_dir: Optional[str] = None) -> Source:
     """Files of one source, checked (readable, non-empty, parquet magic) and fingerprinted. A synthetic source
-    (format needle or recall) is generated on the fly, prepared_dir or not: `data prepare` skips it."""
+    (format needle, recall or icl) is generated on the fly, prepared_dir or not: `data prepare` skips it."""
     if prepared_dir and cfg.format not in SYNTHETIC:
         return _resolve_prepared(cfg, where, Path(prepared_dir) / cfg.name)
     if cfg.format == "hub":
         return _resolve_hub(cfg, where)
-    if cfg.format in SYNTHETIC:  # synthetic documents, generated on the fly (diffllm/data/needle.py, recall.py)
+    if cfg.format in SYNTHETIC:  # synthetic documents, generated on the fly (diffllm/data/needle.py, recall.py, icl.py)
         try:
             spec = SYNTHETIC[cfg.format][0].parse(cfg.paths[0])
             return Source(cfg, cfg.format, [cfg.paths[0]], _digest(cfg.format, spec.fingerprint()))
@@ -325,8 +329,13 @@ class Reader:
 
     def _prepared_docs(self, f: int, start: int, stride: int) -> Iterator[tuple[int, Doc, int]]:
         folder = Path(self.src.prepared)
-        idx = np.load(_shard_path(folder, f, "idx.npy"))  # (n_docs, 2): end offset, undecodable count
+        idx = np.load(_shard_path(folder, f, "idx.npy"))  # (n_docs, 2|3): end offset, undecodable, records skipped
         meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("bad_records") and not self.skip_bad:
+            raise DataError(
+                f"{folder}: prepared with data.on_bad_record=skip ({meta['bad_records']:,} malformed records skipped); "
+                "train on it with data.on_bad_record=skip, or fix the source and re-run `diffllm data prepare`"
+            )
         if self._tok_fp and meta["tokenizer"] != self._tok_fp:
             raise DataError(
                 f"{folder}: prepared with another tokenizer ({meta['tokenizer']} != {self._tok_fp}); re-run `diffllm "
@@ -339,6 +348,8 @@ class Reader:
         )
         for j in range(start, len(idx), stride):
             lo = idx[j - 1, 0] if j else 0
+            if idx.shape[1] > 2 and idx[j, 2]:
+                self.skipped[(f, j)] = int(idx[j, 2])  # counted by the reader of example j, as for the raw file
             yield j, np.asarray(tokens[lo : idx[j, 0]], dtype=np.int32), int(idx[j, 1])
 
 

@@ -16,14 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
+from ..data.icl import SYNTHETIC_LABELS, mapping  # the synthetic task's words live with its training source
 from .common import EvalError
-
-# common one-token-ish English words; the synthetic task's inputs and labels come from here
-WORDS = (
-    "apple river stone cloud horse table bread glass music paper chair light water green house money night "
-    "field bird window garden letter ship king queen door fire snow tree road sword book wine"
-).split()
-SYNTHETIC_LABELS = ("yes", "no")
 
 
 @dataclass
@@ -41,14 +35,14 @@ class Task:
 
 def synthetic(queries: int, seed: int, max_demos: int = 4096, n_words: int = 4) -> Task:
     """Per prompt: `n_words` words drawn from WORDS, each given a random label of SYNTHETIC_LABELS (both labels
-    used); the demonstrations are (word, its label) drawn uniformly from those words, the query one of them."""
+    used); the demonstrations are (word, its label) drawn uniformly from those words, the query one of them. Its
+    training source, with WORDS and the labels: diffllm/data/icl.py (format: icl), a mapping drawn the same way."""
     import numpy as np
 
     episodes = []
     for i in range(queries):
         rng = np.random.default_rng([seed, i])
-        words = [WORDS[j] for j in rng.choice(len(WORDS), n_words, replace=False)]
-        labels = rng.permutation(np.arange(n_words) % len(SYNTHETIC_LABELS))  # balanced, shuffled: per prompt
+        words, labels = mapping(rng, n_words)  # balanced, shuffled: per prompt (as data/icl.py's per document)
         demos = [(words[j], int(labels[j])) for j in rng.integers(0, n_words, max_demos)]
         q = int(rng.integers(0, n_words))
         episodes.append(Episode((words[q], int(labels[q])), demos))

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional, TypeVar
 from ..errors import UserError
 from ..results import RunRecord, read_csv
 from ..runs import read_json
-from ..scaling.select import series_label
+from ..scaling.select import select_runs, series_label, size_of
 
 LR = "optim.lr"
 V = TypeVar("V")
@@ -81,6 +81,20 @@ def eval_json(r, name: str) -> dict | None:
     """<run>/eval/<name>, or None where the eval command has not run on it."""
     path = Path(r.run_dir) / "eval" / name
     return read_json(path) if path.is_file() else None
+
+
+def chosen_runs(records) -> dict[tuple, list]:
+    """(series, size) -> the selected runs (best-of-grid) of its largest budget, sorted by seed: the runs `study
+    outliers` and `study claims` read."""
+    sel = select_runs(records)
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in records:
+        if r.run_dir in sel.selected:
+            groups[(sel.series[r.run_dir], size_of(r.model, r.arch))].append(r)
+    return {
+        key: sorted((r for r in rs if (r.tokens or 0) == max(x.tokens or 0 for x in rs)), key=lambda r: r.seed or 0)
+        for key, rs in groups.items()
+    }
 
 
 def by_size(table: dict[tuple, V]) -> Iterable[tuple[tuple, V]]:

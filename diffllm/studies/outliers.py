@@ -11,7 +11,6 @@ accuracy at each width (series minus Transformer). Writes <out>/outliers.md.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -19,8 +18,7 @@ from typing import Callable, Optional
 from ..config import run_key_values
 from ..errors import UserError
 from ..model.registry import baseline
-from ..scaling.select import select_runs, size_of
-from .common import by_size, emit, eval_json, fmt_ci, folder_of, read_records
+from .common import by_size, chosen_runs, emit, eval_json, fmt_ci, folder_of, read_records
 
 RESULTS = "outliers.json"
 
@@ -32,19 +30,6 @@ class Config:
 
     sweep_dir: str = ""  # the sweep directory (or its collected runs.csv, whose run_dir paths hold the eval results)
     out: Optional[str] = None  # the folder for outliers.md (default: the sweep's folder)
-
-
-def chosen_runs(records) -> dict[tuple, list]:
-    """(series, size) -> the selected runs of its largest budget, sorted by seed."""
-    sel = select_runs(records)
-    groups: dict[tuple, list] = defaultdict(list)
-    for r in records:
-        if r.run_dir in sel.selected:
-            groups[(sel.series[r.run_dir], size_of(r.model, r.arch))].append(r)
-    return {
-        key: sorted((r for r in rs if (r.tokens or 0) == max(x.tokens or 0 for x in rs)), key=lambda r: r.seed or 0)
-        for key, rs in groups.items()
-    }
 
 
 def results(chosen: dict) -> dict[str, dict]:

@@ -165,7 +165,7 @@ def test_a_tiny_real_sweep_end_to_end(tmp_path, tokenizer):
 
 
 def test_runs_without_a_recorded_budget_are_kept():
-    from diffllm.studies.outliers import chosen_runs
+    from diffllm.studies.common import chosen_runs
 
     records = [record("diff", s, 3.0, 0.01, tokens=None) for s in (2, 1)]
     assert [r.seed for r in chosen_runs(records)[("diff", "micro-1")]] == [1, 2]
