@@ -400,6 +400,12 @@ _REGISTRY: dict[str, Command] = {
         schema=_root("diffllm.studies.stability:Config"),
         examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",),
     ),
+    "study transfer": Command(
+        _study("transfer"),
+        "lr transfer across width: each width's best lr from a quadratic over seeds, its shift per doubling, sp vs mup",
+        schema=_root("diffllm.studies.transfer:Config"),
+        examples=("diffllm study transfer sweep_dir=docs/micro-transfer/runs.csv out=docs/micro-transfer",),
+    ),
     "runs": Command(
         _runs,
         "one line per run below a folder: model, arch, tokens of budget, status, last val loss, last checkpoint",

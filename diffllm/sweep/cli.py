@@ -1,4 +1,5 @@
 """`diffllm sweep [--config-dir DIR] [sweep=<grid>] [sweep_dir=...] [launcher=basic|submitit_slurm] [shard=i/n]
+[lr_from=<tuning sweep>]
 [dry_run=true [gpu=h200 nodes=8 gpus_per_node=8]]`
 runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH); a dry run also
 prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=` its GPU-hours on that cluster;
@@ -15,7 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +25,9 @@ from omegaconf import DictConfig
 from ..config import CONFIG_PATH_ENV, build, hydra_app
 from ..errors import UserError
 from ..launch.argv import shell
+from ..model.presets import load_preset
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from ..scaling.transfer import LR, tuned_lrs
 from .check import check_jobs
 from .collect import collect, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
@@ -51,6 +54,9 @@ class SweepCommandConfig:
     select_seeds: Optional[list[int]] = None  # collect, split: the seeds the value is chosen on
     report_seeds: Optional[list[int]] = None  # collect, split: the seeds reported at it
     out: Optional[str] = None  # collect: where runs.csv / runs.md go (null: sweep_dir)
+    # a tuning sweep (its directory or collected runs.csv): each model's lr is its arch's fitted optimum there at the
+    # base width, transferred by mup (diffllm/scaling/transfer.py); the grid then sets no lr
+    lr_from: Optional[str] = None
 
     def validate(self) -> None:
         launcher_overrides(self.launcher, [])
@@ -90,8 +96,39 @@ def _importable(module: str) -> bool:
         return False
 
 
+def with_lr_from(grid: SweepConfig, source: Optional[str]) -> SweepConfig:
+    """`lr_from=<tuning sweep>`: every model's `optim.lr` is its arch's fitted optimum at the base width there
+    (diffllm/scaling/transfer.py: a quadratic in log2 lr over every seed), which mup transfers to any width. The grid
+    must train under mup with a base width (`model.parametrization=mup`, `model.base_width=B` in sweep.overrides) and
+    set no lr itself; anything else is a one-line error before a run is planned."""
+    if not source:
+        return grid
+    given = dict(o.lstrip("+~").split("=", 1) for o in grid.overrides if "=" in o)
+    if LR in given or LR in grid.grid or any(LR in axes for axes in grid.grid_by_model.values()):
+        raise UserError(f"lr_from={source}: sweep {grid.name} also sets {LR} (overrides or grid); keep one")
+    base = given.get("model.base_width", "")
+    if given.get("model.parametrization") != "mup" or not base.isdigit():
+        raise UserError(
+            f"lr_from={source}: a tuned lr transfers across width under mup only; put model.parametrization=mup and "
+            f"model.base_width=<the tuning width> in sweep {grid.name}'s overrides"
+        )
+    tuned = tuned_lrs(source, int(base))
+    by_model = dict(grid.grid_by_model)
+    for m in grid.models:
+        arch = load_preset(m).arch
+        if arch not in tuned:
+            raise UserError(f"lr_from={source}: no {arch} runs to tune {m} on (it has {', '.join(sorted(tuned))})")
+        by_model[m] = {**by_model.get(m, {}), LR: [tuned[arch][0]]}
+    print(
+        f"lr_from={source}: "
+        + ", ".join(f"{a} {lr:g} ({n} runs at d_model {base})" for a, (lr, n) in sorted(tuned.items())),
+        flush=True,
+    )
+    return replace(grid, grid_by_model=by_model)
+
+
 def run_sweep(cfg: DictConfig) -> int:
-    grid = build(SweepConfig, cfg.sweep, "sweep")
+    grid = with_lr_from(build(SweepConfig, cfg.sweep, "sweep"), cfg.get("lr_from"))
     check_launcher_plugin(cfg.launcher, cfg.dry_run)
     runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
