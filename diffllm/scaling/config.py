@@ -61,6 +61,7 @@ class ScalingConfig:
     report_seeds: Optional[list[int]] = None  # split: the seeds reported (null: every other seed)
     exclude_undertrained: bool = False  # leave runs that do not beat the bigram out of the fits (fits.md: both ways)
     holdout: Optional[str] = None  # a preset size (micro-4) or a budget (3072000): fitted without, then predicted
+    predict: Optional[str] = None  # <size>@<tokens>: each series' L(N, D) at its <arch>-<size> preset, before it runs
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
     compute_grid: int = 5  # values of C, from the smallest to the largest run's compute, the frontier is tabulated at
 
@@ -74,6 +75,11 @@ class ScalingConfig:
         if self.compute_ref is not None and not self.compute_ref > 0:
             raise UserError(f"compute_ref={self.compute_ref}: must be a positive number of FLOPs (or null)")
         from .protocol import check_protocol
+
+        if self.predict is not None:
+            from .predict import parse
+
+            parse(self.predict)
 
         check_protocol(self.select_protocol, self.select_seeds, self.report_seeds)
         if self.compute_grid < 2:

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..model.registry import baseline, variants
 from ..results import RunRecord, collect, read_csv
 from ..runs import read_metrics
-from . import holdout
+from . import holdout, predict
 from .baselines import BASELINES_NOTE, add_baselines
 from .config import ScalingConfig
 from .fit import (
@@ -200,6 +200,8 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     finished = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
     if not finished:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
+    for arch in sorted({r.arch for r in finished}) if cfg.predict else ():  # a missing preset fails before fitting
+        predict.preset_n(arch, predict.parse(cfg.predict)[0], cfg.params)
     sel = select_runs(finished, cfg.select, cfg.loss, cfg.select_protocol, cfg.select_seeds, cfg.report_seeds)
     notes = list(notes or []) + sel.notes
     reported, held = holdout.split([r for r in finished if r.run_dir in sel.selected], cfg.holdout)
@@ -320,6 +322,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             cfg.compute_ref,
         )
         notes += more
+    if cfg.predict:
+        if not joint:
+            raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from (the notes say why): {notes[-1:]}")
+        base_joint = baseline_series(sel, joint, baseline().arch)
+        result["prediction"] = predict.predictions(cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level)
     if held:
         result["holdout"] = holdout.predictions(
             held,
@@ -428,6 +435,8 @@ def render(result: dict) -> str:
             for arch, j in result["joint"].items()
         ]
     lines += optimal_markdown(result.get("compute_optimal"))
+    if result.get("prediction"):
+        lines += [""] + predict.markdown(cfg["predict"], result["prediction"], cfg["level"])
     if result.get("holdout"):
         lines += [""] + holdout.markdown(cfg["holdout"], result["holdout"], cfg["level"])
     if result["ratios"]:

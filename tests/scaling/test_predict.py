@@ -1,0 +1,79 @@
+"""`scaling fit predict=<size>@<tokens>` (issue 32 §4): a prediction for a size no run has, from L(N, D). Checked
+against the laws that made the synthetic losses (noise-free: the fit recovers them, so the prediction is the true
+law at the preset's N) and against `holdout=<size>` on the sweep that then holds the size (the same fit, so the
+same predicted values); a size without a preset and a malformed spec are one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from diffllm.errors import UserError
+from diffllm.model.accounting import model_stats
+from diffllm.model.presets import load_preset
+from diffllm.results import collect, kaplan_n
+from diffllm.scaling.fit import JointLaw
+from diffllm.scaling.report import ScalingConfig, fit_sweep, render
+from tests.scaling.synthetic import DOC_LAWS, write_law_sweep
+
+LAWS = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
+BUDGETS, TOKENS = (524288, 1048576, 2097152), 4194304
+
+
+def n_of(model: str) -> int:
+    cfg = load_preset(model)
+    return kaplan_n(model_stats(cfg), cfg.tie_embeddings)
+
+
+def test_prediction_is_the_law_that_made_the_losses(tmp_path):
+    write_law_sweep(tmp_path / "s", LAWS, budgets=BUDGETS, sizes=(1, 2, 3))
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict=f"micro-4@{TOKENS}")
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    rows = {w["series"]: w for w in result["prediction"]}
+    assert set(rows) == {"transformer", "diff"}
+    for arch, law in LAWS.items():
+        w = rows[arch]
+        assert (w["preset"], w["N"], w["D"]) == (f"{arch}-micro-4", n_of(f"{arch}-micro-4"), TOKENS)
+        assert w["loss"] == pytest.approx(float(law(w["N"], TOKENS)), rel=1e-4)
+        assert w["loss_low"] <= w["loss"] <= w["loss_high"]
+    truth = float(LAWS["diff"](rows["diff"]["N"], TOKENS)) - float(
+        LAWS["transformer"](rows["transformer"]["N"], TOKENS)
+    )
+    assert rows["diff"]["gap"] == pytest.approx(truth, abs=1e-4) and truth < 0
+    assert "baseline" not in rows["transformer"]
+    md = render(result)
+    assert f"Prediction (predict=micro-4@{TOKENS}), from L(N, D) before any run of this size" in md
+
+
+def test_holdout_of_the_trained_size_scores_the_same_prediction(tmp_path):
+    """Fit without micro-4 and predict it; then train it (here: write it) and hold it out: the same numbers."""
+    kw = dict(laws=LAWS, budgets=BUDGETS, noise=0.003)
+    write_law_sweep(tmp_path / "before", sizes=(1, 2, 3), **kw)
+    before = fit_sweep(ScalingConfig(sweep_dir=str(tmp_path / "before"), reps=20, predict=f"micro-4@{BUDGETS[-1]}"),
+                       collect(tmp_path / "before"))  # fmt: skip
+    write_law_sweep(tmp_path / "after", sizes=(1, 2, 3), **kw)  # the same runs (same noise draws) ...
+    write_law_sweep(tmp_path / "after", sizes=(4,), rng_seed=1, **kw)  # ... and the size, trained afterwards
+    after = fit_sweep(ScalingConfig(sweep_dir=str(tmp_path / "after"), reps=20, holdout="micro-4", tokens=BUDGETS[0]),
+                      collect(tmp_path / "after"))  # fmt: skip
+    predicted = {w["series"]: w["loss"] for w in before["prediction"]}
+    held = [w for w in after["holdout"] if w["tokens"] == BUDGETS[-1]]
+    assert held and all(w["law"] == "L(N, D)" for w in held)
+    for w in held:
+        assert w["predicted"] == pytest.approx(predicted[w["series"]], rel=1e-12)
+
+
+def test_bad_predict_specs_are_one_line(tmp_path):
+    with pytest.raises(UserError, match="expected <size>@<tokens>"):
+        ScalingConfig(predict="micro-4").validate()
+    write_law_sweep(tmp_path / "s", LAWS, budgets=BUDGETS, sizes=(1, 2, 3))
+    out = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/s", "predict=micro-9@1M",
+         "reps=20", f"out={tmp_path}/o"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode != 0 and out.stderr.strip().splitlines()[-1] == (
+        "diffllm scaling fit: error: predict: no preset diff-micro-9 (configs/model/diff-micro-9.yaml) "
+        "to predict diff at size micro-9"
+    ), out.stderr
