@@ -18,6 +18,8 @@ from diffllm.results import RunRecord, to_csv
 from diffllm.scaling.transfer import Point, curves, fit_optimum, tuned_lrs
 from diffllm.studies import transfer
 from diffllm.studies.common import read_records
+from diffllm.sweep.cli import with_lr_from
+from diffllm.sweep.grid import SweepConfig
 
 REPO = Path(__file__).resolve().parents[2]
 WIDTHS, LRS, SEEDS = (16, 32, 64, 128), (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), (1, 2)
@@ -160,7 +162,6 @@ def test_sweep_lr_from_plans_each_arch_at_its_tuned_lr(runs_csv, tmp_path):
         ({"models": ["mla-micro-1"]}, "no mla runs to tune mla-micro-1 on"),
     ],
 )
-def test_sweep_lr_from_refusals_are_one_line(runs_csv, tmp_path, change, message):
-    out = sweep(tmp_path, {**GRID, **change}, f"lr_from={runs_csv}")
-    assert out.returncode != 0 and message in out.stderr, out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+def test_sweep_lr_from_refusals_name_the_culprit(runs_csv, change, message):
+    with pytest.raises(UserError, match=message):
+        with_lr_from(SweepConfig(**{**GRID, **change}), str(runs_csv))
