@@ -33,6 +33,7 @@ class Config:
     sweep_dir: str = ""  # the sweep's directory or its collected runs.csv
     out: Optional[str] = None  # the folder for transfer.md/.json/.png (default: the sweep's folder)
     resamples: int = 2000  # seed resamples behind each interval
+    seeds: Optional[list[int]] = None  # the seeds analysed (null: every seed; a sweep still running its last seed)
     seed: int = 0  # the resampling generators' root seed
 
 
@@ -188,6 +189,10 @@ def plot(results: list[Series], by_key: dict, path: Path) -> None:
 
 def run(c: Config) -> str:
     records = read_records(c.sweep_dir, "sweep_dir", select=None, baselines=False)
+    if c.seeds:
+        records = [r for r in records if r.seed in set(c.seeds)]
+        if not records:
+            raise UserError(f"seeds={c.seeds}: no run of sweep_dir={c.sweep_dir} has these seeds")
     by_key = curves(records)
     groups: dict[tuple[str, str], dict[int, list[Point]]] = defaultdict(dict)
     for (name, param, width), pts in by_key.items():

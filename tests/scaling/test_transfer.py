@@ -104,6 +104,12 @@ def test_study_transfer_command_line(runs_csv, tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "o" / "transfer.md").read_text() in out.stdout
+    one = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "study", "transfer", f"sweep_dir={runs_csv}", f"out={tmp_path / 'one'}",
+         "resamples=5", "seeds=[2]"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert one.returncode == 0 and "Seeds [2]; " in one.stdout, one.stderr
     missing = subprocess.run(
         [sys.executable, "-m", "diffllm.cli", "study", "transfer", f"sweep_dir={tmp_path / 'nope'}"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
