@@ -50,6 +50,7 @@ class Series:
     lost_fit: Optional[float]  # widest model: loss at the narrowest's lr* minus at its own, on its fitted quadratic
     lost_grid: Optional[float]  # ... on its grid means: at the tried lr nearest the narrowest's lr*, minus the best
     seeds: list
+    lost_fit_outside: bool = False  # the narrowest's lr* lies outside the values the widest model's quadratic fitted
 
 
 def slope(optima: dict[int, Optional[Optimum]]) -> Optional[float]:
@@ -81,15 +82,19 @@ def analyse(name: str, parametrization: str, by_width: dict[int, list[Point]], r
     seeds = sorted({p.seed for pts in by_width.values() for p in pts}, key=lambda s: (s is None, s or 0))
     draws = [resampled_shift(by_width, seeds, rng) for _ in range(resamples)]
     draws = [d for d in draws if d is not None]
-    ci = (float(np.percentile(draws, 5)), float(np.percentile(draws, 95))) if draws else (math.nan, math.nan)
+    ci = (math.nan, math.nan)
+    if draws and len(seeds) > 1:
+        ci = (float(np.percentile(draws, 5)), float(np.percentile(draws, 95)))
     narrow, wide = optima[widths[0]], optima[widths[-1]]
     lost_fit = lost_grid = None
+    outside = False
     if narrow is not None and wide is not None and len(widths) > 1:
         lost_fit = wide.loss_at(narrow.log2_lr) - wide.loss_at(wide.log2_lr)
+        outside = not math.log2(wide.lrs[0]) <= narrow.log2_lr <= math.log2(wide.lrs[-1])
         means = grid_means(by_width[widths[-1]])
         nearest = min(means, key=lambda lr: abs(math.log2(lr) - narrow.log2_lr))
         lost_grid = means[nearest] - min(means.values())
-    return Series(name, parametrization, widths, optima, slope(optima), ci, lost_fit, lost_grid, seeds)
+    return Series(name, parametrization, widths, optima, slope(optima), ci, lost_fit, lost_grid, seeds, outside)
 
 
 def sp_mup_gap(records) -> dict[int, tuple[float, int]]:
@@ -130,18 +135,25 @@ def markdown(results: list[Series], gap) -> list[str]:
     ]
     for s in results:
         cells = " | ".join(optimum_cell(s.optima.get(w)) for w in widths)
-        ci = f"[{fmt(s.shift_ci[0], 2, True)}, {fmt(s.shift_ci[1], 2, True)}]"
+        ci = "" if math.isnan(s.shift_ci[0]) else f" [{fmt(s.shift_ci[0], 2, True)}, {fmt(s.shift_ci[1], 2, True)}]"
+        lost = fmt(s.lost_fit, 4, True) + (" (extrapolated)" if s.lost_fit_outside else "")
         lines.append(
-            f"| {s.name} | {s.parametrization} | {cells} | {fmt(s.shift, 2, True)} {ci} | "
-            f"{fmt(s.lost_fit, 4, True)} / {fmt(s.lost_grid, 4, True)} |"
+            f"| {s.name} | {s.parametrization} | {cells} | {fmt(s.shift, 2, True)}{ci} | "
+            f"{lost} / {fmt(s.lost_grid, 4, True)} |"
         )
     seeds = sorted({x for s in results for x in s.seeds}, key=lambda v: (v is None, v or 0))
     lines += [
         "",
         f"lr*: the minimum of a quadratic in log2(lr) fitted over every seed's runs at the best mean lr and up to two "
-        f"tried values either side ((edge): outside them, extrapolated). Seeds {seeds}; intervals: 5th-95th "
-        f"percentile over seed resamples (with {len(seeds)} seeds, {math.comb(2 * len(seeds) - 1, len(seeds))} "
-        "distinct draws). A shift of 0 is perfect transfer; -1 halves the best lr at each doubling.",
+        f"tried values either side ((edge): outside them, extrapolated). Seeds {seeds}; "
+        + (
+            f"intervals: 5th-95th percentile over seed resamples ({len(seeds)} seeds: "
+            f"{math.comb(2 * len(seeds) - 1, len(seeds))} distinct draws). "
+            if len(seeds) > 1
+            else "one seed: no interval. "
+        )
+        + "A shift of 0 is perfect transfer; -1 halves the best lr at each doubling. Loss lost: on the widest "
+        "model's quadratic ((extrapolated): evaluated outside the values it was fitted on) / on its grid means.",
     ]
     if gap:
         lines.append(
