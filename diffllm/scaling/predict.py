@@ -36,6 +36,13 @@ def preset_n(arch: str, size: str, params: str) -> tuple[str, int]:
     return name, int(n[params])
 
 
+def check(spec: Optional[str], archs: set, params: str) -> None:
+    """Before anything is fitted: every arch has its preset of the predicted size (a one-line error names one that has
+    not); nothing to check without `predict`."""
+    for arch in sorted(archs) if spec else ():
+        preset_n(arch, parse(spec)[0], params)
+
+
 def predictions(spec: str, params: str, joint: dict, joint_boot: dict, base: Optional[str], level: float) -> list[dict]:
     """One row per series with an L(N, D) fit: its preset, N, D, the predicted loss [interval] and, but for the
     baseline's row, the gap to the baseline's prediction [interval]."""

@@ -200,8 +200,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     finished = [r for r in runs if r.status == "finished" and getattr(r, cfg.loss) is not None and _n(r, cfg.params)]
     if not finished:
         raise UserError(f"sweep_dir={cfg.sweep_dir}: no finished runs with {cfg.loss} and {cfg.params} params")
-    for arch in sorted({r.arch for r in finished}) if cfg.predict else ():  # a missing preset fails before fitting
-        predict.preset_n(arch, predict.parse(cfg.predict)[0], cfg.params)
+    predict.check(cfg.predict, {r.arch for r in finished}, cfg.params)  # a missing preset fails before fitting
     sel = select_runs(finished, cfg.select, cfg.loss, cfg.select_protocol, cfg.select_seeds, cfg.report_seeds)
     notes = list(notes or []) + sel.notes
     reported, held = holdout.split([r for r in finished if r.run_dir in sel.selected], cfg.holdout)

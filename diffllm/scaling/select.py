@@ -95,6 +95,20 @@ def series_label(r: RunRecord, axes: list[str]) -> str:
     return " ".join([r.arch] + [f"{short_label(k)}={value_label(k, r.axes.get(k))}" for k in axes])
 
 
+def series_without(records: list[RunRecord], free: set) -> dict[str, str]:
+    """run_dir -> series: the arch and those of its axes not in `free` whose values differ among the arch's runs
+    (`sweep collect`'s series, with the `free` axes left out so that a study can compare across them)."""
+    by_arch: dict[str, list[RunRecord]] = defaultdict(list)
+    for r in records:
+        by_arch[r.arch].append(r)
+    out = {}
+    for rs in by_arch.values():
+        keys = sorted({k for r in rs for k in r.axes} - set(free))
+        varying = [k for k in keys if len({repr(r.axes.get(k)) for r in rs}) > 1]
+        out.update({r.run_dir: series_label(r, varying) for r in rs})
+    return out
+
+
 @functools.cache
 def config_keys() -> frozenset:
     """Every dotted key of a train config (its typed groups at their defaults)."""

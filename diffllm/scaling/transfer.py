@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import UserError
 from ..model.presets import load_preset
 from ..results import RunRecord, collect, read_csv
-from .select import series_label
+from .select import series_without
 
 LR, WIDTH, PARAM = "optim.lr", "model.d_model", "model.parametrization"
 SPAN = 5  # grid values a quadratic is fitted over: the best mean and up to 2 either side
@@ -61,25 +61,12 @@ def parametrization_of(r: RunRecord) -> str:
     return str(r.axes.get(PARAM) or "sp")
 
 
-def series_of(records: Sequence[RunRecord]) -> dict[str, str]:
-    """run_dir -> the arch with those of its other axes whose values differ among the arch's runs."""
-    by_arch: dict[str, list[RunRecord]] = defaultdict(list)
-    for r in records:
-        by_arch[r.arch].append(r)
-    out = {}
-    for rs in by_arch.values():
-        keys = sorted({k for r in rs for k in r.axes} - {LR, WIDTH, PARAM})
-        varying = [k for k in keys if len({repr(r.axes.get(k)) for r in rs}) > 1]
-        out.update({r.run_dir: series_label(r, varying) for r in rs})
-    return out
-
-
 def curves(records: Sequence[RunRecord]) -> dict[tuple[str, str, int], list[Point]]:
     """(series, parametrization, width) -> every finished run's (lr, seed, final val loss); a sweep without an lr
     axis is a one-line error. Runs whose loss is not finite (diverged) are kept as inf: they count against their lr."""
     if not any(r.axes.get(LR) is not None for r in records):
         raise UserError(f"no {LR} axis in these runs: a transfer study needs an lr grid at each width")
-    series = series_of(records)
+    series = series_without(records, {LR, WIDTH, PARAM})
     out: dict[tuple[str, str, int], list[Point]] = defaultdict(list)
     for r in records:
         if r.status != "finished" or r.axes.get(LR) is None:

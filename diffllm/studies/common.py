@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional, TypeVar
 from ..errors import UserError
 from ..results import RunRecord, read_csv
 from ..runs import read_json
-from ..scaling.select import select_runs, series_label, size_of
+from ..scaling.select import select_runs, series_without, size_of
 
 LR = "optim.lr"
 V = TypeVar("V")
@@ -42,16 +42,7 @@ def folder_of(source: str) -> Path:
 def series_without_lr(records: list[RunRecord]) -> dict[str, str]:
     """run_dir -> series: the arch and those of its axes other than the learning rate whose values differ among the
     arch's runs (`sweep collect`'s series, with the lr left free so that a study can compare across it)."""
-    by_arch: dict[str, list[RunRecord]] = defaultdict(list)
-    for r in records:
-        by_arch[r.arch].append(r)
-    out = {}
-    for rs in by_arch.values():
-        varying = [
-            k for k in sorted({k for r in rs for k in r.axes}) if k != LR and len({repr(r.axes.get(k)) for r in rs}) > 1
-        ]
-        out.update({r.run_dir: series_label(r, varying) for r in rs})
-    return out
+    return series_without(records, {LR})
 
 
 def reached(steps: list, runs: int) -> str:
