@@ -98,7 +98,7 @@ def fit_optimum(points: Iterable[Point], span: int = SPAN) -> Optional[Optimum]:
     return Optimum(float(x_star), (float(c2), float(c1), float(c0)), inside, tuple(window))
 
 
-def tuned_lrs(source: str, base_width: int) -> dict[str, tuple[float, int]]:
+def tuned_lrs(source: str, base_width: int, seeds: Optional[list[int]] = None) -> dict[str, tuple[float, int]]:
     """`lr_from`: arch -> (its fitted optimum lr at width `base_width`, the runs it rests on), from a collected
     runs.csv or a sweep directory. Under mup the runs at the base width are sp's model, so both count; an arch with
     two series (two lambda_init values), no runs at that width, or no interior optimum is a one-line error."""
@@ -106,6 +106,11 @@ def tuned_lrs(source: str, base_width: int) -> dict[str, tuple[float, int]]:
     if not path.exists():
         raise UserError(f"lr_from={source}: does not exist (give a tuning sweep's directory or its runs.csv)")
     records = read_csv(path) if path.is_file() else collect(path)
+    if seeds:
+        missing = sorted(set(seeds) - {r.seed for r in records})
+        if missing:
+            raise UserError(f"lr_from_seeds={list(seeds)}: {source} has no runs of seed {missing[0]}")
+        records = [r for r in records if r.seed in set(seeds)]
     found = curves(records)
     by_arch: dict[str, list[tuple[str, list[Point]]]] = defaultdict(list)
     for (series, _, width), points in found.items():

@@ -57,6 +57,7 @@ class SweepCommandConfig:
     # a tuning sweep (its directory or collected runs.csv): each model's lr is its arch's fitted optimum there at the
     # base width, transferred by mup (diffllm/scaling/transfer.py); the grid then sets no lr
     lr_from: Optional[str] = None
+    lr_from_seeds: Optional[list[int]] = None  # lr_from: fit on these seeds of the tuning sweep only (null: every seed)
 
     def validate(self) -> None:
         launcher_overrides(self.launcher, [])
@@ -96,11 +97,12 @@ def _importable(module: str) -> bool:
         return False
 
 
-def with_lr_from(grid: SweepConfig, source: Optional[str]) -> SweepConfig:
+def with_lr_from(grid: SweepConfig, source: Optional[str], seeds: Optional[list[int]] = None) -> SweepConfig:
     """`lr_from=<tuning sweep>`: every model's `optim.lr` is its arch's fitted optimum at the base width there
     (diffllm/scaling/transfer.py: a quadratic in log2 lr over every seed), which mup transfers to any width. The grid
     must train under mup with a base width (`model.parametrization=mup`, `model.base_width=B` in sweep.overrides) and
-    set no lr itself; anything else is a one-line error before a run is planned."""
+    set no lr itself; anything else is a one-line error before a run is planned. `seeds`: fit on these tuning seeds only
+    (a prediction pins its lr so that seeds the tuning sweep adds later do not move it)."""
     if not source:
         return grid
     given = dict(o.lstrip("+~").split("=", 1) for o in grid.overrides if "=" in o)
@@ -112,7 +114,7 @@ def with_lr_from(grid: SweepConfig, source: Optional[str]) -> SweepConfig:
             f"lr_from={source}: a tuned lr transfers across width under mup only; put model.parametrization=mup and "
             f"model.base_width=<the tuning width> in sweep {grid.name}'s overrides"
         )
-    tuned = tuned_lrs(source, int(base))
+    tuned = tuned_lrs(source, int(base), seeds)
     by_model = dict(grid.grid_by_model)
     for m in grid.models:
         arch = load_preset(m).arch
@@ -128,7 +130,7 @@ def with_lr_from(grid: SweepConfig, source: Optional[str]) -> SweepConfig:
 
 
 def run_sweep(cfg: DictConfig) -> int:
-    grid = with_lr_from(build(SweepConfig, cfg.sweep, "sweep"), cfg.get("lr_from"))
+    grid = with_lr_from(build(SweepConfig, cfg.sweep, "sweep"), cfg.get("lr_from"), cfg.get("lr_from_seeds"))
     check_launcher_plugin(cfg.launcher, cfg.dry_run)
     runs = shard_runs(plan_runs(grid, cfg.sweep_dir), cfg.get("shard"))
     pending = [r for r in runs if r.status != "finished"]
