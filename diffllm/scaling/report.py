@@ -26,10 +26,9 @@ import numpy as np
 
 from ..errors import UserError
 from ..model.registry import baseline, variants
-from ..results import RunRecord, collect, read_csv
-from ..runs import read_metrics
+from ..results import RunRecord
 from . import holdout, predict
-from .baselines import BASELINES_NOTE, add_baselines
+from .baselines import BASELINES_NOTE
 from .config import ScalingConfig
 from .fit import (
     JOINT_KEYS,
@@ -48,6 +47,7 @@ from .fit import (
     ratio_at_equal_loss,
     ratio_interval,
 )
+from .inputs import read_runs, val_curve
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
 from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
 from .resample import generator
@@ -68,18 +68,6 @@ from .select import (
 
 def _n(r: RunRecord, params: str) -> Optional[int]:
     return {"block": r.block_params, "nonembedding": r.nonembedding_params, "total": r.total_params}[params]
-
-
-def val_curve(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, val_loss) of every evaluation after step 0, from metrics.jsonl."""
-    pts = sorted(
-        {
-            r["tokens"]: r["val_loss"]
-            for r in read_metrics(run_dir)
-            if r.get("val_loss") is not None and r.get("tokens")
-        }.items()
-    )
-    return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
 
 
 @dataclass
@@ -461,29 +449,6 @@ def render(result: dict) -> str:
     if any(row["bigram"] is not None for row in result.get("runs_table", [])):
         lines += ["", BASELINES_NOTE]
     return "\n".join(lines) + "\n"
-
-
-def read_runs(sweep_dir: str, notes: list[str]) -> tuple[list[RunRecord], Path]:
-    """The runs of a sweep folder (collected here, baselines computed and cached in it) or of its collected runs.csv
-    (as collected: its baselines, no recomputation, so that a committed table fits where its runs are not), and the
-    folder the report goes to by default."""
-    path = Path(sweep_dir)
-    if not path.is_file():
-        runs = collect(sweep_dir)
-        add_baselines(runs, path, notes)
-        return runs, path
-    try:
-        runs = read_csv(path)
-    except (KeyError, ValueError, TypeError) as e:
-        raise UserError(f"sweep_dir={sweep_dir}: not a runs.csv of `diffllm sweep collect` ({e})") from None
-    if not runs:
-        raise UserError(f"sweep_dir={sweep_dir}: holds no runs")
-    if not any(Path(r.run_dir).is_dir() for r in runs):
-        notes.append(
-            f"{sweep_dir}: none of its run folders is here, so validation learning curves (L(N, D) of a single "
-            "budget) cannot be read; the baselines are the table's"
-        )
-    return runs, path.parent
 
 
 def main() -> None:

@@ -134,19 +134,24 @@ def test_shakespeare_icl_mixes_counted_plays_with_marked_labels(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "path, message",
+    "fmt, path, message",
     [
-        ("icl:words=1", "data.sources[0].path 'icl:words=1': words=1: must be in 2..33"),
-        ("icl:word=4", "unknown key 'word' (keys: words, demos, docs, seed, split)"),
-        ("icl:split=val", "split='val': expected one of ('train', 'test')"),
-        ("icl:demos=x", "demos='x' is not a number"),
-        ("icl:demos=9-3", "needs 1 <= demos LO <= HI and docs >= 1"),
-        ("recall:words=4", "a icl source's path is 'icl' or 'icl:key=value,...'"),
+        ("icl", "icl:words=1", "data.sources[0].path 'icl:words=1': words=1: must be in 2..33"),
+        ("icl", "icl:word=4", "unknown key 'word' (keys: words, demos, docs, seed, split)"),
+        ("icl", "icl:split=val", "split='val': expected one of ('train', 'test')"),
+        ("icl", "icl:demos=x", "demos='x' is not a number"),
+        ("icl", "icl:demos=9-3", "needs 1 <= demos LO <= HI and docs >= 1"),
+        ("icl", "recall:words=4", "a icl source's path is 'icl' or 'icl:key=value,...'"),
+        ("recall", "recall:pairs=9,length=32", "'recall:pairs=9,length=32': length=32: cannot hold 9 pairs"),
+        ("recall", "recall:pair=2", "unknown key 'pair' (keys: pairs, length, gap, docs, seed, split)"),
+        ("recall", "recall:split=val", "split='val': expected one of ('train', 'test')"),
+        ("recall", "recall:gap=x", "gap='x' is not a number"),
     ],
 )
-def test_bad_specs_are_one_line_errors(path, message):
+def test_bad_task_specs_are_one_line_errors(fmt, path, message):
+    """The synthetic sources (icl here, recall: tests/data/test_recall.py) refuse a bad path in one line."""
     with pytest.raises(DataError) as e:
-        resolve_sources(cfg([{"name": "i", "format": "icl", "path": path}]))
+        resolve_sources(cfg([{"name": "t", "format": fmt, "path": path}]))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 

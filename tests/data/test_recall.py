@@ -5,11 +5,8 @@ so no document, with training."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from diffllm.data import DataError
 from diffllm.data.batch import MARKS, TOKENS
-from diffllm.data.loader import resolve_sources
 from diffllm.data.needle import FILLER, KEYS, VALUES
 from diffllm.data.recall import RecallSpec, documents, heldout, recall_document
 
@@ -88,18 +85,3 @@ def test_the_held_out_split_shares_no_binding_set_with_training():
         for split in ("train", "test"):
             pairs = bindings(recall_document(rng, n, 0, 4 * n, split))
             assert heldout(*zip(*pairs)) == (split == "test")
-
-
-@pytest.mark.parametrize(
-    "path, message",
-    [
-        ("recall:pairs=9,length=32", "data.sources[0].path 'recall:pairs=9,length=32': length=32: cannot hold 9 pairs"),
-        ("recall:pair=2", "unknown key 'pair' (keys: pairs, length, gap, docs, seed, split)"),
-        ("recall:split=val", "split='val': expected one of ('train', 'test')"),
-        ("recall:gap=x", "gap='x' is not a number"),
-    ],
-)
-def test_bad_specs_are_one_line_errors(path, message):
-    with pytest.raises(DataError) as e:
-        resolve_sources(cfg([{"name": "r", "format": "recall", "path": path}]))
-    assert message in str(e.value) and "\n" not in str(e.value)

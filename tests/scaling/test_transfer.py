@@ -171,3 +171,24 @@ def test_sweep_lr_from_plans_each_arch_at_its_tuned_lr(runs_csv, tmp_path):
 def test_sweep_lr_from_refusals_name_the_culprit(runs_csv, change, message):
     with pytest.raises(UserError, match=message):
         with_lr_from(SweepConfig(**{**GRID, **change}), str(runs_csv))
+
+
+def test_lr_from_seeds_fits_on_those_tuning_seeds_only(tmp_path):
+    """Seed 2's optimum lies 1 log2 step above seed 1's: `lr_from_seeds=[1]` plans seed 1's optimum exactly (a
+    prediction's lr does not move when the tuning sweep gains seeds), every seed lands between, a missing seed is
+    refused in one line."""
+    records = [record("transformer", "mup", 16, lr, 1, tmp_path) for lr in LRS]
+    for lr in LRS:
+        moved = record("transformer", "mup", 16, lr, 2, tmp_path)
+        moved.final_val_loss = loss("transformer", "mup", 16, lr / 2, 2)  # the curve of seed 1, one doubling up
+        records.append(moved)
+    path = tmp_path / "runs.csv"
+    path.write_text(to_csv(records, tmp_path))
+    one, two, both = (tuned_lrs(str(path), 16, s)["transformer"] for s in ([1], [2], None))
+    assert one == (float(f"{2**CENTRE:.3g}"), 5) and two == (float(f"{2 ** (CENTRE + 1):.3g}"), 5)
+    assert one[0] < both[0] < two[0] and both[1] == 10
+    with pytest.raises(UserError, match=r"lr_from_seeds=\[3\]: .* has no runs of seed 3"):
+        tuned_lrs(str(path), 16, [3])
+    out = sweep(tmp_path, {**GRID, "models": ["transformer-micro-1"]}, f"lr_from={path}", "lr_from_seeds=[2]")
+    assert out.returncode == 0, out.stderr
+    assert f"optim.lr={two[0]!r}" in out.stdout
