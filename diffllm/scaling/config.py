@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..counts import parse_count
 from ..errors import UserError
 
 DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
@@ -77,13 +78,19 @@ class ScalingConfig:
         from .protocol import check_protocol
 
         if self.predict is not None:
-            from .predict import parse
-
-            parse(self.predict)
+            parse_predict(self.predict)
 
         check_protocol(self.select_protocol, self.select_seeds, self.report_seeds)
         if self.compute_grid < 2:
             raise UserError(f"compute_grid={self.compute_grid}: need at least 2 values of C for the exponents")
+
+
+def parse_predict(spec: str) -> tuple[str, int]:
+    """`predict=micro-6@6.8M` -> ("micro-6", 6800000); anything else is a one-line error."""
+    size, at, tokens = str(spec).partition("@")
+    if not (size and at and tokens):
+        raise UserError(f"predict={spec}: expected <size>@<tokens>, e.g. predict=micro-6@6.8M")
+    return size, parse_count(tokens, f"predict={spec}")
 
 
 @dataclass

@@ -313,7 +313,10 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         if not joint:
             raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from (the notes say why): {notes[-1:]}")
         base_joint = baseline_series(sel, joint, baseline().arch)
-        result["prediction"] = predict.predictions(cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level)
+        rows = predict.predictions(cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level)
+        predict.naive(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss)
+        predict.scored(rows, held, sel.series, cfg.loss)
+        result["prediction"] = rows
     if held:
         result["holdout"] = holdout.predictions(
             held,

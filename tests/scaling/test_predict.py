@@ -77,3 +77,31 @@ def test_bad_predict_specs_are_one_line(tmp_path):
         "diffllm scaling fit: error: predict: no preset diff-micro-9 (configs/model/diff-micro-9.yaml) "
         "to predict diff at size micro-9"
     ), out.stderr
+
+
+def test_predict_beside_holdout_scores_the_prediction_and_the_naive_forecast(tmp_path):
+    """`predict=micro-4@D holdout=micro-4` on the sweep that holds micro-4: each series' measured mean over its seeds,
+    the measured gap paired by seed, coverage, and the naive forecast (the gap at micro-3, the largest fitted size, at
+    its largest budget), each against the same arithmetic done here on the collected runs."""
+    two = lambda size: (1, 2)  # noqa: E731
+    write_law_sweep(tmp_path / "s", LAWS, budgets=BUDGETS, sizes=(1, 2, 3, 4), seeds=two, noise=0.01)
+    runs = collect(tmp_path / "s")
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict=f"micro-4@{BUDGETS[-1]}", holdout="micro-4")
+    result = fit_sweep(cfg, runs)
+    rows = {w["series"]: w for w in result["prediction"]}
+
+    def loss(arch: str, size: int, budget: int) -> dict:
+        return {r.seed: r.final_val_loss for r in runs if r.model == f"{arch}-micro-{size}" and r.tokens == budget}
+
+    for arch, w in rows.items():
+        mine = loss(arch, 4, BUDGETS[-1])
+        assert w["seeds"] == 2 and w["measured"] == pytest.approx(sum(mine.values()) / 2, abs=1e-12)
+        assert w["covered"] == (w["loss_low"] <= w["measured"] <= w["loss_high"])
+    d4, t4 = loss("diff", 4, BUDGETS[-1]), loss("transformer", 4, BUDGETS[-1])
+    d3, t3 = loss("diff", 3, BUDGETS[-1]), loss("transformer", 3, BUDGETS[-1])
+    diff = rows["diff"]
+    assert diff["measured_gap"] == pytest.approx(sum(d4[s] - t4[s] for s in (1, 2)) / 2, abs=1e-12)
+    assert diff["naive_gap"] == pytest.approx(sum(d3[s] - t3[s] for s in (1, 2)) / 2, abs=1e-12)
+    assert diff["naive_at"] == "micro-3" and "measured_gap" not in rows["transformer"]
+    md = render(result)
+    assert "| diff | 2 | " in md and "closer" in md
