@@ -46,6 +46,7 @@ class PlanConfig:
 @dataclass
 class ScalingConfig:
     sweep_dir: str = "runs/sweep/micro"  # a collected sweep folder, or its runs.csv
+    add_runs: list[str] = field(default_factory=list)  # more runs.csv files or sweep folders joining sweep_dir's runs
     out: Optional[str] = None  # null: <sweep_dir>/scaling
     params: str = "block"  # N: block (non-embedding, without the output head: Kaplan) | nonembedding | total
     loss: str = "final_val_loss"  # final_val_loss | final_train_loss

@@ -24,7 +24,22 @@ def val_curve(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
 
 
-def read_runs(sweep_dir: str, notes: list[str]) -> tuple[list[RunRecord], Path]:
+def read_all(sweep_dir: str, add_runs: list[str], notes: list[str]) -> tuple[list[RunRecord], Path]:
+    """sweep_dir's runs, then each of `add_runs`' (a sweep trained over several sessions: each session's collected
+    runs.csv), in that order, and sweep_dir's report folder; a run that two of them hold is a one-line error."""
+    runs, folder = read_runs(sweep_dir, notes)
+    where = {r.run_dir: sweep_dir for r in runs}
+    for source in add_runs:
+        more, _ = read_runs(source, notes, "add_runs")
+        twice = next((r.run_dir for r in more if r.run_dir in where), None)
+        if twice:
+            raise UserError(f"add_runs: {source} holds {twice}, which {where[twice]} holds too; give each run once")
+        where.update({r.run_dir: source for r in more})
+        runs += more
+    return runs, folder
+
+
+def read_runs(sweep_dir: str, notes: list[str], key: str = "sweep_dir") -> tuple[list[RunRecord], Path]:
     """The runs of a sweep folder (collected here, baselines computed and cached in it) or of its collected runs.csv
     (as collected: its baselines, no recomputation, so that a committed table fits where its runs are not), and the
     folder the report goes to by default."""
@@ -36,9 +51,9 @@ def read_runs(sweep_dir: str, notes: list[str]) -> tuple[list[RunRecord], Path]:
     try:
         runs = read_csv(path)
     except (KeyError, ValueError, TypeError) as e:
-        raise UserError(f"sweep_dir={sweep_dir}: not a runs.csv of `diffllm sweep collect` ({e})") from None
+        raise UserError(f"{key}={sweep_dir}: not a runs.csv of `diffllm sweep collect` ({e})") from None
     if not runs:
-        raise UserError(f"sweep_dir={sweep_dir}: holds no runs")
+        raise UserError(f"{key}={sweep_dir}: holds no runs")
     if not any(Path(r.run_dir).is_dir() for r in runs):
         notes.append(
             f"{sweep_dir}: none of its run folders is here, so validation learning curves (L(N, D) of a single "

@@ -48,7 +48,7 @@ from .fit import (
     ratio_at_equal_loss,
     ratio_interval,
 )
-from .inputs import read_runs, val_curve
+from .inputs import read_all, val_curve
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
 from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
 from .resample import generator
@@ -464,7 +464,7 @@ def main() -> None:
     def app(node) -> None:
         cfg = build(ScalingConfig, node, "scaling")
         notes: list[str] = []
-        runs, folder = read_runs(cfg.sweep_dir, notes)
+        runs, folder = read_all(cfg.sweep_dir, cfg.add_runs, notes)
         result = fit_sweep(cfg, runs, notes)
         files = write_report(cfg, result, Path(cfg.out or folder / "scaling"))
         for note in result["selection"]["warnings"] + result.get("notes", []):

@@ -13,8 +13,9 @@ import pytest
 from diffllm.errors import UserError
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset
-from diffllm.results import collect, kaplan_n
+from diffllm.results import collect, kaplan_n, to_csv
 from diffllm.scaling.fit import JointLaw
+from diffllm.scaling.inputs import read_all
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
 from tests.scaling.synthetic import DOC_LAWS, write_law_sweep
 
@@ -105,3 +106,25 @@ def test_predict_beside_holdout_scores_the_prediction_and_the_naive_forecast(tmp
     assert diff["naive_at"] == "micro-3" and "measured_gap" not in rows["transformer"]
     md = render(result)
     assert "| diff | 2 | " in md and "closer" in md
+
+
+def test_add_runs_joins_a_later_sessions_runs_csv(tmp_path):
+    """The prediction's runs in one runs.csv, the size trained later in another (its run folders gone): `add_runs`
+    fits exactly as one table of both would; a run in both, or an add_runs path that is no sweep, is one line."""
+    write_law_sweep(tmp_path / "s", LAWS, budgets=BUDGETS, sizes=(1, 2, 3, 4), noise=0.003)
+    runs = collect(tmp_path / "s")
+    first = [r for r in runs if not r.model.endswith("micro-4")]
+    (tmp_path / "a.csv").write_text(to_csv(first, tmp_path))
+    (tmp_path / "b.csv").write_text(to_csv([r for r in runs if r not in first], tmp_path))
+    (tmp_path / "all.csv").write_text(to_csv(first + [r for r in runs if r not in first], tmp_path))
+    cfg = ScalingConfig(reps=20, predict=f"micro-4@{BUDGETS[-1]}", holdout="micro-4")
+    joined, _ = read_all(str(tmp_path / "a.csv"), [str(tmp_path / "b.csv")], [])
+    whole, _ = read_all(str(tmp_path / "all.csv"), [], [])
+    assert [r.run_dir for r in joined] == [r.run_dir for r in whole]
+    a, b = fit_sweep(cfg, joined)["prediction"], fit_sweep(cfg, whole)["prediction"]
+    assert a == b and all("measured" in w for w in a)
+    with pytest.raises(UserError, match=r"add_runs: .*all.csv holds .*micro-1.*, which .*a.csv holds too"):
+        read_all(str(tmp_path / "a.csv"), [str(tmp_path / "all.csv")], [])
+    with pytest.raises(UserError, match=r"add_runs=.*b.txt: not a runs.csv"):
+        (tmp_path / "b.txt").write_text("no,table\n1,2\n")
+        read_all(str(tmp_path / "a.csv"), [str(tmp_path / "b.txt")], [])
