@@ -378,9 +378,14 @@ def to_csv(records: list[RunRecord], folder: Optional[str | Path] = None) -> str
     for r in records:
         row = {k: v for k, v in asdict(r).items() if k != "axes"}
         if folder is not None:
-            row.update({k: os.path.relpath(os.path.abspath(row[k]), os.path.abspath(folder)) for k in PATHS if row[k]})
+            row.update({k: relative(row[k], folder) for k in PATHS if row[k]})
         writer.writerow({**row, **{k: _axis_cell(r.axes.get(k)) for k in axes}})
     return out.getvalue()
+
+
+def relative(path: str, folder: str | Path) -> str:
+    """A run path as a committed table holds it: relative to the table's folder, not this machine's."""
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
 
 
 def _located(path: str, folder: str) -> str:

@@ -15,7 +15,7 @@ from ..errors import UserError
 from ..model.accounting import model_stats
 from ..model.presets import load_preset, preset_names
 from ..results import RunRecord, kaplan_n
-from .config import parse_predict as parse
+from .config import parse_predict
 from .fit import interval
 from .select import size_of
 
@@ -35,13 +35,13 @@ def check(spec: Optional[str], archs: set, params: str) -> None:
     """Before anything is fitted: every arch has its preset of the predicted size (a one-line error names one that has
     not); nothing to check without `predict`."""
     for arch in sorted(archs) if spec else ():
-        preset_n(arch, parse(spec)[0], params)
+        preset_n(arch, parse_predict(spec)[0], params)
 
 
 def predictions(spec: str, params: str, joint: dict, joint_boot: dict, base: Optional[str], level: float) -> list[dict]:
     """One row per series with an L(N, D) fit: its preset, N, D, the predicted loss [interval] and, but for the
     baseline's row, the gap to the baseline's prediction [interval]."""
-    size, tokens = parse(spec)
+    size, tokens = parse_predict(spec)
     rows, at = [], {}
     for series, law in joint.items():
         name, n = preset_n(series.split(" ", 1)[0], size, params)

@@ -17,7 +17,6 @@ edge warnings, the paired per-seed gaps to the Transformer and the baselines bes
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..model.registry import baseline, variants
-from ..results import RunRecord
+from ..results import RunRecord, relative
 from . import holdout, predict
 from .baselines import BASELINES_NOTE
 from .config import ScalingConfig
@@ -363,9 +362,8 @@ def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
             loss_vs_compute(optimal, out / "loss_vs_compute.png", f"{cfg.title}: compute-optimal frontier"),
             iso_flop_curves(optimal, out / "iso_flop.png", label, f"{cfg.title}: iso-FLOP curves"),
         ]
-    for row in result.get("runs_table", []):  # as runs.csv: run paths relative to the file, not this machine's
-        row["run_dir"] = os.path.relpath(os.path.abspath(row["run_dir"]), os.path.abspath(out))
-    (out / "fits.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
+    table = [{**row, "run_dir": relative(row["run_dir"], out)} for row in result.get("runs_table", [])]  # as runs.csv
+    (out / "fits.json").write_text(json.dumps({**result, "runs_table": table}, indent=1, default=_jsonable) + "\n")
     (out / "fits.md").write_text(render(result))
     return files + [out / "fits.json", out / "fits.md"]
 
