@@ -97,6 +97,12 @@ def runtime_s(info: dict) -> int:
     return seconds + 86400 * int(days or 0)
 
 
+def requeued(info: dict) -> bool:
+    """Requeued and settled: Restarts counts the requeue while the old allocation is still COMPLETING (its steps
+    being cleaned up); only then does the job read PENDING (Reason BeginTime a moment later; None until then)."""
+    return int(info.get("Restarts", 0)) > 0 and info.get("JobState") != "COMPLETING"
+
+
 def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm, uninterrupted, tmp_path):
     """SLURM's own time-limit warning: once the trainer is stepping, the job's limit is cut to the next whole minute
     after a 60 s margin (`scontrol update TimeLimit`), inside --signal-lead-s 120, so slurmctld sends SIGUSR1 to the
@@ -112,8 +118,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(slurm, unint
         time.sleep(0.5)
     limit_min = -(-(runtime_s(slurm.job(job)) + 60) // 60)
     slurm.cmd("scontrol", "update", f"JobId={job}", f"TimeLimit={limit_min}")
-    info = slurm.wait(job, lambda i: finished(i) or int(i.get("Restarts", 0)) > 0, timeout=180)
-    # requeued: pending again (Reason turns to BeginTime a moment after the requeue; it may still read None here)
+    info = slurm.wait(job, lambda i: finished(i) or requeued(i), timeout=180)
     assert info.get("JobState") == "PENDING", (info, log.read_text()[-3000:])
     slurm.cmd("scontrol", "update", f"JobId={job}", "TimeLimit=10", "StartTime=now")
     info = slurm.wait(job, finished, timeout=400)
