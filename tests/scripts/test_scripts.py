@@ -74,7 +74,7 @@ def section(out: str, script: str) -> str:
     return out.split(f"## {script}\n", 1)[1].split("\n## ", 1)[0].split("\n# diffllm benchmark summary", 1)[0]
 
 
-@pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
+@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
 def test_bench_data_prints_every_process_layout_and_the_training_line(bench):
     out = section(bench, "bench_data.py")
     for label in ("1", "2: 2 ranks", "2: 1 rank, 2 workers"):
@@ -83,6 +83,7 @@ def test_bench_data_prints_every_process_layout_and_the_training_line(bench):
     assert re.search(r"1-process pipeline / training consumption: [\d,.]+x", out)
 
 
+@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
 def test_bench_train_prints_each_loop_and_the_per_flop_table(bench):
     out = section(bench, "bench_train.py")
     for preset in ("transformer-micro-1", "diff-micro-1", "diff2-micro-1"):
@@ -94,12 +95,14 @@ def test_bench_train_prints_each_loop_and_the_per_flop_table(bench):
     assert base[1] == "1.000"
 
 
+@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
 def test_bench_eval_prints_train_and_eval_rows(bench):
     out = section(bench, "bench_eval.py")
     assert table_rows(out, "train step (fwd+bwd+AdamW)")[0][2] == "1.00x"
     assert float(table_rows(out, "eval ppl, batch 4")[0][2].rstrip("x")) > 0
 
 
+@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
 def test_bench_all_prints_the_summary_table(bench):
     out = bench.split("# diffllm benchmark summary", 1)[1]
     assert "machine: " in out and "command: " in out
