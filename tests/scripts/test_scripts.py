@@ -55,6 +55,10 @@ def table_rows(text: str, first_cell: str) -> list[list[str]]:
     return [r for r in rows if r[0] == first_cell]
 
 
+# Every test of `bench` is slow-marked, so its fixture (35 s) is paid once, in make test-slow, not in make test too.
+bench_smoke = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory) -> str:
     """The output of `bench_all.py --smoke`: the three benchmarks' tables, then the summary."""
@@ -74,7 +78,7 @@ def section(out: str, script: str) -> str:
     return out.split(f"## {script}\n", 1)[1].split("\n## ", 1)[0].split("\n# diffllm benchmark summary", 1)[0]
 
 
-@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
+@bench_smoke
 def test_bench_data_prints_every_process_layout_and_the_training_line(bench):
     out = section(bench, "bench_data.py")
     for label in ("1", "2: 2 ranks", "2: 1 rank, 2 workers"):
@@ -83,7 +87,7 @@ def test_bench_data_prints_every_process_layout_and_the_training_line(bench):
     assert re.search(r"1-process pipeline / training consumption: [\d,.]+x", out)
 
 
-@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
+@bench_smoke
 def test_bench_train_prints_each_loop_and_the_per_flop_table(bench):
     out = section(bench, "bench_train.py")
     for preset in ("transformer-micro-1", "diff-micro-1", "diff2-micro-1"):
@@ -95,14 +99,14 @@ def test_bench_train_prints_each_loop_and_the_per_flop_table(bench):
     assert base[1] == "1.000"
 
 
-@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
+@bench_smoke
 def test_bench_eval_prints_train_and_eval_rows(bench):
     out = section(bench, "bench_eval.py")
     assert table_rows(out, "train step (fwd+bwd+AdamW)")[0][2] == "1.00x"
     assert float(table_rows(out, "eval ppl, batch 4")[0][2].rstrip("x")) > 0
 
 
-@pytest.mark.slow  # the `bench` fixture: 35 s, paid once in make test-slow
+@bench_smoke
 def test_bench_all_prints_the_summary_table(bench):
     out = bench.split("# diffllm benchmark summary", 1)[1]
     assert "machine: " in out and "command: " in out
