@@ -80,6 +80,10 @@ class Stream:
             self._draws = np.random.default_rng([self.seed, 7, self.index, self._block]).random(DRAW_BLOCK)
         return min(int(np.searchsorted(self._cum, self._draws[n % DRAW_BLOCK], side="right")), len(self.packers) - 1)
 
+    def next_epoch(self) -> int:
+        """The pass over its source (0: the first) in which the next window starts."""
+        return self.packers[self._pick(self.windows)].state()["epoch"]
+
     def next_window(self) -> np.ndarray:
         window = self.packers[self._pick(self.windows)].next_window()
         self.windows += 1

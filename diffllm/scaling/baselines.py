@@ -7,7 +7,9 @@ target) pairs, c(a) = sum_b c(a, b). With V the tokenizer's vocabulary and N the
 
     unigram  p(b)   = (c(b) + 1) / (N + V)                                   (add-one)
     bigram   p(b|a) = (c(a, b) + K p(b)) / (c(a) + K),   K = BIGRAM_K        (interpolated with the unigram)
-    kn3, kn4 interpolated Kneser-Ney 3- and 4-gram, counts inside the same training windows (kneser_ney.py)
+    kn3, kn4 interpolated Kneser-Ney 3- and 4-gram (kneser_ney.py), counts inside the training windows that start
+             in their source's first pass: beyond one epoch a repeated window would count twice, and KN's discounts,
+             estimated from the k-grams seen once and twice, would collapse (the 4-gram's loss rose above the bigram's)
 
 The training windows are rebuilt from the run's config.yaml and tokenizer.json with the data pipeline itself
 (diffllm/data: the same streams, seed and layout as its TrainLoader: rank r's micro-batch k comes from its
@@ -37,13 +39,14 @@ if TYPE_CHECKING:
 
 BIGRAM_K = 20.0  # pseudo-count weight of the unigram in the bigram (see the module docstring and docs/scaling.md)
 MAX_TOKENS = 50_000_000  # larger budgets are not counted here (minutes of reading and packing per 50M tokens)
-VERSION = 2  # bump when the definition changes: old cache entries are then ignored
+VERSION = 3  # bump when the definition changes: old cache entries are then ignored
 BASELINES_NOTE = (
     "Baselines (nats/token, on every packed window of the held-out set that final_val_loss covers; counts from "
     "the run's own "
     f"training windows up to its budget): unigram add-one; bigram p(b|a) = (c(a,b) + {BIGRAM_K:g}·"
     f"p_uni(b)) / (c(a) + {BIGRAM_K:g}); kn3, kn4: interpolated Kneser-Ney 3- and 4-gram (one discount "
-    "n1/(n1+2n2) per order, diffllm/scaling/kneser_ney.py). A run whose final_val_loss does not beat its bigram is "
+    "n1/(n1+2n2) per order, diffllm/scaling/kneser_ney.py), counted on the training windows of the first pass "
+    "over the data only (a repeated window would count twice). A run whose final_val_loss does not beat its bigram is "
     "marked under-trained."
 )
 
@@ -58,11 +61,16 @@ class Baselines:
     k: float = BIGRAM_K
     kn3: Optional[float] = None  # interpolated Kneser-Ney 3-gram (diffllm/scaling/kneser_ney.py); None: an older entry
     kn4: Optional[float] = None  # ... and 4-gram
+    kn_train_tokens: Optional[int] = None  # training targets the Kneser-Ney counts read (the first pass only)
 
 
-def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = BIGRAM_K) -> Baselines:
-    """train: (n, T+1) training windows; val: (m, T+1) validation windows (any integer dtype). Float64 throughout."""
+def cross_entropies(
+    train: np.ndarray, val: np.ndarray, vocab: int, k: float = BIGRAM_K, first_pass: Optional[np.ndarray] = None
+) -> Baselines:
+    """train: (n, T+1) training windows; val: (m, T+1) validation windows (any integer dtype); first_pass: (n,) bool,
+    the windows the Kneser-Ney counts read (None: all). Float64 throughout."""
     train, val = np.asarray(train, dtype=np.int64), np.asarray(val, dtype=np.int64)
+    once = train if first_pass is None else train[np.asarray(first_pass, dtype=bool)]
     ctx, tgt = train[:, :-1].ravel(), train[:, 1:].ravel()
     uni = np.bincount(tgt, minlength=vocab).astype(np.float64)
     p_uni = (uni + 1.0) / (len(tgt) + vocab)  # (V,)
@@ -73,7 +81,7 @@ def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = B
     at = np.minimum(np.searchsorted(pairs, key), len(pairs) - 1)
     c_ab = np.where(pairs[at] == key, pair_counts[at], 0).astype(np.float64)
     p_bi = (c_ab + k * p_uni[b]) / (c_ctx[a] + k)
-    kn = {f"kn{n}": KneserNey(train, n, vocab).cross_entropy(val) if vocab**n < 2**63 else None for n in (3, 4)}
+    kn = {f"kn{n}": KneserNey(once, n, vocab).cross_entropy(val) if vocab**n < 2**63 else None for n in (3, 4)}
     return Baselines(
         float(-np.log(p_uni[b]).mean()),
         float(-np.log(p_bi).mean()),
@@ -82,6 +90,7 @@ def cross_entropies(train: np.ndarray, val: np.ndarray, vocab: int, k: float = B
         int(vocab),
         float(k),
         **kn,
+        kn_train_tokens=int(once[:, 1:].size),
     )
 
 
@@ -111,8 +120,9 @@ def _layout(config: dict, summary: dict):
     return data, budget, trainer.get("val_tokens")
 
 
-def training_windows(data, tok, budget) -> np.ndarray:
-    """(n, T+1) every training window the run consumed, all ranks, in stream order (counts do not need the order)."""
+def training_windows(data, tok, budget) -> tuple[np.ndarray, np.ndarray]:
+    """(n, T+1) every training window the run consumed, all ranks, in stream order (counts do not need the order),
+    and (n,) bool: whether the window starts in its source's first pass (epoch 0)."""
     from ..data.loader import resolve_sources
     from ..data.stream import Stream
 
@@ -120,11 +130,13 @@ def training_windows(data, tok, budget) -> np.ndarray:
     workers = max(1, data.num_workers)
     n_streams = data.num_streams or budget.world_size * workers
     served = stream_windows(workers, budget.world_size, n_streams, budget.steps * budget.grad_accum)
-    windows = []
+    windows, first = [], []
     for s, batches in sorted(served.items()):
         stream = Stream(sources, tok, data, s, n_streams, epochs=data.epochs)
-        windows += [stream.next_window()[0] for _ in range(batches * budget.micro_batch_size)]
-    return np.stack(windows)
+        for _ in range(batches * budget.micro_batch_size):
+            first.append(stream.next_epoch() == 0)
+            windows.append(stream.next_window()[0])
+    return np.stack(windows), np.array(first, dtype=bool)
 
 
 def validation_windows(data, tok, max_tokens) -> np.ndarray:
@@ -181,12 +193,12 @@ def run_baselines(run_dir: Path, cache: Path) -> Baselines:
         return cached
     if cached is not None:  # an entry from before the Kneser-Ney columns: add them where the data can be read
         try:
-            windows = training_windows(data, tok, budget)
+            windows, first = training_windows(data, tok, budget)
         except (ValueError, OSError):
             return cached
     else:
-        windows = training_windows(data, tok, budget)
-    b = cross_entropies(windows, validation_windows(data, tok, val_tokens), tok.vocab_size)
+        windows, first = training_windows(data, tok, budget)
+    b = cross_entropies(windows, validation_windows(data, tok, val_tokens), tok.vocab_size, first_pass=first)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(dataclasses.asdict(b)) + "\n")
     return b

@@ -53,7 +53,7 @@ def test_layout_matches_the_train_loader_on_two_ranks(tmp_path):
         loader = build_train_loader(data, tok, rank, 2, 4)
         seen += [tuple(w.tolist()) for _ in range(budget.steps * budget.grad_accum) for w in next(loader).tokens]
         loader.close()
-    rebuilt = [tuple(w.tolist()) for w in training_windows(data, tok, budget)]
+    rebuilt = [tuple(w.tolist()) for w in training_windows(data, tok, budget)[0]]
     assert Counter(rebuilt) == Counter(seen) and len(rebuilt) == 6 * 2 * 2 * 4
     assert stream_windows(2, 1, 4, 5) == {0: 2, 2: 1, 1: 1, 3: 1}  # worker 0: batches 0, 2, 4; worker 1: 1, 3
 
@@ -82,3 +82,41 @@ def test_cached_in_the_sweep_dir(tmp_path, monkeypatch):
         "a budget of 640 tokens is more than the baselines count (diffllm.scaling.baselines.MAX_TOKENS = 100)"
         in notes[0]
     )
+
+
+def _one_epoch(stream) -> list[tuple]:
+    """Every window a stream built with epochs=1 yields (the packer's own end of the first pass)."""
+    out = []
+    while True:
+        try:
+            out.append(tuple(stream.next_window()[0].tolist()))
+        except StopIteration:
+            return out
+
+
+@pytest.mark.parametrize("num_streams", [1, 4])
+def test_kneser_ney_counts_only_the_first_pass(tmp_path, num_streams):
+    """A budget of about three epochs: the windows marked first-pass are, per stream, exactly what the same stream
+    with epochs=1 yields, plus at most the one window that straddles the epoch boundary; every later window is not,
+    and the Kneser-Ney counts read the marked ones only (the unigram/bigram every window)."""
+    from diffllm.data.loader import resolve_sources
+    from diffllm.data.stream import Stream
+
+    write_corpus(tmp_path)
+    tok = tokenizer(tmp_path)
+    data = build(DataConfig, data_node(tmp_path, 7, "unused", num_streams=num_streams), "data")
+    once = [_one_epoch(Stream(resolve_sources(data), tok, data, s, num_streams, epochs=1)) for s in range(num_streams)]
+    steps = num_streams * -(-3 * max(map(len, once)) // 4)  # each stream serves every num_streams-th micro-batch of 4
+    trainer = {"tokens": steps * 4 * 16, "global_batch_tokens": 4 * 16, "micro_batch_size": 4}
+    budget = plan_budget(build(TrainerConfig, trainer, "trainer"), data.seq_len, 1)
+    windows, first = training_windows(data, tok, budget)
+    at = 0
+    for s, served in sorted(stream_windows(1, 1, num_streams, budget.steps).items()):
+        mine, marked = windows[at : at + 4 * served], first[at : at + 4 * served]
+        at += 4 * served
+        n = int(marked.sum())
+        assert marked[:n].all() and not marked[n:].any() and len(mine) - n > len(once[s])  # > 2 epochs, 1 marked
+        assert [tuple(w.tolist()) for w in mine[: len(once[s])]] == once[s] and n - len(once[s]) in (0, 1)
+    b = cross_entropies(windows, windows[:2], tok.vocab_size, first_pass=first)
+    assert b.kn_train_tokens == int(first.sum()) * 16 and b.train_tokens == len(windows) * 16
+    assert b.kn3 == cross_entropies(windows[first], windows[:2], tok.vocab_size).kn3
