@@ -93,7 +93,7 @@ class ModelConfig:
                 raise UserError(f"model.{key}: must be a positive integer or null, got {value!r}")
         if self.parametrization != "mup":
             return
-        if self.variant.mup is None:
+        if self.variant.mup_table(self) is None:
             raise UserError(
                 f"model.parametrization: mup needs arch {self.arch!r} to declare how each of its parameters is treated "
                 f"(its class attribute `mup`, see diffllm/model/parametrization.py); it declares nothing"

@@ -19,10 +19,18 @@ the queries (q^C_i W_UK_i: d_c wide) and W_UV into the output, one standard call
 Config keys (ModelConfig variant options, None -> DeepSeek-V2's ratios to d = d_model / n_heads): q_lora_rank (None: a
 full W_Q), kv_lora_rank (4d), qk_nope_head_dim (d), qk_rope_head_dim (d/2, rounded down to even), v_head_dim (d).
 MLA reads neither n_kv_heads (one latent serves every head) nor rotary_pct (its RoPE width is qk_rope_head_dim).
+
+Under parametrization=mup a projection's kind depends on which of its widths grow with d_model (`mup_table`, by the
+rule of mup's set_base_shapes: a dimension is infinite where the base model and a twice-as-wide one differ). Growing
+by heads at a fixed head dim, the latent ranks stay put: W_DQ and W_DKV map the width to a fixed size (readouts: their
+input x 1/width_mult, as mup's MuReadout), W_UQ and W_UKV map a fixed size to the width (vectors), W_Q and W_O are
+hidden. Growing the head dim too (base_head_dim), the default ranks grow with it and every projection is hidden.
 """
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -54,6 +62,7 @@ class MLAEquations(AttentionEquations):
 
     def __init__(self, cfg, depth):
         super().__init__(cfg, depth)
+        self.input_scale = {}  # mup: each readout projection's input multiplier (1 / width_mult); sp: none
         self.n_heads = H = cfg.n_heads
         self.q_lora_rank, self.kv_lora_rank, self.nope_dim, self.rope_dim, self.v_dim = self.dims(cfg)
         E, dq, dc, qk = cfg.d_model, self.q_lora_rank, self.kv_lora_rank, self.nope_dim + self.rope_dim
@@ -68,28 +77,36 @@ class MLAEquations(AttentionEquations):
         self.kv_b_proj = nn.Linear(dc, H * (self.nope_dim + self.v_dim), bias=False)  # W_UK and W_UV, per head
         self.out_proj = nn.Linear(H * self.v_dim, E, bias=False)
 
+    def read(self, name, x):
+        """Projection `name` of x, its input scaled where mup made it a readout."""
+        return getattr(self, name)(x * self.input_scale[name] if name in self.input_scale else x)
+
     def queries(self, x, cos, sin):
         """q^C (B, H, T, d_n), RoPE(q^R) (B, H, T, d_r)."""
-        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        if self.q_lora_rank is None:
+            q = self.read("q_proj", x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.read("q_a_proj", x)))
         q_nope, q_rope = heads_of(q, self.n_heads).split([self.nope_dim, self.rope_dim], dim=-1)  # (B, T, H, *)
         return q_nope.transpose(1, 2), apply_rotary(q_rope, cos, sin, self.interleaved).transpose(1, 2)
 
     def latent(self, x, cos, sin):
         """What the cache holds: RMSNorm(c_KV) (B, 1, T, d_c) and RoPE(k^R) (B, 1, T, d_r)."""
-        c, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)  # (B, T, *)
+        c, k_rope = self.read("kv_a_proj_with_mqa", x).split([self.kv_lora_rank, self.rope_dim], dim=-1)  # (B, T, *)
         k_rope = apply_rotary(k_rope.unsqueeze(2), cos, sin, self.interleaved)  # (B, T, 1, d_r)
         return self.kv_a_layernorm(c).unsqueeze(1), k_rope.transpose(1, 2)
 
     def up(self):
         """W_UK (H, d_n, d_c) and W_UV (H, d_v, d_c), per head, from kv_b_proj."""
-        w = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        w = self.kv_b_proj.weight * self.input_scale.get("kv_b_proj", 1.0)  # a readout where its fan-in grows
+        w = w.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         return w.split([self.nope_dim, self.v_dim], dim=1)
 
     def project(self, x, cos, sin):
         """The plain form: q, k (B, H, T, d_n + d_r) = [q^C; q^R], [k^C; k^R]; v (B, H, T, d_v)."""
         q_nope, q_rope = self.queries(x, cos, sin)
         c, k_rope = self.latent(x, cos, sin)
-        kv = heads_of(self.kv_b_proj(c.squeeze(1)), self.n_heads).transpose(1, 2)  # (B, H, T, d_n + d_v)
+        kv = heads_of(self.read("kv_b_proj", c.squeeze(1)), self.n_heads).transpose(1, 2)  # (B, H, T, d_n + d_v)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, self.n_heads, -1, -1)), dim=-1)  # k^R shared by every head
         return torch.cat((q_nope, q_rope), dim=-1), k, v
@@ -114,10 +131,41 @@ class MLAEquations(AttentionEquations):
 
 mla_dims = MLAEquations.dims
 
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+# Each projection: (fan-in, fan-out) as functions of (d_model E, n_heads H, (d_c', d_c, d_n, d_r, d_v)).
+PROJECTIONS = {
+    "q_proj": lambda E, H, d: (E, H * (d[2] + d[3])),
+    "q_a_proj": lambda E, H, d: (E, d[0]),
+    "q_b_proj": lambda E, H, d: (d[0], H * (d[2] + d[3])),
+    "kv_a_proj_with_mqa": lambda E, H, d: (E, d[1] + d[3]),
+    "kv_b_proj": lambda E, H, d: (d[1], H * (d[2] + d[4])),
+    "out_proj": lambda E, H, d: (H * d[4], E),
+}
+
+
+def base_shapes(cfg: ModelConfig, delta: bool = False) -> tuple:
+    """(E, H, dims) of mup's base model, or of its delta (twice as wide, grown the way this model grew from the base:
+    by heads, by head dim, or both; at width_mult 1 by heads, the docs' rule). The base: d_model base_width in heads of
+    base_head_dim (null: this head dim); every rank and head dim by `dims`'s rules from there."""
+    width, head_dim = cfg.base_width or cfg.d_model, cfg.base_head_dim or cfg.head_dim
+    heads = max(1, width // head_dim)
+    if delta:
+        by_head_dim = head_dim != cfg.head_dim
+        by_heads = heads != cfg.n_heads or not by_head_dim
+        heads, head_dim = heads * (1 + by_heads), head_dim * (1 + by_head_dim)
+        width = heads * head_dim
+    shape = SimpleNamespace(**{k: getattr(cfg, k) for k in MLA_KEYS}, d_model=width, n_heads=heads)
+    return width, heads, mla_dims(shape)
+
 
 @register
 class MLAAttention(AttentionVariant, MLAEquations):
     arch, label, color = "mla", "MLA", "tab:orange"
+
+    def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
+        super().__init__(cfg, depth, backend)
+        self.input_scale = {n.removesuffix(".weight"): s for n, s in self.mup_input_scales(cfg).items()}
 
     def forward(
         self,
@@ -131,7 +179,7 @@ class MLAAttention(AttentionVariant, MLAEquations):
         c_KV and k^R and the absorbed form attends over all cached positions."""
         if cache is None:
             return super().forward(x, cos, sin, None, docs)
-        q_nope, q_rope = self.queries(x, cos, sin)
+        q_nope, q_rope = (q * self.query_scale for q in self.queries(x, cos, sin))  # as scaled_project's
         c, k_rope = cache.update(*self.latent(x, cos, sin))  # (B, 1, S, d_c), (B, 1, S, d_r)
         return self.finish(x, self.attend_absorbed(x, q_nope, q_rope, c, k_rope, docs))
 
@@ -161,6 +209,46 @@ class MLAAttention(AttentionVariant, MLAEquations):
     @classmethod
     def rotary_dim(cls, cfg: ModelConfig) -> int:
         return mla_dims(cfg)[3]
+
+    @classmethod
+    def mup_table(cls, cfg: ModelConfig) -> dict[str, str]:
+        """Each projection's kind by which of its two widths grow (differ between mup's base model and its delta):
+        both -> hidden, the fan-in only -> readout, else vector; biases and the latent norms are vectors."""
+        (E0, H0, d0), (E1, H1, d1) = base_shapes(cfg), base_shapes(cfg, delta=True)
+        table = {}
+        for name, fans in PROJECTIONS.items():
+            if name.startswith("q_") and (name == "q_proj") != (cfg.q_lora_rank is None):
+                continue  # W_Q, or W_DQ and W_UQ
+            grows_in, grows_out = (a != b for a, b in zip(fans(E0, H0, d0), fans(E1, H1, d1)))
+            table[f"{name}.weight"] = "hidden" if grows_in and grows_out else "readout" if grows_in else "vector"
+        return {**table, "*.bias": "vector", "*_layernorm.weight": "vector"}
+
+    @classmethod
+    def mup_input_scales(cls, cfg: ModelConfig) -> dict[str, float]:
+        """Each readout's input multiplier under mup: its fan-in's base / its fan-in (mup's MuReadout: 1/width_mult)."""
+        if cfg.parametrization != "mup":
+            return {}
+        (E0, H0, d0), kinds = base_shapes(cfg), cls.mup_table(cfg)
+        E, H, d = cfg.d_model, cfg.n_heads, mla_dims(cfg)
+        return {
+            f"{name}.weight": fans(E0, H0, d0)[0] / fans(E, H, d)[0]
+            for name, fans in PROJECTIONS.items()
+            if kinds.get(f"{name}.weight") == "readout"
+        }
+
+    @classmethod
+    def mup_query_scale(cls, cfg: ModelConfig) -> float:
+        """Under mup the logits are q.k sqrt(base key width)/(d_n + d_r), mup's 1/d over the key width; 1 while the
+        key width does not grow (a fixed head dim)."""
+        if cfg.parametrization != "mup":
+            return 1.0
+        _, _, (_, _, dn0, dr0, _) = base_shapes(cfg)
+        _, _, dn, dr, _ = mla_dims(cfg)
+        return math.sqrt((dn0 + dr0) / (dn + dr))
+
+    @classmethod
+    def query_weights(cls, cfg: ModelConfig) -> tuple[str, ...]:
+        return ("q_proj.weight", "q_proj.bias") if cfg.q_lora_rank is None else ("q_b_proj.weight",)
 
     @classmethod
     def remote_config(cls, cfg: ModelConfig) -> dict:

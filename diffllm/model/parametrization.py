@@ -7,15 +7,17 @@ base_width (head count, kv heads, SwiGLU width scale with d_model). A parameter 
     hidden   every projection matrix (width x width)    lr / m      init_std / sqrt m  as is
     vector   embedding, norm gains, biases, Diff's      lr          as sp              as is
              lambda vectors and subln weight
-    readout  lm_head (width -> vocab)                   lr          as sp              logits / m
+    readout  lm_head (width -> vocab); MLA's maps       lr          as sp              input / m
+             from the width to a fixed latent rank
 
 (m = width_mult), and attention logits are q.k sqrt(base_head_dim) / d instead of q.k / sqrt(d) (base_head_dim:
 the model's own head dim unless set). A hidden matrix's weight decay is multiplied by m, so AdamW's lr x wd stays
 (`mup.MuAdamW`'s default, decoupled_wd=False). At width_mult 1 everything is sp's, bit for bit.
 
 Who declares what: the model's own parameters in `MODEL_TREATMENT` below; each attention variant its own in its
-class attribute `mup` (fnmatch patterns of its parameters' local names -> kind, first match wins). A variant
-without one is refused under mup (`check`), never silently sp. tests/model/test_mup.py checks every declaration
+class attribute `mup` (fnmatch patterns of its parameters' local names -> kind, first match wins), or in its
+classmethod `mup_table(cfg)` where the kinds depend on which of its widths grow (MLA). A variant without one is
+refused under mup (`check`), never silently sp. tests/model/test_mup.py checks every declaration
 against the `mup` package's own classification (set_base_shapes + MuAdamW) of the same model.
 """
 
@@ -78,7 +80,7 @@ def treatments(model: nn.Module) -> dict[str, str]:
     """Every parameter of a DecoderLM (named_parameters names; a tied head once, as the embedding) -> its kind."""
     kinds = {}
     for i, layer in enumerate(model.layers):
-        table = type(layer.attn).mup
+        table = type(layer.attn).mup_table(model.cfg)
         if table is None:
             raise UserError(f"model.parametrization: arch {model.cfg.arch!r} declares no mup treatment")
         for local, _ in layer.attn.named_parameters():
@@ -101,20 +103,27 @@ def init_mult(kind: str, m: float) -> float:
 
 
 def folded(cfg: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
-    """(an sp config, weights) whose sp forward equals this mup model's: the readout's 1/width_mult folded into
-    lm_head, the query scale into each attention's q_proj (weight and bias). What an export writes."""
+    """(an sp config, weights) whose sp forward equals this mup model's: each readout's 1/width_mult folded into its
+    weight (lm_head; an attention's readouts, whose inputs the forward scales), the query scale into the parameters
+    that make the queries (the variant's `query_weights`: q_proj's weight and bias by default). What an export
+    writes."""
     if cfg.parametrization == "sp":
         return cfg, state_dict
-    r, q, sd = readout_scale(cfg), query_scale(cfg), dict(state_dict)
+    variant = cfg.variant
+    r, q, sd = readout_scale(cfg), variant.mup_query_scale(cfg), dict(state_dict)
+    queries = variant.query_weights(cfg)
+    attention = {k: k.split(".", 3)[3] for k in sd if k.split(".")[2:3] == ["attn"]}  # layers.<i>.attn.<local>
     if r != 1.0:
         if cfg.tie_embeddings:
             raise UserError(
                 "export: a mup model with tied embeddings cannot fold its readout scale into the shared weight"
             )
         sd["lm_head.weight"] = sd["lm_head.weight"] * r
+    scales = variant.mup_input_scales(cfg)
+    sd.update({k: sd[k] * scales[local] for k, local in attention.items() if local in scales})
     if q != 1.0:
-        queries = [k for k in sd if k.split(".")[2:4] == ["attn", "q_proj"]]  # layers.<i>.attn.q_proj.{weight,bias}
-        if len(queries) < cfg.n_layers:
-            raise UserError(f"export: arch {cfg.arch!r} has no attn.q_proj to fold mup's query scale into")
-        sd.update({k: sd[k] * q for k in queries})
+        found = [k for k, local in attention.items() if local in queries]
+        if len(found) < cfg.n_layers:
+            raise UserError(f"export: arch {cfg.arch!r} has no attn.{queries[0]} to fold mup's query scale into")
+        sd.update({k: sd[k] * q for k in found})
     return replace(cfg, parametrization="sp", base_width=None, base_head_dim=None), sd

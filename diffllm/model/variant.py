@@ -66,14 +66,15 @@ class AttentionVariant:
     map_normalisation: ClassVar[str] = "softmax rows"  # what eval attention says its rebuilt map rows are
     no_decay: ClassVar[tuple[str, ...]] = ()  # its parameters (local names) kept from weight decay whatever their shape
     # How parametrization=mup treats each of its parameters: fnmatch pattern of a local name -> "hidden" (a width x
-    # width matrix: lr and init std scale down with width) | "vector" (constant lr and init); first match wins.
-    # None: undeclared, refused under mup (diffllm/model/parametrization.py).
+    # width matrix: lr and init std scale down with width) | "vector" (constant lr and init) | "readout" (width ->
+    # a fixed size: its input x 1/width_mult, which the variant's forward applies); first match wins. None:
+    # undeclared, refused under mup (diffllm/model/parametrization.py). `mup_table` may compute it from the config.
     mup: ClassVar[Optional[dict[str, str]]] = None
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
         super().__init__(cfg, depth)  # the equations: projections and parameters, in their order
         self.backend = backend or cfg.attn_backend
-        self.query_scale = query_scale(cfg)  # 1 but under mup with base_head_dim: sqrt(base_head_dim / d)
+        self.query_scale = self.mup_query_scale(cfg)  # 1 but under mup with base_head_dim: sqrt(base_head_dim / d)
 
     def forward(
         self,
@@ -114,6 +115,28 @@ class AttentionVariant:
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         """Raise UserError('model.<key>: why') for a config this variant cannot build."""
+
+    @classmethod
+    def mup_table(cls, cfg: ModelConfig) -> Optional[dict[str, str]]:
+        """Its mup declaration for `cfg`: the class attribute `mup` (MLA computes its own from which widths grow)."""
+        return cls.mup
+
+    @classmethod
+    def mup_input_scales(cls, cfg: ModelConfig) -> dict[str, float]:
+        """Under mup, each readout parameter's (local name) input multiplier, which the variant's forward applies and
+        an export folds into the weight; none by default (the model's own readout is lm_head)."""
+        return {}
+
+    @classmethod
+    def mup_query_scale(cls, cfg: ModelConfig) -> float:
+        """What the queries are multiplied by: 1, but under mup with base_head_dim sqrt(base_head_dim / d), so the
+        kernels' 1/sqrt(d) becomes mup's sqrt(base_head_dim)/d."""
+        return query_scale(cfg)
+
+    @classmethod
+    def query_weights(cls, cfg: ModelConfig) -> tuple[str, ...]:
+        """The parameters (local names) whose product is the queries: an export folds the query scale into them."""
+        return ("q_proj.weight", "q_proj.bias")
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

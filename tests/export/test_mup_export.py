@@ -6,28 +6,33 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffllm.export import llama, remote
-from diffllm.export.hf import write_hf
+from diffllm.export import deepseek, llama, remote
+from diffllm.export.hf import choose_format, write_hf
 from diffllm.model import DecoderLM, ModelConfig
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("arch,fmt", [("transformer", llama), ("diff2", remote)])
-def test_exported_mup_logits_equal_ours(arch, fmt, tmp_path):
-    # width_mult 4 (readout x 1/4), head dim 16 with base_head_dim 4: queries x 1/2
+GROWN_BY_HEAD_DIM = {"n_heads": 4, "base_head_dim": 4, "qkv_bias": True}  # head dim 16 from 4: queries x 1/2
+
+
+@pytest.mark.parametrize(
+    "arch,fmt,kw",
+    [
+        ("transformer", llama, GROWN_BY_HEAD_DIM),
+        ("diff2", remote, GROWN_BY_HEAD_DIM),
+        # MLA grown by head dim: W_DQ a readout (x 1/4), queries x 1/2 folded into W_UQ; grown by heads: W_DQ and
+        # W_DKV readouts (docs/model.md)
+        ("mla", deepseek, {**GROWN_BY_HEAD_DIM, "qkv_bias": False, "q_lora_rank": 24, "kv_lora_rank": 40}),
+        ("mla", deepseek, {"n_heads": 16, "q_lora_rank": 24}),
+    ],
+)
+def test_exported_mup_logits_equal_ours(arch, fmt, kw, tmp_path):
+    # width_mult 4: the readout x 1/4
     cfg = ModelConfig(
-        arch=arch,
-        d_model=64,
-        n_heads=4,
-        n_layers=2,
-        vocab_size=250,
-        max_seq_len=64,
-        qkv_bias=True,
-        parametrization="mup",
-        base_width=16,
-        base_head_dim=4,
+        **kw, arch=arch, d_model=64, n_layers=2, vocab_size=250, max_seq_len=64, parametrization="mup", base_width=16
     )
+    assert choose_format(cfg)[0] is fmt
     torch.manual_seed(0)
     ours = DecoderLM(cfg).eval()
     with torch.no_grad():

@@ -1,9 +1,11 @@
 """parametrization=mup against the reference implementation: the `mup` package's set_base_shapes + MuAdamW on the same
 model give the same per-parameter lr multipliers, weight decays and init scales as diffllm's declarations, and its
-MuReadout the same logits; at width_mult 1 mup is sp bit for bit; a variant that declares nothing is refused."""
+MuReadout the same logits (and MLA's latent maps); at width_mult 1 mup is sp bit for bit; a variant that declares
+nothing is refused."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,36 +14,56 @@ import pytest
 import torch
 
 from diffllm.errors import UserError
+from diffllm.model import KVCache
 from diffllm.model.config import ModelConfig
 from diffllm.model.parametrization import init_mult, treatments
 from diffllm.model.transformer import DecoderLM
 from diffllm.train.optim import param_groups
+from tests.distributed import REPO
 
-ARCHS = ("transformer", "diff", "diff2")
+ARCHS = ("transformer", "diff", "diff2", "mla")
 BASE, HEAD_DIM, WD, STD = 48, 8, 0.1, 0.02  # d_model 48: the SwiGLU width int(8/3 d) scales exactly (128 per 48)
 
 
-def config(arch: str, width: int, **kw) -> ModelConfig:
-    """Head dim fixed, heads scale with width (the base shapes' rule, diffllm/model/parametrization.py)."""
+def config(arch: str, width: int, heads: int = 0, **kw) -> ModelConfig:
+    """Head dim fixed, heads scale with width (the base shapes' rule, diffllm/model/parametrization.py); `heads`: that
+    many heads at every width instead (the head dim grows)."""
     return ModelConfig(
-        **{"n_layers": 2, "vocab_size": 200, "init_std": STD, **kw}, arch=arch, d_model=width, n_heads=width // HEAD_DIM
+        **{"n_layers": 2, "vocab_size": 200, "init_std": STD, **kw},
+        arch=arch,
+        d_model=width,
+        n_heads=heads or width // HEAD_DIM,
     )
 
 
-def mup_model(arch: str, width: int) -> DecoderLM:
+def mup_model(arch: str, width: int, heads: int = 0, **kw) -> DecoderLM:
     """Our model at `width` under mup with the `mup` package's infshapes set from a base and a delta model."""
     torch.manual_seed(0)
-    model = DecoderLM(config(arch, width, parametrization="mup", base_width=BASE))
-    base, delta = DecoderLM(config(arch, BASE)), DecoderLM(config(arch, 2 * BASE))
+    base_head_dim = BASE // heads if heads else None
+    model = DecoderLM(
+        config(arch, width, heads, parametrization="mup", base_width=BASE, base_head_dim=base_head_dim, **kw)
+    )
+    base, delta = DecoderLM(config(arch, BASE, heads, **kw)), DecoderLM(config(arch, 2 * BASE, heads, **kw))
     # our readout is a plain nn.Linear (the 1/width_mult is in DecoderLM.forward): mup's assert would ask for a
     # MuReadout there, and our table must call exactly that one Linear the readout (checked below)
     mup.set_base_shapes(model, base, delta=delta, rescale_params=False, do_assert=False)
     return model
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_lr_multipliers_and_weight_decay_equal_mup_adamw(arch):
-    model = mup_model(arch, 4 * BASE)
+FIXED_HEAD_DIMS = {"qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+# (arch, heads: 0 grows by heads / n at every width, kw, the attention's readouts). MLA grown by heads keeps its latent
+# ranks: W_DQ and W_DKV map the width to a fixed size (readouts); grown by head dim, d_c + d_r of W_DKV grows (hidden)
+FAMILIES = [(arch, 0, {}, ()) for arch in ("transformer", "diff", "diff2")] + [
+    ("mla", 0, {}, ("kv_a_proj_with_mqa",)),
+    ("mla", 0, {"q_lora_rank": 24}, ("q_a_proj", "kv_a_proj_with_mqa")),
+    ("mla", 4, {"q_lora_rank": 24}, ("q_a_proj",)),
+    ("mla", 4, FIXED_HEAD_DIMS, ("q_proj", "kv_b_proj")),  # d_c grows, the heads' widths do not
+]
+
+
+@pytest.mark.parametrize("arch,heads,kw,latent", FAMILIES)
+def test_lr_multipliers_and_weight_decay_equal_mup_adamw(arch, heads, kw, latent):
+    model = mup_model(arch, 4 * BASE, heads, **kw)
     ours = {id(p): (g["lr_mult"], g["weight_decay"]) for g in param_groups(model, WD) for p in g["params"]}
     decays = {id(p): g["weight_decay"] for g in param_groups(model, WD) for p in g["params"]}
     # MuAdamW splits each group we give it by width_mult: hand it our decay split, lr 1 -> its lr is the multiplier
@@ -56,17 +78,18 @@ def test_lr_multipliers_and_weight_decay_equal_mup_adamw(arch):
     assert {ours[id(p)][0] for p in model.parameters()} == {1.0, 0.25}  # both rules are exercised
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_kinds_and_init_scales_equal_mup(arch):
-    model, m = mup_model(arch, 4 * BASE), 4.0
+@pytest.mark.parametrize("arch,heads,kw,latent", FAMILIES)
+def test_kinds_and_init_scales_equal_mup(arch, heads, kw, latent):
+    model, m = mup_model(arch, 4 * BASE, heads, **kw), 4.0
     kinds = treatments(model)
-    # the readout: each nn.Linear with an infinite fan-in and a finite fan-out (assert_hidden_size_inf's MuReadout)
+    # the readouts: each nn.Linear with an infinite fan-in and a finite fan-out (assert_hidden_size_inf's MuReadout)
     readouts = {
         f"{n}.weight"
         for n, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and mod.weight.infshape[1].isinf() and not mod.weight.infshape[0].isinf()
     }
-    assert readouts == {"lm_head.weight"}
+    assert readouts == {"lm_head.weight"} | {f"layers.{i}.attn.{p}.weight" for i in range(2) for p in latent}
+    assert readouts == {n for n, kind in kinds.items() if kind == "readout"}
     for name, p in model.named_parameters():
         # mup: 2 infinite dims = matrix-like (hidden); <= 1 = vector-like
         kind = "hidden" if p.infshape.ninf() == 2 else "readout" if name in readouts else "vector"
@@ -133,9 +156,27 @@ def test_mup_at_base_width_is_sp_bit_for_bit(arch):
         assert torch.equal(sp_state[key], mu_state[key]), key
 
 
-def test_undeclared_variant_is_refused_in_one_line():
-    with pytest.raises(UserError, match="mup needs arch 'mla' to declare"):
-        ModelConfig(arch="mla", parametrization="mup")
+# A variant that declares nothing: the Transformer's equations with `mup` left None (docs/model.md's worked example
+# inherits the Transformer's declaration instead)
+UNDECLARED = """from diffllm.model.attention import Attention
+from diffllm.model.registry import register
+
+
+@register
+class UndeclaredAttention(Attention):
+    arch, label, color, mup = "undeclared", "Undeclared", "tab:gray", None
+"""
+
+
+def test_undeclared_variant_is_refused_in_one_line(monkeypatch):
+    from diffllm.model import registry
+    from diffllm.model.attention import Attention
+
+    undeclared = type("UndeclaredAttention", (Attention,), {"arch": "undeclared", "mup": None})
+    monkeypatch.setitem(registry._REGISTRY, "undeclared", undeclared)
+    ModelConfig(arch="undeclared")  # sp builds
+    with pytest.raises(UserError, match="mup needs arch 'undeclared' to declare"):
+        ModelConfig(arch="undeclared", parametrization="mup")
     with pytest.raises(UserError, match="model.parametrization: got 'mu'"):
         ModelConfig(parametrization="mu")
     with pytest.raises(UserError, match="model.base_width: must be a positive integer"):
@@ -143,20 +184,46 @@ def test_undeclared_variant_is_refused_in_one_line():
 
 
 def test_undeclared_variant_cli_exit_2(tmp_path):
-    """`diffllm info` on an mla preset under mup: one line on stderr, exit 2."""
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diffllm.cli",
-            "info",
-            "model=transformer-tiny",
-            "model.arch=mla",
-            "model.parametrization=mup",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    """`diffllm info` on a variant registered through $DIFFLLM_VARIANTS that declares nothing, under mup: one line on
+    stderr, exit 2."""
+    (tmp_path / "undeclared_attention.py").write_text(UNDECLARED)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "DIFFLLM_VARIANTS": "undeclared_attention"}
+    command = [sys.executable, "-m", "diffllm.cli", "info", "model=transformer-tiny", "model.arch=undeclared"]
+    assert subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env).returncode == 0
+    r = subprocess.run(command + ["model.parametrization=mup"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "declares nothing" in r.stderr, r.stderr
+
+
+def test_mla_latent_maps_equal_mu_readout():
+    """Grown by heads, MLA's W_DQ and W_DKV are readouts: each equals mup's MuReadout (input x 1/width_mult) with
+    its weight, on the attention's input."""
+    model = mup_model("mla", 4 * BASE, q_lora_rank=24)
+    attn, seen = model.layers[0].attn, {}
+    attn.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))  # None: the args unchanged
+    for name in ("q_a_proj", "kv_a_proj_with_mqa"):
+        getattr(attn, name).register_forward_hook(lambda mod, inp, out, name=name: seen.setdefault(name, out))
+    model(torch.randint(0, 200, (2, 8)))
+    for name in ("q_a_proj", "kv_a_proj_with_mqa"):
+        ours = getattr(attn, name)
+        reference = mup.MuReadout(ours.in_features, ours.out_features, bias=False)
+        reference.weight = ours.weight  # carries its infshape: width_mult 4
+        assert reference.width_mult() == 4.0
+        torch.testing.assert_close(seen[name], reference(seen["x"]), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "heads,kw,query_scale", [(0, {"q_lora_rank": 24}, 1.0), (4, {"q_lora_rank": 24}, 0.5), (4, FIXED_HEAD_DIMS, 1.0)]
+)
+def test_mla_cached_decoding_equals_the_full_forward_under_mup(heads, kw, query_scale):
+    """The absorbed (cached) form applies mup's query scale and input scales as the plain form does: grown by heads
+    (W_DQ, W_DKV readouts), by head dim (queries x sqrt(base key width / key width) = 1/2), by d_c alone (W_UKV a
+    readout, which the absorbed form reads as a matrix)."""
+    model = mup_model("mla", 4 * BASE, heads, **kw).double().eval()
+    assert model.layers[0].attn.query_scale == query_scale
+    tokens = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(2))
+    cache = KVCache(max_len=9)
+    with torch.no_grad():
+        full = model(tokens)
+        steps = [model(tokens[:, :4], cache)] + [model(tokens[:, t : t + 1], cache) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=0)

@@ -19,7 +19,7 @@ SMALL = dict(n_layers=2, vocab_size=256, max_seq_len=64)
 OWN = CoordCheckConfig(widths=[16, 32, 64, 128, 256], steps=3, batch_size=4, seq_len=32)
 
 
-@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2", "mla"])
 def test_mup_is_flat_and_sp_is_not(arch):
     slopes = {p: coord_check(ModelConfig(arch=arch, parametrization=p, **SMALL), OWN)["slopes"] for p in ("sp", "mup")}
     assert max(abs(s) for s in slopes["mup"].values()) < 0.5, slopes["mup"]
