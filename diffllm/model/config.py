@@ -50,6 +50,8 @@ class ModelConfig:
     # Variant options: read (and checked) only by the variant that documents them, ignored by the others.
     lambda_init: Optional[float] = None  # diff: None -> 0.8 - 0.6 exp(-0.3 depth); a float = constant (ablation)
     lambda_std: float = 0.1  # diff: init std of lambda_{q,k}{1,2}
+    # diff under mup with base_head_dim: the lambda dot products x base_head_dim / d (mup's 1/d); false: plain
+    lambda_mup_scale: bool = False
     # mla (DeepSeek-V2 latent attention, mla_attention.py); None -> DeepSeek-V2's ratios to d = d_model / n_heads
     q_lora_rank: Optional[int] = None  # mla: width of the query latent c_Q; None -> a full-rank W_Q
     kv_lora_rank: Optional[int] = None  # mla: width of the cached latent c_KV; None -> 4 d

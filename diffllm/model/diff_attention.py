@@ -55,6 +55,7 @@ class DiffEquations(AttentionEquations):
         self.n_kv_heads = (cfg.n_kv_heads or cfg.n_heads) // 2  # kv groups
         self.head_dim = cfg.d_model // cfg.n_heads  # d: each Q/K sub-head; V heads are 2d
         self.lambda_init = self.lambda_init_at(cfg, depth)  # a python float, as in the official code
+        self.lambda_scale = 1.0  # the dot products' multiplier: 1 but under mup with lambda_mup_scale
         kv_dim = 2 * self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
@@ -77,8 +78,8 @@ class DiffEquations(AttentionEquations):
     def lambda_full(self) -> torch.Tensor:
         """Scalar lambda in fp32."""
         acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
-        l1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
-        l2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
+        l1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)) * self.lambda_scale)
+        l2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)) * self.lambda_scale)
         return l1 - l2 + self.lambda_init
 
     def project(self, x, cos, sin):
@@ -112,13 +113,18 @@ lambda_init_at = DiffEquations.lambda_init_at
 @register
 class DiffAttention(AttentionVariant, DiffEquations):
     """Options (ModelConfig fields that only Diff reads): `lambda_init` (None: the paper's depth schedule; a float:
-    that constant) and `lambda_std` (init std of the four lambda vectors)."""
+    that constant), `lambda_std` (init std of the four lambda vectors) and `lambda_mup_scale` (under mup: the lambda
+    dot products x base_head_dim / d)."""
 
     arch, label, color = "diff", "Diff Transformer", "tab:red"
     map_normalisation = "(A1 - lambda A2) / (1 - lambda)"
     no_decay = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
     # W_Q, W_K, W_V, W_O; q/k/v biases, the four lambda vectors (d), the shared per-head RMSNorm weight (2d)
     mup = {"*_proj.weight": "hidden", "*_proj.bias": "vector", "lambda_*": "vector", "subln.weight": "vector"}
+
+    def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
+        super().__init__(cfg, depth, backend)
+        self.lambda_scale = self.mup_folds(cfg).get("lambda_q1", 1.0)
 
     def attend(self, x, q, k, v, docs: Optional[Documents]):
         """triton: the fused kernel on q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) -> (B, h, T, 2d); its cached
@@ -152,6 +158,18 @@ class DiffAttention(AttentionVariant, DiffEquations):
             )
         if not cfg.lambda_std >= 0:
             raise UserError(f"model.lambda_std: must be >= 0, got {cfg.lambda_std}")
+        if not isinstance(cfg.lambda_mup_scale, bool):
+            raise UserError(f"model.lambda_mup_scale: must be true or false, got {cfg.lambda_mup_scale!r}")
+
+    @classmethod
+    def mup_folds(cls, cfg: ModelConfig) -> dict[str, float]:
+        """lambda_mup_scale under mup: lambda's dot products over the head dim d, times base_head_dim / d (mup's 1/d,
+        as the logits'): an Adam step moves every coordinate by about the lr, so unscaled a dot product moves ~d times
+        as far (docs/model.md). Folded into lambda_q1 and lambda_q2."""
+        if cfg.parametrization != "mup" or not cfg.lambda_mup_scale or cfg.base_head_dim is None:
+            return {}
+        scale = cfg.base_head_dim / cfg.head_dim
+        return {} if scale == 1.0 else {"lambda_q1": scale, "lambda_q2": scale}
 
     @classmethod
     def remote_config(cls, cfg: ModelConfig) -> dict:

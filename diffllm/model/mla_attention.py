@@ -165,7 +165,7 @@ class MLAAttention(AttentionVariant, MLAEquations):
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
         super().__init__(cfg, depth, backend)
-        self.input_scale = {n.removesuffix(".weight"): s for n, s in self.mup_input_scales(cfg).items()}
+        self.input_scale = {n.removesuffix(".weight"): s for n, s in self.mup_folds(cfg).items()}  # readouts
 
     def forward(
         self,
@@ -224,7 +224,7 @@ class MLAAttention(AttentionVariant, MLAEquations):
         return {**table, "*.bias": "vector", "*_layernorm.weight": "vector"}
 
     @classmethod
-    def mup_input_scales(cls, cfg: ModelConfig) -> dict[str, float]:
+    def mup_folds(cls, cfg: ModelConfig) -> dict[str, float]:
         """Each readout's input multiplier under mup: its fan-in's base / its fan-in (mup's MuReadout: 1/width_mult)."""
         if cfg.parametrization != "mup":
             return {}

@@ -103,10 +103,10 @@ def init_mult(kind: str, m: float) -> float:
 
 
 def folded(cfg: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
-    """(an sp config, weights) whose sp forward equals this mup model's: each readout's 1/width_mult folded into its
-    weight (lm_head; an attention's readouts, whose inputs the forward scales), the query scale into the parameters
-    that make the queries (the variant's `query_weights`: q_proj's weight and bias by default). What an export
-    writes."""
+    """(an sp config, weights) whose sp forward equals this mup model's: the readout's 1/width_mult folded into
+    lm_head, the variant's own multipliers into their parameters (`mup_folds`: MLA's readouts, Diff's scaled lambda),
+    the query scale into the parameters that make the queries (`query_weights`: q_proj's weight and bias by default).
+    What an export writes."""
     if cfg.parametrization == "sp":
         return cfg, state_dict
     variant = cfg.variant
@@ -119,8 +119,8 @@ def folded(cfg: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
                 "export: a mup model with tied embeddings cannot fold its readout scale into the shared weight"
             )
         sd["lm_head.weight"] = sd["lm_head.weight"] * r
-    scales = variant.mup_input_scales(cfg)
-    sd.update({k: sd[k] * scales[local] for k, local in attention.items() if local in scales})
+    folds = variant.mup_folds(cfg)  # MLA's readouts, Diff's scaled lambda
+    sd.update({k: sd[k] * folds[local] for k, local in attention.items() if local in folds})
     if q != 1.0:
         found = [k for k, local in attention.items() if local in queries]
         if len(found) < cfg.n_layers:

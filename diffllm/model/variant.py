@@ -122,9 +122,9 @@ class AttentionVariant:
         return cls.mup
 
     @classmethod
-    def mup_input_scales(cls, cfg: ModelConfig) -> dict[str, float]:
-        """Under mup, each readout parameter's (local name) input multiplier, which the variant's forward applies and
-        an export folds into the weight; none by default (the model's own readout is lm_head)."""
+    def mup_folds(cls, cfg: ModelConfig) -> dict[str, float]:
+        """Under mup, the multipliers its forward applies beside the kinds' (local parameter name -> factor an export
+        folds into that parameter): MLA's readouts' inputs, Diff's scaled lambda dot products; none by default."""
         return {}
 
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffllm.export import deepseek, llama, remote
+from diffllm.export import deepseek, diffllama, llama, remote
 from diffllm.export.hf import choose_format, write_hf
 from diffllm.model import DecoderLM, ModelConfig
 
@@ -21,6 +21,7 @@ GROWN_BY_HEAD_DIM = {"n_heads": 4, "base_head_dim": 4, "qkv_bias": True}  # head
     [
         ("transformer", llama, GROWN_BY_HEAD_DIM),
         ("diff2", remote, GROWN_BY_HEAD_DIM),
+        ("diff", diffllama, {**GROWN_BY_HEAD_DIM, "qkv_bias": False, "lambda_mup_scale": True}),  # lambda_q x 1/4
         # MLA grown by head dim: W_DQ a readout (x 1/4), queries x 1/2 folded into W_UQ; grown by heads: W_DQ and
         # W_DKV readouts (docs/model.md)
         ("mla", deepseek, {**GROWN_BY_HEAD_DIM, "qkv_bias": False, "q_lora_rank": 24, "kv_lora_rank": 40}),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import mup
 import pytest
@@ -227,3 +228,39 @@ def test_mla_cached_decoding_equals_the_full_forward_under_mup(heads, kw, query_
         full = model(tokens)
         steps = [model(tokens[:, :4], cache)] + [model(tokens[:, t : t + 1], cache) for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=0)
+
+
+def lambda_travel(width: int, scaled: bool, steps: int = 10) -> float:
+    """The farthest any layer's lambda gets from lambda_init in `steps` AdamW steps (lr 0.03, no decay) of Diff under
+    mup at a fixed 4 heads, so the head dim d that lambda's dot products run over grows with the width."""
+    torch.manual_seed(0)
+    cfg = config("diff", width, 4, lambda_init=0.8, parametrization="mup", base_width=16, base_head_dim=4)
+    model = DecoderLM(replace(cfg, lambda_mup_scale=scaled))
+    opt = torch.optim.AdamW(param_groups(model, 0.0), lr=0.03, betas=(0.9, 0.95))
+    for g in opt.param_groups:
+        g["lr"] = 0.03 * g["lr_mult"]
+    tokens, travel = torch.randint(0, 200, (8, 33), generator=torch.Generator().manual_seed(1)), 0.0
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            travel = max([travel] + [abs(layer.attn.lambda_full().item() - 0.8) for layer in model.layers])
+    return travel
+
+
+def test_lambda_mup_scale_keeps_lambda_s_travel_flat_in_the_head_dim():
+    """Diff's lambda vectors are vector-like (constant lr), but lambda reads them through dot products over d: unscaled,
+    its travel grows about as d (log-log slope over d_model 16-256 > 0.7); lambda_mup_scale (x base_head_dim / d)
+    makes it flat (|slope| < 0.4). docs/model.md has the measured tables."""
+    widths = [16, 32, 64, 128, 256]
+    logs = torch.tensor(widths, dtype=torch.float64).log()
+
+    def slope(scaled):
+        y = torch.tensor([lambda_travel(w, scaled) for w in widths], dtype=torch.float64).log()
+        x = logs - logs.mean()
+        return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+    plain, scaled = slope(False), slope(True)
+    assert plain > 0.7 and abs(scaled) < 0.4, (plain, scaled)
