@@ -105,6 +105,22 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def filled(saved: dict, cfg: Any) -> dict:
+    """A config saved by an earlier diffllm with each key it lacks read as that key's default in `cfg`'s dataclasses
+    (nested ones walked): a key added after the run was saved has the behaviour before it as its default, so it is
+    no change (as check_model reads a checkpoint's model)."""
+    out = dict(saved)
+    for f in dataclasses.fields(cfg):
+        value, old = getattr(cfg, f.name), saved.get(f.name)
+        if dataclasses.is_dataclass(value) and (old is None or isinstance(old, dict)):
+            out[f.name] = filled(old or {}, value)
+        elif f.name not in saved and f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.name not in saved and f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...]) -> list[str]:
     """`key (old -> new)` for every config key that differs, but those under `ignore`."""
     old, new = flatten(saved), flatten(now)
@@ -119,7 +135,7 @@ def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...]) -> list[str]:
 def check_finished_unchanged(run: Run, saved_config: dict, cfg: TrainConfig) -> None:
     """A finished run's result is final: relaunching it with a different config (operational keys aside) is an
     error naming the keys."""
-    changed = changed_keys(saved_config, cfg.resolved, keys_with(cfg, "operational"))
+    changed = changed_keys(filled(saved_config, cfg), cfg.resolved, keys_with(cfg, "operational"))
     if changed:
         raise UserError(
             f"run_dir={run.dir} holds a finished run (summary.json) whose config differs: "
@@ -176,7 +192,7 @@ def check_changes(saved: dict, ckpt: Checkpoint, cfg: TrainConfig, say: Callable
     trainer.allow_changes=true (then each is a note). Another data config is a note."""
     sched = saved.get("schedule") or {}
     at_budget = "total_steps" in sched and sched.get("step", 0) >= sched["total_steps"]
-    changed = schedule_changes(saved["config"], cfg.resolved, at_budget)
+    changed = schedule_changes(filled(saved["config"], cfg), cfg.resolved, at_budget)
     if changed and not cfg.trainer.allow_changes:
         raise UserError(
             f"{'; '.join(changed)}: changed since the checkpoint {ckpt.path}; a resumed run keeps its optimisation "
@@ -197,7 +213,7 @@ def check_prefix(parent: dict, cfg: TrainConfig, src: str) -> None:
     free = keys_with(cfg, "operational", "branch")
     if cfg.model.init_from is None:  # the vocabulary is the tokenizer's (plan_resume), compared as data.tokenizer
         free += ("model.vocab_size",)
-    changed = changed_keys(parent, cfg.resolved, free)
+    changed = changed_keys(filled(parent, cfg), cfg.resolved, free)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         raise UserError(
