@@ -252,8 +252,7 @@ class MLAAttention(AttentionVariant, MLAEquations):
 
     @classmethod
     def remote_config(cls, cfg: ModelConfig) -> dict:
-        keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-        return {k: getattr(cfg, k) for k in keys}
+        return {k: getattr(cfg, k) for k in MLA_KEYS}
 
     @classmethod
     def heads(cls, cfg: ModelConfig) -> Heads:

@@ -72,8 +72,11 @@ def check_model(ckpt: Checkpoint, model_cfg: ModelConfig) -> None:
     """A checkpoint of another architecture is refused up front, naming the first differing key (the keys that are
     no architecture, roles kept and label, aside). A key the checkpoint lacks is one added to ModelConfig after it
     was saved, and reads as its default (a new key's default is the behaviour before it)."""
-    saved, ours, runtime = ckpt.meta.get("model", {}), asdict(model_cfg), keys_with(model_cfg, "kept", "label")
-    saved = {**asdict(ModelConfig()), **saved}
+    saved, ours, runtime = (
+        filled(ckpt.meta.get("model", {}), model_cfg),
+        asdict(model_cfg),
+        keys_with(model_cfg, "kept", "label"),
+    )
     for key in sorted(set(saved) | set(ours)):
         if key not in runtime and saved.get(key) != ours.get(key):
             raise UserError(

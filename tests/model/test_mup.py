@@ -19,6 +19,7 @@ from diffllm.model import KVCache
 from diffllm.model.config import ModelConfig
 from diffllm.model.parametrization import init_mult, treatments
 from diffllm.model.transformer import DecoderLM
+from diffllm.scaling.coord_check import slope
 from diffllm.train.optim import param_groups
 from tests.distributed import REPO
 
@@ -131,6 +132,15 @@ def test_query_scale_makes_logits_one_over_d():
     torch.testing.assert_close(s_mu, s_sp / 2)
 
 
+def adamw_step(model: DecoderLM, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
+    """One step on next-token cross-entropy over `tokens` (B, T + 1) -> the loss."""
+    loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mup_at_base_width_is_sp_bit_for_bit(arch):
     """Same seed, three AdamW steps: the losses and the weights of mup at width_mult 1 equal sp's exactly."""
@@ -144,11 +154,7 @@ def test_mup_at_base_width_is_sp_bit_for_bit(arch):
             for g in opt.param_groups:
                 g["lr"] = 1e-2 * (step + 1) / 3 * g.get("lr_mult", 1.0)  # what train/step.py does
             tokens = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(step))
-            loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            out.append(loss.item())
+            out.append(adamw_step(model, opt, tokens))
         return out, model.state_dict()
 
     (sp, sp_state), (mu, mu_state) = losses(), losses(parametrization="mup", base_width=64, base_head_dim=HEAD_DIM)
@@ -241,10 +247,7 @@ def lambda_travel(width: int, scaled: bool, steps: int = 10) -> float:
         g["lr"] = 0.03 * g["lr_mult"]
     tokens, travel = torch.randint(0, 200, (8, 33), generator=torch.Generator().manual_seed(1)), 0.0
     for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        adamw_step(model, opt, tokens)
         with torch.no_grad():
             travel = max([travel] + [abs(layer.attn.lambda_full().item() - 0.8) for layer in model.layers])
     return travel
@@ -255,12 +258,5 @@ def test_lambda_mup_scale_keeps_lambda_s_travel_flat_in_the_head_dim():
     its travel grows about as d (log-log slope over d_model 16-256 > 0.7); lambda_mup_scale (x base_head_dim / d)
     makes it flat (|slope| < 0.4). docs/model.md has the measured tables."""
     widths = [16, 32, 64, 128, 256]
-    logs = torch.tensor(widths, dtype=torch.float64).log()
-
-    def slope(scaled):
-        y = torch.tensor([lambda_travel(w, scaled) for w in widths], dtype=torch.float64).log()
-        x = logs - logs.mean()
-        return float((x * (y - y.mean())).sum() / (x * x).sum())
-
-    plain, scaled = slope(False), slope(True)
+    plain, scaled = (slope(widths, [lambda_travel(w, s) for w in widths]) for s in (False, True))
     assert plain > 0.7 and abs(scaled) < 0.4, (plain, scaled)
