@@ -4,7 +4,8 @@
 runs the grid's pending runs through Hydra multirun (its jobs see DIR through $DIFFLLM_CONFIG_PATH); a dry run also
 prints the grid's training tokens and FLOPs in both budget modes, and with `gpu=` its GPU-hours on that cluster;
 `diffllm sweep collect [sweep_dir=...] [out=...] [select=optim.lr] [select_by=final_val_loss|recall_acc]
-[select_protocol=auto|split|quadratic|same] [select_seeds=[..]] [report_seeds=[..]]` tabulates the summaries.
+[select_protocol=auto|split|quadratic|same] [select_seeds=[..]] [report_seeds=[..]] [keep=[files]]` tabulates the
+summaries (with `keep`, copying those files of each run beside the table).
 Their own keys (configs/sweep.yaml) are typed by SweepCommandConfig, the grid by
 SweepConfig (both named in their registry entries, diffllm/cli/registry.py)."""
 
@@ -29,7 +30,7 @@ from ..model.presets import load_preset
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
 from ..scaling.transfer import LR, tuned_lrs
 from .check import check_jobs
-from .collect import collect, write_tables
+from .collect import check_keep, collect, keep_files, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
 LAUNCHERS = ("basic", "submitit_slurm")
@@ -54,6 +55,9 @@ class SweepCommandConfig:
     select_seeds: Optional[list[int]] = None  # collect, split: the seeds the value is chosen on
     report_seeds: Optional[list[int]] = None  # collect, split: the seeds reported at it
     out: Optional[str] = None  # collect: where runs.csv / runs.md go (null: sweep_dir)
+    # collect: files of each run (paths in its folder, e.g. eval/recall.json) copied to <out>/runs/, where runs.csv
+    # then points: the per-run data behind a study, committed with its table
+    keep: list[str] = field(default_factory=list)
     # a tuning sweep (its directory or collected runs.csv): each model's lr is its arch's fitted optimum there at the
     # base width, transferred by mup (diffllm/scaling/transfer.py); the grid then sets no lr
     lr_from: Optional[str] = None
@@ -195,9 +199,14 @@ def collect_main() -> None:
             "select_seeds": list(cfg.get("select_seeds") or []) or None,
             "report_seeds": list(cfg.get("report_seeds") or []) or None,
         }
+        keep = list(cfg.get("keep") or [])
+        check_keep(keep, cfg.sweep_dir, cfg.get("out"))
         records = collect(cfg.sweep_dir, select=select, by=by, **protocol)
         out = cfg.get("out") or cfg.sweep_dir
-        csv_path, md_path = write_tables(records, cfg.sweep_dir, out, select=select, by=by, **protocol)
+        if keep:
+            records = keep_files(records, cfg.sweep_dir, out, keep)
+        root = Path(out) / "runs" if keep else cfg.sweep_dir  # runs.md names the runs by their path under it
+        csv_path, md_path = write_tables(records, root, out, select=select, by=by, **protocol)
         print(Path(md_path).read_text(), end="")
         print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
 

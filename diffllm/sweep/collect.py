@@ -8,11 +8,13 @@ under-trained (does not beat the bigram), and whether it is at the best-of-grid 
 
 from __future__ import annotations
 
+import shutil
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from ..errors import UserError
 from ..results import RunRecord, axis_names, to_csv, trained_compute, trained_wall
 from ..results import collect as collect_runs
 from ..scaling.baselines import BASELINES_NOTE, add_baselines
@@ -189,3 +191,42 @@ def write_tables(
     for w in select_runs(records, select, by, **protocol).warnings:
         print(f"warning: {w}", file=sys.stderr)
     return csv_path, md_path
+
+
+def check_keep(names: list[str], root: str | Path, out: Optional[str | Path]) -> None:
+    """`keep`'s file names are paths inside a run folder, and its copies go outside the sweep (a copy inside it would
+    be collected again as a run)."""
+    for name in names:
+        if Path(name).is_absolute() or ".." in Path(name).parts or not name.strip():
+            raise UserError(f"keep: {name!r} is not a path inside a run folder (e.g. eval/recall.json)")
+    if names and out is None:
+        raise UserError("keep: needs out=<a folder outside the sweep> for the copies and the table")
+    if names and Path(out).resolve().is_relative_to(Path(root).resolve()):
+        raise UserError(f"keep: out={out} is inside sweep_dir={root} (its copies would be collected as runs)")
+
+
+def keep_files(records: list[RunRecord], root: str | Path, out: str | Path, names: list[str]) -> list[RunRecord]:
+    """Copies each run's files `names` (paths inside its folder: metrics.jsonl, eval/recall.json...) to
+    <out>/runs/<its path under root>/ and returns the records pointing there, so that a committed runs.csv carries the
+    per-run data a study reads. A run without one of the files gets no copy of it, and a warning counts them. The new
+    <out>/runs replaces the old one only once every copy is made."""
+    root, staging, final = Path(root).resolve(), Path(out) / ".runs.partial", Path(out) / "runs"
+    shutil.rmtree(staging, ignore_errors=True)
+    missing: dict[str, int] = {}
+    kept = []
+    for r in records:
+        dest = staging / Path(r.run_dir).resolve().relative_to(root)
+        for name in names:
+            src = Path(r.run_dir) / name
+            if src.is_file():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / name)
+            else:
+                missing[name] = missing.get(name, 0) + 1
+        kept.append(replace(r, run_dir=str(final.resolve() / dest.relative_to(staging))))
+    shutil.rmtree(final, ignore_errors=True)
+    if staging.exists():
+        staging.rename(final)
+    for name, n in missing.items():
+        print(f"warning: keep: {n} of {len(records)} runs have no {name} (not copied)", file=sys.stderr)
+    return kept

@@ -84,3 +84,63 @@ def test_absolute_and_csv_relative_paths_read_back(tmp_path):
     write_tables(records, tmp_path / "sweep", tmp_path / "tables")
     assert next(csv.DictReader(open(tmp_path / "tables" / "runs.csv")))["run_dir"].startswith("../sweep/")
     assert read_csv(tmp_path / "tables" / "runs.csv") == records
+
+
+def collect_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", *args],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
+    """`sweep collect keep=[...]` copies those files of each run under <out>/runs/ and points runs.csv there: with
+    the sweep folder gone, a study still reads every run's metrics from the table's folder alone."""
+    sweep, out = tmp_path / "sweep", tmp_path / "docs" / "study"
+    runs = [fake_run(sweep, lr, 2000) for lr in (0.01, 0.02)]
+    (runs[0] / "eval").mkdir()
+    (runs[0] / "eval" / "recall.json").write_text('{"acc": 0.5}')
+    done = collect_cli(f"sweep_dir={sweep}", f"out={out}", "select=null", "keep=[metrics.jsonl,eval/recall.json]")
+    assert done.returncode == 0, done.stderr
+    assert "warning: keep: 1 of 2 runs have no eval/recall.json (not copied)" in done.stderr
+    kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.parent != out)
+    assert [str(p) for p in kept] == [
+        "runs/diff-micro-1/2000/lr=0.01/seed1/eval/recall.json",
+        "runs/diff-micro-1/2000/lr=0.01/seed1/metrics.jsonl",
+        "runs/diff-micro-1/2000/lr=0.02/seed1/metrics.jsonl",
+    ]
+    assert (out / "runs" / "diff-micro-1/2000/lr=0.01/seed1/metrics.jsonl").read_bytes() == (
+        runs[0] / "metrics.jsonl"
+    ).read_bytes()
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert sorted(r["run_dir"] for r in rows) == [f"runs/diff-micro-1/2000/lr={lr}/seed1" for lr in ("0.01", "0.02")]
+    assert str(tmp_path) not in (out / "runs.md").read_text()  # the committed table names no machine's paths
+
+    shutil.rmtree(sweep)
+    study = subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", "study", "stability", f"sweep_dir={out / 'runs.csv'}"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert study.returncode == 0, study.stderr
+    assert study.stdout.count("| 1 | 50 | 0 | -0.1, 0.3 |") == 2, study.stdout  # both runs' lambdas, from the copies
+
+
+def test_keep_refuses_a_path_outside_the_run_and_an_out_inside_the_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    fake_run(sweep, 0.01, 2000)
+    bad_name = collect_cli(f"sweep_dir={sweep}", f"out={tmp_path / 'out'}", "keep=[../secret]")
+    assert bad_name.returncode != 0
+    assert "keep: '../secret' is not a path inside a run folder" in bad_name.stderr.strip().splitlines()[-1]
+    no_out = collect_cli(f"sweep_dir={sweep}", "keep=[metrics.jsonl]")
+    assert no_out.returncode != 0 and "keep: needs out=<a folder outside the sweep>" in no_out.stderr
+    inside = collect_cli(f"sweep_dir={sweep}", f"out={sweep / 'tables'}", "keep=[metrics.jsonl]")
+    assert inside.returncode != 0 and "is inside sweep_dir=" in inside.stderr
+    assert not (sweep / "tables").exists() and not (sweep / "runs.csv").exists()  # nothing written
