@@ -86,10 +86,10 @@ def test_absolute_and_csv_relative_paths_read_back(tmp_path):
     assert read_csv(tmp_path / "tables" / "runs.csv") == records
 
 
-def collect_cli(*args: str) -> subprocess.CompletedProcess:
+def collect_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "diffllm.cli", "sweep", "collect", *args],
-        cwd=REPO,
+        cwd=cwd,
         env=base_env(),
         capture_output=True,
         text=True,
@@ -104,7 +104,8 @@ def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
     runs = [fake_run(sweep, lr, 2000) for lr in (0.01, 0.02)]
     (runs[0] / "eval").mkdir()
     (runs[0] / "eval" / "recall.json").write_text('{"acc": 0.5}')
-    done = collect_cli(f"sweep_dir={sweep}", f"out={out}", "select=null", "keep=[metrics.jsonl,eval/recall.json]")
+    keep = "keep=[metrics.jsonl,eval/recall.json]"
+    done = collect_cli("sweep_dir=sweep", "out=docs/study", "select=null", keep, cwd=tmp_path)  # relative, as typed
     assert done.returncode == 0, done.stderr
     assert "warning: keep: 1 of 2 runs have no eval/recall.json (not copied)" in done.stderr
     kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.parent != out)
