@@ -205,9 +205,7 @@ def collect_main() -> None:
         out = cfg.get("out") or cfg.sweep_dir
         if keep:
             records = keep_files(records, cfg.sweep_dir, out, keep)
-        root = (
-            (Path(out) / "runs").resolve() if keep else cfg.sweep_dir
-        )  # runs.md: paths under it
+        root = (Path(out) / "runs").resolve() if keep else cfg.sweep_dir  # runs.md: paths under it
         csv_path, md_path = write_tables(records, root, out, select=select, by=by, **protocol)
         print(Path(md_path).read_text(), end="")
         print(f"{len(records)} runs -> {csv_path}, {md_path}", file=sys.stderr)
