@@ -19,6 +19,18 @@ from tests.distributed import REPO, base_env
 LAMBDAS = [{"step": 25, "lambda/0": 0.5, "lambda/1": 0.4}, {"step": 50, "lambda/0": -0.1, "lambda/1": 0.3}]
 
 
+def diffllm(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, as a user types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", *args],
+        cwd=cwd,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def fake_run(root, lr: float, tokens: int, parent=None):
     """A finished diff-micro-1 run folder: config.yaml (its lr), summary.json (a WSD cooldown names its parent by
     absolute path, as the trainer writes it) and metrics.jsonl with per-layer lambdas."""
@@ -62,14 +74,7 @@ def test_a_moved_sweep_is_still_read_with_its_runs(tmp_path):
     assert trained_compute(records)[0] == 2 * 2000 + 2 * 500  # each cooldown's shared half counted once, by its parent
 
     # a study reads the runs' own metrics.jsonl through the moved table (its second table needs the run folders)
-    done = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "study", "stability", f"sweep_dir={moved / 'runs.csv'}"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = diffllm("study", "stability", f"sweep_dir={moved / 'runs.csv'}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("| 1 | 50 | 0 | -0.1, 0.3 |") == 4, done.stdout  # one lambda row per run
 
@@ -87,14 +92,7 @@ def test_absolute_and_csv_relative_paths_read_back(tmp_path):
 
 
 def collect_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", *args],
-        cwd=cwd,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return diffllm("sweep", "collect", *args, cwd=cwd)
 
 
 def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
@@ -122,14 +120,7 @@ def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
     assert str(tmp_path) not in (out / "runs.md").read_text()  # the committed table names no machine's paths
 
     shutil.rmtree(sweep)
-    study = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "study", "stability", f"sweep_dir={out / 'runs.csv'}"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    study = diffllm("study", "stability", f"sweep_dir={out / 'runs.csv'}")
     assert study.returncode == 0, study.stderr
     assert study.stdout.count("| 1 | 50 | 0 | -0.1, 0.3 |") == 2, study.stdout  # both runs' lambdas, from the copies
 
