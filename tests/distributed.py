@@ -33,6 +33,19 @@ def base_env(extra: Optional[dict] = None) -> dict:
     return env
 
 
+def cli(*argv: str, cwd: Path = REPO, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`diffllm <argv>` in a subprocess, as a user types it (base_env: CPU, offline); `unset`: environment variables it
+    runs without."""
+    return subprocess.run(
+        [sys.executable, "-m", "diffllm.cli", *argv],
+        cwd=cwd,
+        env={k: v for k, v in base_env().items() if k not in unset},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 # ----- a function in N processes --------------------------------------------------------------------------------
 def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple, queue) -> None:
     os.environ.update(

@@ -4,23 +4,10 @@ exit code 2, and found before the checkpoint's weights are gathered."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tests.distributed import REPO, base_env
-
-
-def cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", *argv],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from tests.distributed import REPO, cli
 
 
 @pytest.mark.parametrize(
@@ -53,7 +40,6 @@ def test_a_damaged_tokenizer_json_is_one_line_naming_it(runs, tmp_path, command)
 )
 def test_arguments_are_checked_before_the_weights_are_read(runs, tmp_path, argv, error):
     """The checkpoint's weights are damaged here: had they been read first, that would be the error reported."""
-    from tests.distributed import REPO
 
     run = tmp_path / "run"
     shutil.copytree(runs("diff"), run, ignore=shutil.ignore_patterns("eval"))

@@ -11,6 +11,7 @@ from diffllm.config import build
 from diffllm.data import DataConfig, build_val_batches
 from diffllm.eval.ppl import main
 from diffllm.runs import Run
+from tests.distributed import cli
 
 
 def trainer_val(run_dir) -> tuple[float, int]:
@@ -38,23 +39,6 @@ def test_ppl_scores_the_windows_the_trainer_held_out(held_out_run, tmp_path, cap
 def test_max_tokens_takes_whole_held_out_windows(held_out_run, tmp_path):
     main([f"run={held_out_run}", "max_tokens=640", f"out={tmp_path}"])
     assert json.loads((tmp_path / "ppl.json").read_text())["sources"]["hamlet"]["tokens"] == 640  # 10 windows of 64
-
-
-def cli(*argv: str, unset: tuple[str, ...] = ()):
-    """`diffllm <argv>` in a subprocess (CPU, offline); `unset`: environment variables it runs without."""
-    import subprocess
-    import sys
-
-    from tests.distributed import REPO, base_env
-
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", *argv],
-        cwd=REPO,
-        env={k: v for k, v in base_env().items() if k not in unset},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_generate_stdout_is_only_the_text_and_quotes_are_hydras(held_out_run):
