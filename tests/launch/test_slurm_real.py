@@ -19,9 +19,10 @@ from tests.train.helpers import ENV, comparable, tiny
 
 pytestmark = pytest.mark.slow
 
-STEPS = 400  # of 1024 tokens: 10-80 s on 2 cores, idle or loaded
-SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.faults.step_delay_s): >= 80 s in all, so they are
-# still training when SLURM's signal (<= 30 s after the limit is cut) or scancel comes, however idle the machine
+STEPS = 300  # of 1024 tokens: 8-60 s on 2 cores, idle or loaded
+SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.faults.step_delay_s): >= 60 s in all, twice the
+# <= 30 s after which SLURM's signal comes once the limit is cut, so they are still training when it (or scancel)
+# comes, however idle the machine
 
 
 def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool = False) -> tuple[int, Path]:

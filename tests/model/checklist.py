@@ -5,7 +5,6 @@ real runs)."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import torch
@@ -25,22 +24,13 @@ def train_resume_evaluate_export(preset: str, tmp_path: Path, *overrides: str) -
     from diffllm.export.hf_import import read_hf
     from diffllm.model import DecoderLM
     from diffllm.runs import Run, read_metrics
-    from tests.distributed import launch_train, run_train
-    from tests.train.helpers import TINY, comparable
+    from tests.train.helpers import TINY, resumes_exactly_after_sigterm
 
     def args(run_dir):
         extra = [f"trainer.tokens={STEPS * 1024}", "trainer.save_every_steps=0", "trainer.zero_stage=0"]
         return TINY + [f"model={preset}", *overrides, f"run_dir={run_dir}", *extra]
 
-    ref, run_dir = tmp_path / "ref", tmp_path / "run"
-    run_train(args(ref), 1, tmp_path / "logs-ref", launcher="plain")
-    run = launch_train(args(run_dir), 1, tmp_path / "logs1", launcher="plain")
-    run.wait_until(lambda: any(m.get("step", 0) >= 2 for m in read_metrics(run_dir)), timeout=240)
-    run.send(signal.SIGTERM)
-    assert run.wait(120) == [3], run.output(0)
-    assert max(m["step"] for m in read_metrics(run_dir)) < STEPS
-    run_train(args(run_dir), 1, tmp_path / "logs2", launcher="plain")
-    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref))
+    ref = resumes_exactly_after_sigterm(args, tmp_path, stop_at=2, steps=STEPS)
     losses = [m["loss"] for m in read_metrics(ref) if m.get("loss") is not None]
     assert len(losses) == STEPS and losses[-1] < losses[0]
     cfg, model, tok = Run(ref).model()

@@ -10,7 +10,6 @@ import importlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -18,8 +17,8 @@ import pytest
 import torch
 
 from diffllm.runs import Run, read_metrics
-from tests.distributed import REPO, base_env, launch_train, run_train
-from tests.train.helpers import TINY, comparable
+from tests.distributed import REPO, base_env
+from tests.train.helpers import TINY, resumes_exactly_after_sigterm
 
 pytestmark = pytest.mark.slow
 registry = importlib.import_module("diffllm.model.registry")
@@ -118,16 +117,7 @@ def test_toy_variant_trains_resumes_evaluates_exports_and_sweeps(tokenizer, toy,
         ]
 
     # train, and resume exactly after SIGTERM
-    ref = tmp_path / "ref"
-    run_train(args(ref), 1, tmp_path / "logs-ref", env=env, launcher="plain")
-    run_dir = tmp_path / "run"
-    run = launch_train(args(run_dir), 1, tmp_path / "logs1", env=env, launcher="plain")
-    run.wait_until(lambda: any(m.get("step", 0) >= 2 for m in read_metrics(run_dir)), timeout=240)
-    run.send(signal.SIGTERM)
-    assert run.wait(120) == [3], run.output(0)
-    assert max(m["step"] for m in read_metrics(run_dir)) < STEPS
-    run_train(args(run_dir), 1, tmp_path / "logs2", env=env, launcher="plain")
-    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref))
+    ref = resumes_exactly_after_sigterm(args, tmp_path, stop_at=2, steps=STEPS, env=env)
     losses = [m["loss"] for m in read_metrics(ref) if m.get("loss") is not None]
     assert len(losses) == STEPS and losses[-1] < losses[0]
     cfg, model, tok = Run(ref).model()

@@ -53,6 +53,30 @@ def comparable(records: list[dict]) -> list[tuple]:
     return [tuple(r.get(k) for k in keys) for r in records]
 
 
+def resumes_exactly_after_sigterm(args, tmp_path: Path, stop_at: int, steps: int, env: dict | None = None) -> Path:
+    """The exact-resume check of a one-rank run (`args(run_dir)` -> its overrides): a run stopped by SIGTERM once it
+    has logged step `stop_at` (exit 3, before its last step) and relaunched to its end logs the same numbers, bit for
+    bit, as an uninterrupted reference. The reference trains beside the stopped run (one thread each: the two cores
+    of this machine), not before it. Returns the reference's run directory."""
+    import signal
+
+    from diffllm.runs import read_metrics
+    from tests.distributed import launch_train, run_train
+
+    ref, run_dir = tmp_path / "ref", tmp_path / "run"
+    reference = launch_train(args(ref), 1, tmp_path / "logs-ref", env=env, launcher="plain")
+    run = launch_train(args(run_dir), 1, tmp_path / "logs1", env=env, launcher="plain")
+    run.wait_until(lambda: any(m.get("step", 0) >= stop_at for m in read_metrics(run_dir)), timeout=240)
+    run.send(signal.SIGTERM)
+    assert run.wait(120) == [3], run.output(0)
+    assert reference.wait(600) == [0], reference.output(0)
+    assert max(m["step"] for m in read_metrics(run_dir)) < steps
+    run_train(args(run_dir), 1, tmp_path / "logs2", env=env, launcher="plain")
+    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref))
+    assert read_metrics(run_dir)[-1]["step"] == steps
+    return ref
+
+
 def make_view(run_dir: Path, steps: int, rank: int = 0, model=None, **asks):
     """A hook's View of a one-rank run of `steps` steps of 1024 tokens in `run_dir`, at step 0 (a fresh TrainState);
     `asks`: the View's callables (log, request_save, say, elapsed, failing) where a test wants its own."""

@@ -5,15 +5,14 @@ one."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from diffllm.runs import read_metrics
-from tests.distributed import launch_train, run_train
-from tests.train.helpers import comparable, tiny
+from tests.distributed import run_train
+from tests.train.helpers import resumes_exactly_after_sigterm, tiny
 
 pytestmark = pytest.mark.slow
 STEPS = 6
@@ -55,14 +54,4 @@ def test_lr_multipliers_reach_the_zero_optimizer(tokenizer, tmp_path, stage):
 
 
 def test_mup_resumes_exactly_after_sigterm(tokenizer, tmp_path):
-    ref = tmp_path / "ref"
-    run_train(tiny(ref, 2, *MUP), 1, tmp_path / "logs-ref", launcher="plain")
-    run_dir = tmp_path / "run"
-    run = launch_train(tiny(run_dir, 2, *MUP), 1, tmp_path / "logs1", launcher="plain")
-    run.wait_until(lambda: any(m.get("step", 0) >= 3 for m in read_metrics(run_dir)))
-    run.send(signal.SIGTERM)
-    assert run.wait(120) == [3], run.output(0)
-    assert max(m["step"] for m in read_metrics(run_dir)) < STEPS
-    run_train(tiny(run_dir, 2, *MUP), 1, tmp_path / "logs2", launcher="plain")
-    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref))
-    assert read_metrics(run_dir)[-1]["step"] == STEPS
+    resumes_exactly_after_sigterm(lambda run_dir: tiny(run_dir, 2, *MUP), tmp_path, stop_at=3, steps=STEPS)
