@@ -16,21 +16,36 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_train
+from tests.distributed import launch_train
 from tests.train.golden import ARCHS, ASSETS, args_for, check_golden, golden_path, run_records
+
+MASKED = ["data.loss_on=marked"]  # the masked-loss run of diff-tiny (the last test)
+
+
+@pytest.fixture(scope="module")
+def golden_runs(tokenizer, tmp_path_factory) -> dict[str, Path]:
+    """name -> the run directory of each golden run and of the masked-loss run, trained side by side on first use
+    (one process and one thread each, so the numbers are those of a run alone)."""
+    root = tmp_path_factory.mktemp("golden")
+    wanted = {**{preset: args_for(preset) for preset in ARCHS}, "masked": args_for("diff-tiny") + MASKED}
+    launches = {
+        name: launch_train(args + [f"run_dir={root / name}"], 1, root / f"logs-{name}", launcher="plain")
+        for name, args in wanted.items()
+    }
+    for name, launch in launches.items():
+        assert launch.wait(600) == [0], f"{name}:\n{launch.output(0)[-4000:]}"
+    return {name: root / name for name in wanted}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ARCHS)
-def test_first_20_steps_match_the_golden_file(preset, tokenizer, tmp_path):
-    args = args_for(preset)
-    run_train(args + [f"run_dir={tmp_path / 'run'}"], 1, tmp_path / "logs", launcher="plain")
-    check_golden(
-        golden_path(preset), args, run_records(tmp_path / "run"), record=bool(os.environ.get("DIFFLLM_RECORD_GOLDEN"))
-    )
+def test_first_20_steps_match_the_golden_file(preset, golden_runs):
+    record = bool(os.environ.get("DIFFLLM_RECORD_GOLDEN"))
+    check_golden(golden_path(preset), args_for(preset), run_records(golden_runs[preset]), record=record)
 
 
 def _values(path):
@@ -55,9 +70,7 @@ def test_a_changed_computation_fails_the_tolerance_check():
 
 
 @pytest.mark.slow
-def test_a_loss_mask_that_marks_every_target_gives_the_golden_losses(tokenizer, tmp_path):
+def test_a_loss_mask_that_marks_every_target_gives_the_golden_losses(golden_runs):
     """data.loss_on=marked on Shakespeare (a source that marks nothing out: every target counts) takes the masked
     loss path (ignore_index, sum / count) and reproduces the recorded run of the plain mean."""
-    args = args_for("diff-tiny")
-    run_train(args + ["data.loss_on=marked", f"run_dir={tmp_path / 'run'}"], 1, tmp_path / "logs", launcher="plain")
-    check_golden(golden_path("diff-tiny"), args, run_records(tmp_path / "run"))
+    check_golden(golden_path("diff-tiny"), args_for("diff-tiny"), run_records(golden_runs["masked"]))
