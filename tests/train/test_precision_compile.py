@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from diffllm.runs import read_metrics
-from tests.distributed import run_distributed, run_train
+from tests.distributed import launch_train, run_distributed, run_train
 from tests.train.helpers import SESSION, comparable, tiny
 
 pytestmark = pytest.mark.slow
@@ -34,16 +34,24 @@ VARIANTS = {"fp32": [], "bf16": ["trainer.precision=bf16"], "compiled": ["traine
 
 @pytest.fixture(scope="module")
 def runs(tokenizer):
-    """runs(stage, variant) -> run_dir of an uninterrupted 8-step run (made on first use, then shared)."""
+    """runs(stage, variant) -> run_dir of an uninterrupted 8-step run (made on first use, then shared). A one-rank
+    stage's first use trains all its variants side by side (one thread each: the two cores); two-rank stages, one
+    run at a time."""
     made: dict[tuple[int, str], object] = {}
 
     def get(stage: int, variant: str):
         if (stage, variant) not in made:
-            run_dir = SESSION / f"pc-zero{stage}-{variant}"
-            run_train(
-                args(run_dir, stage, variant), RANKS[stage], SESSION / f"pc-zero{stage}-{variant}-logs", timeout=600
-            )
-            made[stage, variant] = run_dir
+            todo = list(VARIANTS) if RANKS[stage] == 1 else [variant]
+            launches = {
+                v: launch_train(
+                    args(SESSION / f"pc-zero{stage}-{v}", stage, v), RANKS[stage], SESSION / f"pc-zero{stage}-{v}-logs"
+                )
+                for v in todo
+            }
+            for v, launch in launches.items():
+                codes = launch.wait(600)
+                assert codes == [0] * RANKS[stage], f"{v} at ZeRO-{stage}:\n{launch.output(0)[-4000:]}"
+                made[stage, v] = SESSION / f"pc-zero{stage}-{v}"
         return made[stage, variant]
 
     return get
