@@ -398,7 +398,7 @@ _REGISTRY: dict[str, Command] = {
         _study("stability"),
         "a learning-rate stability sweep: divergences, spikes, grad norms, outliers, lambda",
         schema=_root("diffllm.studies.stability:Config"),
-        examples=("diffllm study stability sweep_dir=docs/micro-stability/runs.csv",),
+        examples=("diffllm study stability sweep_dir=docs/micro-stability/runs/runs.csv",),
     ),
     "study transfer": Command(
         _study("transfer"),
