@@ -4,8 +4,6 @@ out), round-trip through runs.csv, and show by short label in runs.md; on two re
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -118,36 +116,32 @@ def test_two_real_tiny_runs(tmp_path):
     from diffllm.data.loader import held_out_windows
     from diffllm.runs import Run
     from diffllm.sweep.collect import collect
+    from tests.distributed import launch_train
 
-    for lr in (0.002, 0.008):
+    def train(lr: float):
         run = tmp_path / "transformer-micro-1" / "16K" / f"lr={lr:g}" / "seed1"
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "diffllm.train",
-                "model=transformer-micro-1",
-                "trainer.tokens=16384",
-                f"run_dir='{run}'",
-                "data.tokenizer.vocab_size=1024",
-                "data.seq_len=128",
-                "trainer.global_batch_tokens=2048",
-                "trainer.micro_batch_size=16",
-                "trainer.zero_stage=0",
-                "trainer.val_batches=4",
-                "trainer.save_every_steps=0",
-                "optim.warmup_steps=2",
-                f"optim.lr={lr}",
-                "logging.wandb=disabled",
-                "seed=1",
-                "data.seed=1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
+        overrides = [
+            "model=transformer-micro-1",
+            "trainer.tokens=16384",
+            f"run_dir='{run}'",
+            "data.tokenizer.vocab_size=1024",
+            "data.seq_len=128",
+            "trainer.global_batch_tokens=2048",
+            "trainer.micro_batch_size=16",
+            "trainer.zero_stage=0",
+            "trainer.val_batches=4",
+            "trainer.save_every_steps=0",
+            "optim.warmup_steps=2",
+            f"optim.lr={lr}",
+            "logging.wandb=disabled",
+            "seed=1",
+            "data.seed=1",
+        ]
+        return launch_train(overrides, 1, tmp_path / "logs" / f"{lr:g}", launcher="plain")
+
+    runs = [train(lr) for lr in (0.002, 0.008)]  # side by side, one thread each (the 2 cores)
+    for run in runs:
+        assert run.wait(600) == [0], run.output(0)[-2000:]
     records = collect(tmp_path)
     assert [r.axes for r in records] == [{"optim.lr": 0.002}, {"optim.lr": 0.008}]
     best = min(records, key=lambda r: r.final_val_loss)
