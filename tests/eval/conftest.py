@@ -1,6 +1,6 @@
 """Evaluation-test fixtures: one tiny trained run per architecture (a few real training steps on the Shakespeare
-plays, single process, ZeRO-0, about 10 s each), made once per session (environment and tokenizer:
-tests/conftest.py)."""
+plays, single process, ZeRO-0, about 10 s each, all trained side by side), made once per session (environment and
+tokenizer: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_train
+from diffllm.model.registry import variants
+from tests.distributed import launch_train, run_train
 from tests.train.helpers import SESSION
 
 STEPS = 8  # of 1024 tokens (micro-batch 4 x seq 64 x grad-accum 4)
@@ -33,16 +34,27 @@ TINY = [
 
 @pytest.fixture(scope="session")
 def runs(tokenizer):
-    """runs(arch) -> run directory of a finished tiny run of that architecture (trained on first use)."""
+    """runs(arch) -> run directory of a finished tiny run of that architecture. The first call trains every
+    registered variant's run side by side (one thread each: the eval tests ask for all of them), not one by one."""
     made: dict[str, Path] = {}
 
     def get(arch: str) -> Path:
         if arch not in made:
-            run_dir = SESSION / f"eval-run-{arch}"
-            overrides = TINY + [f"model={arch}-tiny", f"run_dir={run_dir}"]
-            run_train(overrides, 1, SESSION / f"eval-logs-{arch}", launcher="plain")
-            assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()  # self-contained
-            made[arch] = run_dir
+            wanted = [a for a in variants() if a not in made] if arch in variants() else [arch]
+            launches = {
+                a: launch_train(
+                    [*TINY, f"model={a}-tiny", f"run_dir={SESSION / f'eval-run-{a}'}"],
+                    1,
+                    SESSION / f"eval-logs-{a}",
+                    launcher="plain",
+                )
+                for a in wanted
+            }
+            for a, launch in launches.items():
+                assert launch.wait(600) == [0], f"{a}: training failed:\n{launch.output(0)[-4000:]}"
+                run_dir = SESSION / f"eval-run-{a}"
+                assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()  # self-contained
+                made[a] = run_dir
         return made[arch]
 
     return get
