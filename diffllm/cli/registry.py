@@ -368,7 +368,7 @@ _REGISTRY: dict[str, Command] = {
         _study("claims"),
         "eval ppl by_position and eval icl on a sweep's selected runs: NLL by position, ICL by k, order spread",
         schema=_root("diffllm.studies.claims:Config"),
-        examples=("diffllm study claims sweep_dir=runs/sweep/micro-claims out=docs/micro-claims",),
+        examples=("diffllm study claims sweep_dir=docs/micro-claims/runs/runs.csv out=docs/micro-claims",),
     ),
     "study compare": Command(
         _study("compare"),

@@ -249,12 +249,19 @@ def test_committed_comparisons_regenerate_byte_for_byte(a, b, committed, monkeyp
     assert (tmp_path / "compare.md").read_bytes() == (REPO / "docs" / committed).read_bytes()
 
 
-def test_committed_stability_tables_regenerate_byte_for_byte(monkeypatch, tmp_path):
-    """docs/micro-stability/stability.md, both tables, from the committed folder alone (runs.csv and each run's
-    metrics.jsonl, which the lambda table reads), by the command docs/micro-stability.md gives."""
+@pytest.mark.parametrize(
+    "name, sweep, out, committed",
+    [
+        ("stability", "micro-stability/runs/runs.csv", "stability.md", "micro-stability/stability.md"),
+        ("claims", "micro-claims/runs/runs.csv", "claims.md", "micro-claims/claims.md"),
+        ("outliers", "micro-claims/runs/runs.csv", "outliers.md", "micro-claims/outliers.md"),
+    ],
+)
+def test_committed_study_tables_regenerate_byte_for_byte(name, sweep, out, committed, monkeypatch, tmp_path):
+    """Each study's committed tables from the committed folder alone (runs.csv and the files sweep collect kept of
+    each run: the metrics.jsonl the lambda table reads, the eval results claims and outliers read), by the commands
+    the docs give (stability's out= is the file, the others' the folder)."""
     monkeypatch.chdir(REPO)
-    code, out, err = study(
-        "stability", "sweep_dir=docs/micro-stability/runs/runs.csv", f"out={tmp_path / 'stability.md'}"
-    )
+    code, _, err = study(name, f"sweep_dir=docs/{sweep}", f"out={tmp_path if name != 'stability' else tmp_path / out}")
     assert code == 0, err
-    assert (tmp_path / "stability.md").read_bytes() == (REPO / "docs/micro-stability/stability.md").read_bytes()
+    assert (tmp_path / out).read_bytes() == (REPO / "docs" / committed).read_bytes()
