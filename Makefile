@@ -44,7 +44,7 @@ test-packages:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_PACKAGES) >/dev/null; }; \
 	else echo "make: not root with apt-get: the real-SLURM and ssh/pdsh launch tests will skip"; fi
 
-# `make test`: every test not marked slow (target: 15 min on 2 cores). `make test-slow`: the slow-marked ones
+# `make test`: every test not marked slow (target: 8 min on 2 cores). `make test-slow`: the slow-marked ones
 # (multi-process DeepSpeed runs, real SLURM and ssh launches, bf16 and compiled training: about 25 min more).
 # `make test-all` runs both, as CI does (.ci/run).
 # `make lint`: ruff's linter and formatter (configured in pyproject.toml) over the tree; `make test` runs it first, so
