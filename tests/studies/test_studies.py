@@ -255,12 +255,13 @@ def test_committed_comparisons_regenerate_byte_for_byte(a, b, committed, monkeyp
         ("stability", "micro-stability/runs/runs.csv", "stability.md", "micro-stability/stability.md"),
         ("claims", "micro-claims/runs/runs.csv", "claims.md", "micro-claims/claims.md"),
         ("outliers", "micro-claims/runs/runs.csv", "outliers.md", "micro-claims/outliers.md"),
+        ("recall", "micro-retrieval/runs/runs.csv", "study.md", "micro-retrieval/study.md"),
     ],
 )
 def test_committed_study_tables_regenerate_byte_for_byte(name, sweep, out, committed, monkeypatch, tmp_path):
     """Each study's committed tables from the committed folder alone (runs.csv and the files sweep collect kept of
-    each run: the metrics.jsonl the lambda table reads, the eval results claims and outliers read), by the commands
-    the docs give (stability's out= is the file, the others' the folder)."""
+    each run: the metrics.jsonl the lambda table and the recall curves read, the eval results claims, outliers and
+    recall read), by the commands the docs give (stability's out= is the file, the others' the folder)."""
     monkeypatch.chdir(REPO)
     code, _, err = study(name, f"sweep_dir=docs/{sweep}", f"out={tmp_path if name != 'stability' else tmp_path / out}")
     assert code == 0, err
