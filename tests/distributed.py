@@ -223,8 +223,30 @@ def run_train(
 ) -> Launch:
     """Launch, wait, and check every rank's exit code (showing rank 0's output when one differs)."""
     run = launch_train(overrides, world_size, log_dir, cwd, env, launcher)
-    codes = run.wait(timeout)
+    check_exit(run, run.wait(timeout), expect)
+    return run
+
+
+def check_exit(run: Launch, codes: list[int], expect: int = 0, name: str = "") -> None:
+    """Every rank exited with `expect`, else an AssertionError showing the first other rank's output."""
     if any(c != expect for c in codes):
         bad = next(i for i, c in enumerate(codes) if c != expect)
-        raise AssertionError(f"exit codes {codes}, expected {expect}; rank {bad} said:\n{run.output(bad)[-6000:]}")
-    return run
+        said = f"{name}: " if name else ""
+        raise AssertionError(
+            f"{said}exit codes {codes}, expected {expect}; rank {bad} said:\n{run.output(bad)[-6000:]}"
+        )
+
+
+def train_side_by_side(
+    runs: dict[str, list[str]],
+    log_dir: Path,
+    world_size: int = 1,
+    launcher: str = "plain",
+    timeout: float = 600,
+) -> None:
+    """Start every run of `runs` (name -> its overrides, run_dir included) at once, then wait for all and check each
+    exited 0 (a failure names its run). On 2 cores, one-rank runs of one thread each train two at a time instead of
+    one after another. Logs under log_dir/<name>."""
+    launches = {name: launch_train(o, world_size, log_dir / name, launcher=launcher) for name, o in runs.items()}
+    for name, launch in launches.items():
+        check_exit(launch, launch.wait(timeout), name=name)

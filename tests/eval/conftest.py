@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from diffllm.model.registry import variants
-from tests.distributed import launch_train, run_train
+from tests.distributed import run_train, train_side_by_side
 from tests.train.helpers import SESSION
 
 STEPS = 8  # of 1024 tokens (micro-batch 4 x seq 64 x grad-accum 4)
@@ -41,18 +41,11 @@ def runs(tokenizer):
     def get(arch: str) -> Path:
         if arch not in made:
             wanted = [a for a in variants() if a not in made] if arch in variants() else [arch]
-            launches = {
-                a: launch_train(
-                    [*TINY, f"model={a}-tiny", f"run_dir={SESSION / f'eval-run-{a}'}"],
-                    1,
-                    SESSION / f"eval-logs-{a}",
-                    launcher="plain",
-                )
-                for a in wanted
-            }
-            for a, launch in launches.items():
-                assert launch.wait(600) == [0], f"{a}: training failed:\n{launch.output(0)[-4000:]}"
-                run_dir = SESSION / f"eval-run-{a}"
+            dirs = {a: SESSION / f"eval-run-{a}" for a in wanted}
+            train_side_by_side(
+                {a: [*TINY, f"model={a}-tiny", f"run_dir={d}"] for a, d in dirs.items()}, SESSION / "eval-logs"
+            )
+            for a, run_dir in dirs.items():
                 assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()  # self-contained
                 made[a] = run_dir
         return made[arch]

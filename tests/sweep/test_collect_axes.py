@@ -116,11 +116,11 @@ def test_two_real_tiny_runs(tmp_path):
     from diffllm.data.loader import held_out_windows
     from diffllm.runs import Run
     from diffllm.sweep.collect import collect
-    from tests.distributed import launch_train
+    from tests.distributed import train_side_by_side
 
-    def train(lr: float):
+    def overrides(lr: float) -> list[str]:
         run = tmp_path / "transformer-micro-1" / "16K" / f"lr={lr:g}" / "seed1"
-        overrides = [
+        return [
             "model=transformer-micro-1",
             "trainer.tokens=16384",
             f"run_dir='{run}'",
@@ -137,11 +137,8 @@ def test_two_real_tiny_runs(tmp_path):
             "seed=1",
             "data.seed=1",
         ]
-        return launch_train(overrides, 1, tmp_path / "logs" / f"{lr:g}", launcher="plain")
 
-    runs = [train(lr) for lr in (0.002, 0.008)]  # side by side, one thread each (the 2 cores)
-    for run in runs:
-        assert run.wait(600) == [0], run.output(0)[-2000:]
+    train_side_by_side({f"lr={lr:g}": overrides(lr) for lr in (0.002, 0.008)}, tmp_path / "logs")
     records = collect(tmp_path)
     assert [r.axes for r in records] == [{"optim.lr": 0.002}, {"optim.lr": 0.008}]
     best = min(records, key=lambda r: r.final_val_loss)

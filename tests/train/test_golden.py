@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import launch_train
+from tests.distributed import train_side_by_side
 from tests.train.golden import ARCHS, ASSETS, args_for, check_golden, golden_path, run_records
 
 MASKED = ["data.loss_on=marked"]  # the masked-loss run of diff-tiny (the last test)
@@ -32,12 +32,7 @@ def golden_runs(tokenizer, tmp_path_factory) -> dict[str, Path]:
     (one process and one thread each, so the numbers are those of a run alone)."""
     root = tmp_path_factory.mktemp("golden")
     wanted = {**{preset: args_for(preset) for preset in ARCHS}, "masked": args_for("diff-tiny") + MASKED}
-    launches = {
-        name: launch_train(args + [f"run_dir={root / name}"], 1, root / f"logs-{name}", launcher="plain")
-        for name, args in wanted.items()
-    }
-    for name, launch in launches.items():
-        assert launch.wait(600) == [0], f"{name}:\n{launch.output(0)[-4000:]}"
+    train_side_by_side({name: args + [f"run_dir={root / name}"] for name, args in wanted.items()}, root / "logs")
     return {name: root / name for name in wanted}
 
 

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from diffllm.runs import read_metrics
-from tests.distributed import launch_train, run_distributed, run_train
+from tests.distributed import run_distributed, run_train, train_side_by_side
 from tests.train.helpers import SESSION, comparable, tiny
 
 pytestmark = pytest.mark.slow
@@ -42,16 +42,10 @@ def runs(tokenizer):
     def get(stage: int, variant: str):
         if (stage, variant) not in made:
             todo = list(VARIANTS) if RANKS[stage] == 1 else [variant]
-            launches = {
-                v: launch_train(
-                    args(SESSION / f"pc-zero{stage}-{v}", stage, v), RANKS[stage], SESSION / f"pc-zero{stage}-{v}-logs"
-                )
-                for v in todo
-            }
-            for v, launch in launches.items():
-                codes = launch.wait(600)
-                assert codes == [0] * RANKS[stage], f"{v} at ZeRO-{stage}:\n{launch.output(0)[-4000:]}"
-                made[stage, v] = SESSION / f"pc-zero{stage}-{v}"
+            dirs = {v: SESSION / f"pc-zero{stage}-{v}" for v in todo}
+            runs = {f"zero{stage}-{v}": args(d, stage, v) for v, d in dirs.items()}
+            train_side_by_side(runs, SESSION / "pc-logs", RANKS[stage], launcher="procs")
+            made.update({(stage, v): d for v, d in dirs.items()})
         return made[stage, variant]
 
     return get
@@ -114,7 +108,7 @@ def test_compiled_trains_resumes_exactly_and_tracks_eager(runs, stage, tmp_path)
         f"{first[0]:.1f} s compiled, {first[1]:.1f} s eager"
     )
     assert max(gaps) < COMPILE_TOL, gaps
-    out = (SESSION / f"pc-zero{stage}-compiled-logs" / "rank0.log").read_text()
+    out = (SESSION / "pc-logs" / f"zero{stage}-compiled" / "rank0.log").read_text()  # the runs fixture's log
     assert out.count("note: attn_rms and the variant's probes (Diff V2: lambda_mean) are not logged") == 1, out
     steps = [m for m in read_metrics(compiled) if "loss" in m]
     assert all("lambda_min" in m and "attn_rms/0" not in m for m in steps)
