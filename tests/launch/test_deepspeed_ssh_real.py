@@ -63,7 +63,7 @@ def test_hostfile_of_two_hosts_over_pdsh_trains_like_torchrun(ssh_hosts, tmp_pat
         str(free_port()),
         "--env",
         f"DIFFLLM_CACHE={tmp_path / 'cache-ds'}",
-        *tiny(tmp_path / "ds", 2, *SHORT),
+        *tiny(tmp_path / "ds", 2, *SHORT, workers=True),
     )
     out = ds.stdout + ds.stderr
     assert ds.returncode == 0, out[-4000:]
@@ -83,7 +83,7 @@ def test_hostfile_of_two_hosts_over_pdsh_trains_like_torchrun(ssh_hosts, tmp_pat
         str(free_port()),
         "--env",
         f"DIFFLLM_CACHE={tmp_path / 'cache-ref'}",
-        *tiny(tmp_path / "ref", 2, *SHORT),
+        *tiny(tmp_path / "ref", 2, *SHORT, workers=True),
     )
     assert ref.returncode == 0, (ref.stdout + ref.stderr)[-4000:]
     for cache in ("cache-ds", "cache-ref"):

@@ -62,7 +62,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def test_two_nodes_train_checkpoint_then_resume_on_one(tmp_path):
     run_dir = tmp_path / "run"
     port = free_port()
-    train = tiny(run_dir, 2)  # ZeRO-2: the 2 -> 1 resume goes through DeepSpeed's universal checkpoint
+    train = tiny(run_dir, 2, workers=True)  # ZeRO-2: the 2 -> 1 resume goes through DeepSpeed's universal checkpoint
     nodes = [
         launch(
             "--nodes",
@@ -95,7 +95,7 @@ def test_two_nodes_train_checkpoint_then_resume_on_one(tmp_path):
     again = tmp_path / "again"  # the step-8 checkpoint continued on one node, one process
     shutil.copytree(run_dir / "checkpoints" / "step8", again / "checkpoints" / "step8")
     (again / "checkpoints" / "latest").write_text("step8")
-    one = launch("--procs", "1", *tiny(again, 2), log=tmp_path / "one.log")
+    one = launch("--procs", "1", *tiny(again, 2, workers=True), log=tmp_path / "one.log")
     try:
         assert one.wait(timeout=600) == 0, (tmp_path / "one.log").read_text()[-3000:]
     finally:
@@ -116,7 +116,7 @@ def test_ctrl_c_waits_for_the_save_and_exits_3(tmp_path):
     proc = launch(
         "--procs",
         "2",
-        *tiny(run_dir, 1, "trainer.tokens=409600", "trainer.save_every_steps=0"),
+        *tiny(run_dir, 1, "trainer.tokens=409600", "trainer.save_every_steps=0", workers=True),
         log=tmp_path / "launch.log",
     )
     try:

@@ -35,6 +35,7 @@ def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool
         "trainer.save_every_steps=40",
         "trainer.log_every=1",
         *([f"trainer.faults.step_delay_s={SLOW_STEP_S}"] if slow else []),
+        workers=True,
     )
     venv = Path(sys.executable).parent  # as a user's `--setup "source .venv/bin/activate"`: torchrun on the PATH
     job = slurm.launch(

@@ -20,7 +20,7 @@ def reference(tokenizer):
         if stage not in made:
             run_dir = SESSION / f"ref-zero{stage}"
             run_train(
-                tiny(run_dir, stage),
+                tiny(run_dir, stage, workers=True),
                 2,
                 SESSION / f"ref-zero{stage}-logs",
                 launcher="torchrun" if stage == 1 else "procs",

@@ -28,7 +28,7 @@ RTOL = {"loss": 1e-5, "val_loss": 1e-5, "grad_norm": 1e-4, "lr": 1e-12}
 def args_for(preset: str) -> list[str]:
     return (
         [f"model={preset}"]
-        + [a for a in TINY if not a.startswith("trainer.tokens=")]
+        + [a for a in TINY if not a.startswith(("trainer.tokens=", "data.num_workers="))]  # as recorded: 1 worker
         + [
             f"trainer.tokens={STEPS * 1024}",
             "trainer.precision=fp32",

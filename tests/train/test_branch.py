@@ -16,7 +16,7 @@ from diffllm.export import export_run
 from diffllm.results import collect
 from diffllm.runs import Run, consolidated_state_dict, read_metrics
 from tests.distributed import launch_train, run_train
-from tests.train.helpers import SESSION, TINY, comparable
+from tests.train.helpers import SESSION, TINY, WORKERS, comparable
 from tests.train.test_cli import diffllm_train
 from tests.train.test_run_dir import one_error_line
 
@@ -26,6 +26,7 @@ WSD = [a for a in TINY if not a.startswith(("trainer.tokens=", "optim.warmup_ste
     "optim.schedule=wsd",
     "optim.decay_fraction=0.5",
     "optim.warmup_steps=2",
+    *WORKERS,  # its runs are killed and relaunched
 ]
 PARENT, BUDGET, BRANCH_STEP = 12 * 1024, 8 * 1024, 4
 

@@ -21,7 +21,7 @@ def test_a_stalled_rank_ends_the_job_with_exit_code_5(tokenizer, tmp_path):
     t0 = time.monotonic()
     marker = f"diffllm-stall-test-{uuid.uuid4().hex}"  # in the environment of every process of the job
     run = launch_train(
-        tiny(tmp_path / "run", 2, "trainer.faults.stall_at_steps=[3]", "trainer.stall_timeout_s=6"),
+        tiny(tmp_path / "run", 2, "trainer.faults.stall_at_steps=[3]", "trainer.stall_timeout_s=6", workers=True),
         2,
         tmp_path / "logs",
         env={"DIFFLLM_TEST_MARKER": marker},

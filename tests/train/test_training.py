@@ -53,7 +53,7 @@ def test_exact_resume_after_sigkill(reference, stage, tmp_path):
     continues from the last complete checkpoint, and every later loss equals the uninterrupted run's bit for bit,
     even when the kill cut the last metrics.jsonl record short."""
     run_dir = tmp_path / "run"
-    args = tiny(run_dir, stage)
+    args = tiny(run_dir, stage, workers=True)
     run = launch_train(args, 2, tmp_path / "logs1")
     run.wait_until(lambda: any(m.get("step", 0) >= 6 for m in read_metrics(run_dir)))
     if stage == 2:
@@ -77,7 +77,7 @@ def test_sigterm_saves_exits_3_and_relaunch_continues(reference, tmp_path):
     relaunch continues exactly (bit for bit against the uninterrupted ZeRO-1 run, which ran under torchrun) and
     reuses the W&B run id (offline W&B)."""
     run_dir = tmp_path / "run"
-    args = tiny(run_dir, 1, "trainer.save_every_steps=0")
+    args = tiny(run_dir, 1, "trainer.save_every_steps=0", workers=True)
     env = {"WANDB_MODE": "offline"}
     run = launch_train(args, 2, tmp_path / "logs1", env=env)
     run.wait_until(lambda: any(m.get("step", 0) >= 3 for m in read_metrics(run_dir)))
@@ -100,7 +100,7 @@ def test_resume_two_ranks_to_one_through_universal_checkpoint(reference, tmp_pat
     run_dir = tmp_path / "run"
     shutil.copytree(ref / "checkpoints" / "step8", run_dir / "checkpoints" / "step8")
     (run_dir / "checkpoints" / "latest").write_text("step8")
-    done = run_train(tiny(run_dir, 2), 1, tmp_path / "logs")
+    done = run_train(tiny(run_dir, 2, workers=True), 1, tmp_path / "logs")
     assert "world size 2 -> 1" in done.output(0)
     assert (run_dir / "checkpoints" / "step8_universal").is_dir()
     ours = {m["step"]: m for m in read_metrics(run_dir) if "loss" in m}
@@ -143,6 +143,7 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops(reference, tmp_path):
         "trainer.max_nonfinite_in_a_row=2",
         "trainer.save_every_steps=1",
         "trainer.keep_last=20",
+        workers=True,
     )
     run = run_train(args, 2, tmp_path / "logs", expect=4)
     assert "2 steps in a row had a non-finite loss or gradient (step 7)" in run.output(0)
