@@ -250,19 +250,26 @@ def test_committed_comparisons_regenerate_byte_for_byte(a, b, committed, monkeyp
 
 
 @pytest.mark.parametrize(
-    "name, sweep, out, committed",
+    "name, sources, out, committed",
     [
-        ("stability", "micro-stability/runs/runs.csv", "stability.md", "micro-stability/stability.md"),
-        ("claims", "micro-claims/runs/runs.csv", "claims.md", "micro-claims/claims.md"),
-        ("outliers", "micro-claims/runs/runs.csv", "outliers.md", "micro-claims/outliers.md"),
-        ("recall", "micro-retrieval/runs/runs.csv", "study.md", "micro-retrieval/study.md"),
+        ("stability", ["sweep_dir=docs/micro-stability/runs/runs.csv"], "stability.md", "micro-stability/stability.md"),
+        ("claims", ["sweep_dir=docs/micro-claims/runs/runs.csv"], "claims.md", "micro-claims/claims.md"),
+        ("outliers", ["sweep_dir=docs/micro-claims/runs/runs.csv"], "outliers.md", "micro-claims/outliers.md"),
+        ("recall", ["sweep_dir=docs/micro-retrieval/runs/runs.csv"], "study.md", "micro-retrieval/study.md"),
+        (
+            "attention",
+            ["lm=docs/micro-attention/lm/runs.csv", "recall=docs/micro-attention/recall/runs.csv"],
+            "attention.md",
+            "micro-attention/attention.md",
+        ),
     ],
 )
-def test_committed_study_tables_regenerate_byte_for_byte(name, sweep, out, committed, monkeypatch, tmp_path):
+def test_committed_study_tables_regenerate_byte_for_byte(name, sources, out, committed, monkeypatch, tmp_path):
     """Each study's committed tables from the committed folder alone (runs.csv and the files sweep collect kept of
-    each run: the metrics.jsonl the lambda table and the recall curves read, the eval results claims, outliers and
-    recall read), by the commands the docs give (stability's out= is the file, the others' the folder)."""
+    each run: the metrics.jsonl the lambda table and the recall curves read, the eval results claims, outliers,
+    recall and attention read, the config.yaml attention reads each run's KV cache from), by the commands the docs
+    give (stability's out= is the file, the others' the folder)."""
     monkeypatch.chdir(REPO)
-    code, _, err = study(name, f"sweep_dir=docs/{sweep}", f"out={tmp_path if name != 'stability' else tmp_path / out}")
+    code, _, err = study(name, *sources, f"out={tmp_path if name != 'stability' else tmp_path / out}")
     assert code == 0, err
     assert (tmp_path / out).read_bytes() == (REPO / "docs" / committed).read_bytes()
