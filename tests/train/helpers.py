@@ -50,7 +50,8 @@ REF_EXTRA = {0: [], 1: [], 2: [], 3: ["trainer.activation_checkpointing=true"]} 
 
 
 def tiny(run_dir: Path, stage: int, *extra: str, workers: bool = False) -> list[str]:
-    return TINY + [f"run_dir={run_dir}", f"trainer.zero_stage={stage}", *REF_EXTRA[stage], *WORKERS * workers, *extra]
+    workers_on = WORKERS if workers else []
+    return TINY + [f"run_dir={run_dir}", f"trainer.zero_stage={stage}", *REF_EXTRA[stage], *workers_on, *extra]
 
 
 def comparable(records: list[dict]) -> list[tuple]:
