@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,9 +14,25 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from diffllm.train.dist import free_port
+import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port nobody listens on right now; another process may take it before it is bound, so only for what needs a
+    number in advance (a multi-node rendezvous a user would type) or a port that must stay closed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent_store() -> tuple[dist.TCPStore, dict]:
+    """The rendezvous store held by the test process, as torchrun's agent holds one: its server binds a port the OS
+    picks (no window in which another process can take it, as with a port chosen first), and every rank joins it as
+    a client (TORCHELASTIC_USE_AGENT_STORE). Keep the store alive until the ranks are done."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return store, dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
 
 
 def base_env(extra: Optional[dict] = None) -> dict:
@@ -47,13 +64,12 @@ def cli(*argv: str, cwd: Path = REPO, unset: tuple[str, ...] = ()) -> subprocess
 
 
 # ----- a function in N processes --------------------------------------------------------------------------------
-def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple, queue) -> None:
+def _worker(fn: Callable, rank: int, world_size: int, store_env: dict, args: tuple, queue) -> None:
     os.environ.update(
+        store_env,
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
         DS_ACCELERATOR="cpu",
         OMP_NUM_THREADS="1",
     )
@@ -76,8 +92,8 @@ def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout
     rank's traceback. `fn` must be importable (a module-level function)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, args, queue)) for r in range(world_size)]
+    store, store_env = agent_store()  # noqa: F841 - serves the ranks until this function returns
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, store_env, args, queue)) for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -111,8 +127,8 @@ class Launch:
     ):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
         env = base_env(env)
+        self.store = None  # `procs`: the ranks' rendezvous store, held as long as this launch lives
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         if launcher == "torchrun":
@@ -123,31 +139,25 @@ class Launch:
                     "torch.distributed.run",
                     "--nproc_per_node",
                     str(world_size),
-                    "--master_addr",
-                    "127.0.0.1",
-                    "--master_port",
-                    str(port),
+                    "--rdzv_backend",
+                    "c10d",
+                    "--rdzv_endpoint",
+                    "127.0.0.1:0",  # torchrun's own store on a port the OS picks, as `diffllm launch` on one node
                     "-m",
                     "diffllm.train",
                     *overrides,
                 ]
             ]
             envs = [env]
+        elif launcher == "plain" and world_size == 1:  # no launcher variables at all: the trainer picks its own
+            cmds, envs = [[sys.executable, "-m", "diffllm.train", *overrides]], [env]
         else:
             cmds = [[sys.executable, "-m", "diffllm.train", *overrides] for _ in range(world_size)]
+            self.store, store_env = agent_store()
             envs = [
-                dict(
-                    env,
-                    RANK=str(r),
-                    LOCAL_RANK=str(r),
-                    WORLD_SIZE=str(world_size),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                )
+                dict(env, **store_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size))
                 for r in range(world_size)
             ]
-        if world_size == 1 and launcher == "plain":  # no launcher variables at all: the trainer picks its own
-            envs = [env]
         for i, (cmd, e) in enumerate(zip(cmds, envs)):
             log = self.log_dir / f"rank{i}.log"
             with open(log, "w") as f:

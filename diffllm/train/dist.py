@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import socket
 import warnings
 from datetime import timedelta
 
@@ -13,18 +12,14 @@ import torch
 import torch.distributed as dist
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def set_env_defaults() -> None:
-    """A plain `diffllm train` (no launcher) becomes a world of one; launchers' variables are kept as they are."""
+    """A plain `diffllm train` (no launcher) becomes a world of one; launchers' variables are kept as they are.
+    Its rendezvous store listens on port 0, a port the OS picks as it binds: a port chosen beforehand could be taken
+    by another process in between (EADDRINUSE), and nobody else needs to know the number in a world of one."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("MASTER_PORT", "0")
     os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 

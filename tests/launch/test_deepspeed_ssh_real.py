@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from diffllm.runs import read_metrics
-from diffllm.train.dist import free_port
-from tests.distributed import base_env
+from tests.distributed import base_env, free_port
 from tests.launch import ssh_hosts as ssh
 from tests.train.helpers import ENV, comparable, tiny
 

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from diffllm.runs import find_checkpoint, read_metrics
-from diffllm.train.dist import free_port
-from tests.distributed import base_env
+from tests.distributed import base_env, free_port
 from tests.train.helpers import ENV, STEPS, tiny
 
 REPO = Path(__file__).resolve().parents[2]

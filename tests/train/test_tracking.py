@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from diffllm.train.dist import free_port
+from tests.distributed import free_port
 
 SCRIPT = textwrap.dedent("""
     import json, sys
