@@ -75,11 +75,10 @@ def parse_args(argv: list[str]) -> tuple[LaunchConfig, list[str]]:
             f"--launcher {launcher}: no configs/launch/{launcher}.yaml (known: {', '.join(group_options('launch'))})"
         )
     merged = OmegaConf.merge(base, load_group("launch", launcher), given)
-    if setup:
-        merged.setup = list(merged.get("setup") or []) + setup
-    if env:
-        merged.env = {**(merged.get("env") or {}), **env}
     cfg = build(LaunchConfig, merged, "launch")
+    # --setup and --env values are shell text for the job script (`source ${HOME}/venv/bin/activate`), never OmegaConf
+    # interpolations: they join the built config as given
+    cfg = dataclasses.replace(cfg, setup=cfg.setup + setup, env={**cfg.env, **env})
     cfg.validate()
     return cfg, overrides
 

@@ -309,6 +309,9 @@ def test_parse_args_flags_and_overrides():
         {"A": "1"},
     )
     assert overrides == ["model=diff-tiny", "--weird"]
+    shell_text = ["--setup", "source ${HOME}/venv/bin/activate", "--env", "LD_LIBRARY_PATH=${CUDA_HOME}/lib64"]
+    cfg, _ = parse_args(["--launcher", "slurm", *shell_text])  # shell text, as given: not an OmegaConf interpolation
+    assert (cfg.setup, cfg.env) == (["source ${HOME}/venv/bin/activate"], {"LD_LIBRARY_PATH": "${CUDA_HOME}/lib64"})
     slurm, _ = parse_args(["--launcher", "slurm"])
     assert slurm.job_name == "diffllm" and slurm.requeue  # configs/launch/slurm.yaml applied
     with pytest.raises(ValueError, match="--nodez: unknown launch option"):

@@ -20,21 +20,24 @@ from tests.train.helpers import ENV, comparable, tiny
 pytestmark = pytest.mark.slow
 
 STEPS = 300  # of 1024 tokens: 8-60 s on 2 cores, idle or loaded
-SLOW_STEP_S = 0.2  # the interrupted jobs' steps last >= this (trainer.faults.step_delay_s): >= 60 s in all, twice the
-# <= 30 s after which SLURM's signal comes once the limit is cut, so they are still training when it (or scancel)
-# comes, however idle the machine
+SLOW_STEP_S = 0.2  # the interrupted jobs' first attempts' steps last >= this (trainer.faults.step_delay_s): >= 60 s
+# in all, twice the <= 30 s after which SLURM's signal comes once the limit is cut, so they are still training when it
+# (or scancel) comes, however idle the machine. A requeued attempt runs at full speed: the delay comes from the job's
+# environment, set by a --setup line only while SLURM_RESTART_COUNT is 0 (step_delay_s is operational: a resume
+# accepts the change, and the losses stay those of the plain run)
+SLOW_OVERRIDE = "trainer.faults.step_delay_s=${oc.env:DIFFLLM_TEST_STEP_DELAY_S,0}"
+SLOW_SETUP = f'[ "${{SLURM_RESTART_COUNT:-0}}" != 0 ] || export DIFFLLM_TEST_STEP_DELAY_S={SLOW_STEP_S}'
 
 
 def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool = False) -> tuple[int, Path]:
-    """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file). `slow`: rank 0 sleeps
-    SLOW_STEP_S per step (the losses stay those of the plain run)."""
+    """Submit the tiny 2-process run exactly as a user would; returns (job id, its log file). `slow`: in the job's
+    first attempt, rank 0 sleeps SLOW_STEP_S per step."""
     train = tiny(
         run_dir,
         1,
         f"trainer.tokens={STEPS * 1024}",
         "trainer.save_every_steps=40",
         "trainer.log_every=1",
-        *([f"trainer.faults.step_delay_s={SLOW_STEP_S}"] if slow else []),
         workers=True,
     )
     venv = Path(sys.executable).parent  # as a user's `--setup "source .venv/bin/activate"`: torchrun on the PATH
@@ -52,8 +55,10 @@ def submit(slurm, tmp: Path, name: str, run_dir: Path, *options: str, slow: bool
         "20",
         "--setup",
         f"export PATH={venv}:$PATH",
+        *(["--setup", SLOW_SETUP] if slow else []),
         *options,
         *train,
+        *([SLOW_OVERRIDE] if slow else []),
         env={**base_env(), **ENV},
     )
     return job, tmp / "logs" / f"{name}-{job}.out"
