@@ -13,6 +13,7 @@ from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .documents import Documents
 from .layers import SwiGLU, build_norm, rotary_cos_sin
+from .loss import head_loss
 from .parametrization import init_mult, readout_scale, treatments, width_mult
 from .variant import init_parameter
 
@@ -84,8 +85,13 @@ class DecoderLM(nn.Module):
         cache: Optional[KVCache] = None,
         doc_ids: Optional[torch.Tensor] = None,
         restart_positions: bool = False,
+        targets: Optional[torch.Tensor] = None,
+        target_mask: Optional[torch.Tensor] = None,
+        reduction: str = "mean",
     ) -> torch.Tensor:
-        """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache).
+        """tokens at positions [cache.pos, cache.pos + T) (from 0 without a cache) -> logits (B, T, V); with `targets`
+        (B, T) the 0-dim next-token loss instead (loss.py: `target_mask` (B, T) bool keeps the targets that count,
+        `reduction` "mean" or "sum"), the logits never returned.
         doc_ids (B, T): the document ordinal of each token of packed rows (non-decreasing per row); a token then
         attends only to the tokens of its own document (documents.py), and with `restart_positions` its RoPE position
         is its index within its document. None: plain causal attention over the whole row."""
@@ -113,5 +119,8 @@ class DecoderLM(nn.Module):
             x = layer(x, cos, sin, cache.layer(i) if cache is not None else None, docs)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        x = self.norm(x)  # (B, T, E)
+        if targets is not None:
+            return head_loss(self.lm_head, x, targets, target_mask, self.readout_scale, reduction)
+        logits = self.lm_head(x)  # (B, T, V)
         return logits if self.readout_scale == 1.0 else logits * self.readout_scale

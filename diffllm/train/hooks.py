@@ -30,7 +30,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import torch
-import torch.nn.functional as F
 
 from .dist import all_reduce_sum
 from .metrics import finite_or_none, logged, mfu
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from ..runs import Run
     from .state import TrainState
 
-IGNORE = -100  # F.cross_entropy's ignore_index: targets outside the loss mask
 MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
 
 
@@ -65,18 +63,13 @@ class View:
 
 
 def lm_loss(model, batch: Batch, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32 (float64 logits stay float64): the
-    one loss of training and validation. With document ids the model attends within documents. With a loss mask
-    (data.loss_on=marked) only the marked targets count: their sum, or for "mean" their sum / their count (0 for
-    none; a mask that marks every target gives today's loss bit for bit)."""
-    logits = model(batch.inputs, **batch.model_kwargs()).flatten(0, 1)  # (B*T, V)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    mask = batch.target_mask  # (B, T) bool, or None: every target counts
-    if mask is None:
-        return F.cross_entropy(logits, batch.targets.flatten(), reduction=reduction)
-    targets = batch.targets.masked_fill(~mask, IGNORE).flatten()
-    total = F.cross_entropy(logits, targets, reduction="sum", ignore_index=IGNORE)
-    return total if reduction == "sum" else total / mask.sum().clamp(min=1)
+    """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32 (float64 stays float64): the one
+    loss of training and validation (the model's loss head, diffllm/model/loss.py). With document ids the model
+    attends within documents. With a loss mask (data.loss_on=marked) only the marked targets count: their sum, or for
+    "mean" their sum / their count (0 for none; a mask that marks every target gives today's loss bit for bit)."""
+    return model(
+        batch.inputs, **batch.model_kwargs(), targets=batch.targets, target_mask=batch.target_mask, reduction=reduction
+    )
 
 
 class Hook:
