@@ -40,6 +40,7 @@ def branch_free(default: Any = MISSING) -> Any:
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
+DIAGNOSTICS = ("off", "cheap", "full")  # trainer.diagnostics levels (diffllm/train/diagnostics.py)
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 NEEDLE_MODES = ("synthetic", "text")
@@ -205,6 +206,8 @@ class TrainerConfig:
     activation_checkpointing: bool = operational(False)  # recompute each block in the backward pass
     compile: bool = operational(False)  # torch.compile each block
     log_every: int = operational(8)  # steps between progress lines / metrics.jsonl records
+    # what each logged step measures beside the loss (diffllm/train/diagnostics.py): off | cheap | full
+    diagnostics: str = operational("full")
     val_every: int = branch_free(32)  # steps between validations (0: only at the start and the end)
     val_batches: int = branch_free(16)  # held-out batches per in-loop validation, spread over the held-out set
     # the held-out set: at most this many tokens of each held-out source, from its start (null: all of it); in-loop
@@ -251,6 +254,8 @@ class TrainerConfig:
             bad("zero_stage", f"got {self.zero_stage}, expected 0, 1, 2 or 3")
         if self.precision not in PRECISIONS:
             bad("precision", f"got {self.precision!r}, expected one of {PRECISIONS}")
+        if self.diagnostics not in DIAGNOSTICS:
+            bad("diagnostics", f"got {self.diagnostics!r}, expected one of {DIAGNOSTICS}")
         if self.offload_params and self.zero_stage != 3:
             bad("offload_params", "needs trainer.zero_stage=3")
         if self.offload_optimizer and self.zero_stage == 0:

@@ -168,6 +168,7 @@ def test_the_roles_of_keys_on_resume_are_field_metadata():
         "trainer.resume",
         "trainer.allow_changes",
         "trainer.log_every",
+        "trainer.diagnostics",
         "trainer.save_every_steps",
         "trainer.save_every_minutes",
         "trainer.keep_last",
