@@ -237,7 +237,7 @@ def test_zero3_training_losses_are_the_unchunked_ones():
     [[ref, got]] = run_distributed(_zero3_losses, world_size=1, args=([2**62, 3 * 64 * 4],))  # 1 chunk; 3 tokens each
     assert ref["head_calls"] == (1, 1) and got["head_calls"] == (6, 12)  # each chunk gathered again to recompute
     for a, b in zip(got["losses"], ref["losses"], strict=True):
-        assert math.isclose(a, b, rel_tol=1e-5), (got["losses"], ref["losses"])
+        assert math.isclose(a, b, rel_tol=1e-6), (got["losses"], ref["losses"])  # measured: 1.2e-7
 
 
 def _liger_check() -> dict:
