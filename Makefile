@@ -73,3 +73,12 @@ bench: install
 
 clean:
 	rm -rf $(VENV) outputs runs .pytest_cache
+
+# `make corpus`: the debian-text corpus (configs/data/debian-text.yaml, docs/corpus.md) for the micro ladder: 6 pinned
+# Debian packages (73 MB of .deb, sha256-checked) cut into jsonl documents under corpus/debian-text (its own sha256
+# checked too), then pre-tokenized once into prepared/debian-text. Needs apt-get and dpkg; no root.
+.PHONY: corpus
+corpus: install
+	$(BIN)/python scripts/get_corpus.py --out corpus/debian-text --debs corpus/debs
+	@test -f prepared/debian-text/jargon-heldout/meta.json || \
+	  $(BIN)/diffllm data prepare data=debian-text data.prepared_dir=null out=prepared/debian-text
