@@ -3,9 +3,10 @@
 # .gpu-check/, built by `make gpu-wheels`) holds the wheels of what the image lacks (installed into $GPU_CHECK_SITE,
 # never into the image's own environment) and the tokenized Shakespeare plays. Parts, each under a hard time limit
 # (SIGKILL: a hang costs its limit, no more; 360 s in all):
-#   install (35 s) | gpu_check_trainer.py (175 s): a checkpoint save + resume, then per arch the trainer's step loop at
-#   1.4B (DeepSpeed ZeRO-2, bf16, NCCL, trainer=paper-scaling, the real loader) beside the bare fwd+bwd loop and the
-#   planner | gpu_check.py agreement (30 s) | gpu_check_docmask.py (40 s) | gpu_bench_attention.py (60 s) | the table.
+#   nvidia-smi (10 s) | install (30 s) | gpu_check_trainer.py (190 s): a checkpoint save + resume, then per arch the
+#   trainer's step loop at 1.4B (DeepSpeed ZeRO-2, bf16, NCCL, trainer=paper-scaling, the real loader) beside the bare
+#   fwd+bwd loop and the planner | gpu_check.py agreement (25 s) | gpu_check_docmask.py (35 s) |
+#   gpu_bench_attention.py (55 s) | the table (10 s).
 # Every part appends its rows to $GPU_CHECK_OUT/results.jsonl ($OUT on the lent machine, else /tmp/gpu-check), and
 # one table of them all is printed last. Exit 0 when every part exited 0.
 # `GPU_CHECK_SMOKE=1 bash scripts/gpu_check.sh` runs the same code on CPU (gloo, fp32, tiny presets, a few steps);
@@ -14,6 +15,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 GPU_CHECK_CARRY=$(realpath "${GPU_CHECK_CARRY:-.gpu-check}")
+if [ ! -d "$GPU_CHECK_CARRY/wheels" ] || [ ! -d "$GPU_CHECK_CARRY/data" ]; then
+  echo "gpu_check.sh: no carried folder $GPU_CHECK_CARRY (wheels/, data/): run \`make gpu-wheels\` and carry it" >&2
+  exit 2
+fi
 GPU_CHECK_OUT=${GPU_CHECK_OUT:-${OUT:-/tmp/gpu-check}}
 SITE=${GPU_CHECK_SITE:-/tmp/gpu-check-site}
 export GPU_CHECK_CARRY GPU_CHECK_OUT
@@ -41,12 +46,12 @@ part() {
 }
 
 [ "${GPU_CHECK_SMOKE:-0}" = 1 ] || timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-part install 35 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+part install 30 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$SITE" "$GPU_CHECK_CARRY"/wheels/*.whl
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-GPU_CHECK_TRAINER_BUDGET_S=${GPU_CHECK_TRAINER_BUDGET_S:-$((150 * scale))} part trainer 175 python3 scripts/gpu_check_trainer.py
-part agreement 30 python3 scripts/gpu_check.py agreement
-part doc-masks 40 python3 scripts/gpu_check_docmask.py
-GPU_BENCH_BUDGET_S=${GPU_BENCH_BUDGET_S:-20} part diff-attention 60 python3 scripts/gpu_bench_attention.py
+GPU_CHECK_TRAINER_BUDGET_S=${GPU_CHECK_TRAINER_BUDGET_S:-$((165 * scale))} part trainer 190 python3 scripts/gpu_check_trainer.py
+part agreement 25 python3 scripts/gpu_check.py agreement
+part doc-masks 35 python3 scripts/gpu_check_docmask.py
+GPU_BENCH_BUDGET_S=${GPU_BENCH_BUDGET_S:-20} part diff-attention 55 python3 scripts/gpu_bench_attention.py
 timeout $((10 * scale)) python3 scripts/gpu_check.py table || failed=1
 exit "$failed"

@@ -4,9 +4,9 @@ scripts/gpu_check.sh` installs the folder `scripts/gpu_wheels.sh` built here, th
 every row of its one table: the trainer's step loop of every arch beside its bare loop, the checkpoint resume,
 agreement, document masks and Diff attention. Without that folder the check dies as issue 53 found it.
 
-Slow, and costly once: the simulated image is built once per machine (2-3 min, 4.7 GiB under ~/.cache/diffllm,
-then reused), the carried folder once per module (about 1 min, most of it pip's index look-ups), the smoke run
-itself 1-4 min on 2 cores."""
+Slow, and costly once: the simulated image is built once per machine (2-5 min, 4.7 GiB under ~/.cache/diffllm,
+then reused), the carried folder once per module (1-1.5 min, most of it pip's index look-ups), the blocker test
+~40 s, the smoke run 2-3 min on 2 shared cores (measured: 312 s for the module with the image already built)."""
 
 from __future__ import annotations
 
@@ -123,8 +123,12 @@ def test_gpu_check_runs_on_the_simulated_image(image, carry, tmp_path):
     (ckpt,) = [r for r in rows if r[0] == "checkpoint"]
     assert ckpt[1] == "diff-tiny" and ckpt[7].endswith("resumed steps 3-4: losses equal bit for bit"), ckpt
     assert sorted(by("agreement")) == sorted(archs) and all("sdpa" in r[7] for r in by("agreement").values())
-    docs = [(r[1], r[2].split()[0]) for r in rows if r[0] == "doc masks"]
+    docs = {(r[1], r[2].split()[0]): r[7] for r in rows if r[0] == "doc masks"}
     assert sorted(docs) == sorted([(a, "eager") for a in archs] + [(a, "flash") for a in archs] + [("diff", "triton")])
-    core = [r[2] for r in rows if r[0] == "diff attention agreement"]
-    assert core == ["eager", "sdpa", "flash", "triton"] * 2, rows
+    assert all(docs[a, "eager"].startswith("max abs logit diff ") for a in archs), docs
+    core = [(r[2], r[7]) for r in rows if r[0] == "diff attention agreement"]
+    assert [b for b, _ in core] == ["eager", "sdpa", "flash", "triton"] * 2, rows
+    assert all(note.startswith("max rel err out ") for b, note in core if b in ("eager", "sdpa")), core
+    # Triton's CPU interpreter: measured where it can run (Triton >= 3.9 here), else the smoke's one allowed note
+    assert all(note.startswith(("max rel err out ", "not run on CPU: Triton")) for b, note in core if b == "triton")
     assert (out / "results.jsonl").is_file() and (out / "log.txt").is_file()
