@@ -71,6 +71,12 @@ train: install
 bench: install
 	$(BIN)/python scripts/bench_all.py
 
+# `make gpu-wheels`: the folder the GPU check carries to a lent GPU machine (.gpu-check/, git-ignored: wheels of what
+# its image lacks, built or fetched for its Python 3.12, and the tokenized Shakespeare plays; docs/gpu.md).
+.PHONY: gpu-wheels
+gpu-wheels: install
+	PYTHON=$(BIN)/python bash scripts/gpu_wheels.sh
+
 clean:
 	rm -rf $(VENV) outputs runs .pytest_cache
 

@@ -19,6 +19,7 @@ so that nothing is left even for a moment, and its resource tracker unlinks the 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import multiprocessing
 import os
 import signal
@@ -99,7 +100,8 @@ def _preload(trainer: int) -> None:
     forkserver = os.getpid()
     os.register_at_fork(after_in_child=lambda: die_with_parent(forkserver))  # each worker, before it runs a line
     ignore_stop_signals()
-    import datasets  # noqa: F401 - about 2 s, paid once per training process instead of once per worker
+    if importlib.util.find_spec("datasets") is not None:  # hub sources read through it; prepared shards need none
+        import datasets  # noqa: F401 - about 2 s, paid once per training process instead of once per worker
     import torch.utils.data  # noqa: F401
 
 
