@@ -30,6 +30,7 @@ TESTED = {
     "gpu_check_docmask.py",
     "gpu_bench_attention.py",
     "gpu_wheels.sh",
+    "get_corpus.py",  # tests/data/test_corpus.py (no download in CI; make corpus runs it)
     "make_plays_cloze.py",
     "train.sbatch",
     "repeat_tests.sh",
