@@ -24,6 +24,7 @@ TESTED = {
     "bench_train.py",
     "bench_generate.py",  # tests/scripts/test_bench_generate.py
     "bench_eval.py",
+    "bench_loss_head.py",  # test_bench_loss_head_prints_the_chunked_bytes below
     "gpu_check.sh",  # tests/scripts/test_gpu_check_image.py, with the four below
     "gpu_check.py",
     "gpu_check_trainer.py",
@@ -194,3 +195,19 @@ def test_repeat_tests_counts_passes_and_failures(tmp_path):
     good, bad = run(False), run(True)
     assert good.returncode == 0 and "passed 2, failed 0 of 2 runs" in good.stdout, good.stdout
     assert bad.returncode == 1 and "passed 0, failed 2 of 2 runs" in bad.stdout, bad.stdout
+
+
+def test_bench_loss_head_prints_the_chunked_bytes():
+    """At vocab 50K, 2 x 2048 tokens (meta device, seconds) the chunked head saves a fraction of the full logits."""
+    args = ["--vocab", "50304", "--d-model", "256", "--seq-len", "2048", "--micro-batch", "2"]
+    res = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_loss_head.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    (row,) = [line.split("|") for line in res.stdout.splitlines() if line.strip().startswith("50,304")]
+    vocab, d_model, chunks, _, per_chunk = row[0].split()
+    assert int(chunks) > 1 and float(row[1].split()[-1]) < 0.25, res.stdout  # several chunks, under 1/4 the bytes
