@@ -54,9 +54,14 @@ def merged_knobs(stage: int, d_model: int, deepspeed: Mapping) -> dict:
 class BucketBytes:
     """GPU bytes DeepSpeed allocates for its communication at these knobs (bf16 buckets), per GPU."""
 
-    reduce: float  # the gradient bucket(s) held through backward, plus the flat copy each reduction makes
+    held: float  # the gradient bucket buffer(s) DeepSpeed holds through backward
+    flat_copy: float  # the copy of a bucket each reduction makes (ZeRO-1/2 allreduce_bucket, ZeRO-3 torch.cat)
     live_params: float  # ZeRO-3: gathered bf16 parameters beyond DeepSpeed's own 4 B x largest-layer allowance
     persistent: float  # ZeRO-3: parameters below the persistence threshold, whole on every GPU (bf16 + fp32 grad)
+
+    @property
+    def reduce(self) -> float:
+        return self.held + self.flat_copy
 
     @property
     def total(self) -> float:
@@ -77,13 +82,12 @@ def bucket_bytes(
     plus the module being fetched: beyond DeepSpeed's estimator allowance (4 B x the largest layer, in the model
     states) that is 2 B x min(psi, max_live + largest layer) - 4 B x largest layer when positive."""
     if stage == 0:
-        return BucketBytes(0.0, 0.0, 0.0)
+        return BucketBytes(0.0, 0.0, 0.0, 0.0)
     bucket = float(knobs.get("reduce_bucket_size", 5 * 10**8)) * width
     contiguous = bool(knobs.get("contiguous_gradients", True))
     if stage in (1, 2):
-        overlap = bool(knobs.get("overlap_comm", False))
-        held = (2 if overlap else 1) if contiguous else 0
-        return BucketBytes(bucket * (held + 1), 0.0, 0.0)
+        buffers = (2 if knobs.get("overlap_comm", False) else 1) if contiguous else 0
+        return BucketBytes(buffers * bucket, bucket, 0.0, 0.0)
     live = float(knobs.get("stage3_max_live_parameters", LIVE_PARAMETERS))
     gathered = 2.0 * min(psi, live + largest_layer) - 4.0 * largest_layer
-    return BucketBytes(bucket * ((1 if contiguous else 0) + 1), max(0.0, gathered), small_params * (2.0 + 4.0))
+    return BucketBytes(bucket if contiguous else 0.0, bucket, max(0.0, gathered), small_params * (2.0 + 4.0))

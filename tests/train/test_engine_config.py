@@ -11,7 +11,7 @@ import pytest
 
 from diffllm.train.config import OptimConfig, TrainerConfig, plan_budget
 from diffllm.train.engine import deepspeed_config, with_zero_knobs
-from diffllm.train.zero import zero_knobs
+from diffllm.train.zero import bucket_bytes, zero_knobs
 from tests.distributed import run_distributed
 
 SEQ, WIDTH = 16, 32  # the 2-rank engines' model: d_model 32, so a reduce bucket of 1,024 elements
@@ -115,13 +115,26 @@ def _train(stage: int, override: dict) -> dict:
 
     before = gathered()
     gen = torch.Generator().manual_seed(torch.distributed.get_rank())
+    held = []  # read inside the first backward (ZeRO-1/2 allocate the buckets for each backward and free them after)
+    hook = engine.module.tok_embeddings.weight.register_hook(lambda g: held.append(_bucket_buffer_bytes(engine)))
     for _ in range(3):
         for _ in range(2):
             tokens = torch.randint(0, 256, (2, SEQ + 1), generator=gen)
             engine.backward(engine(tokens[:, :-1], targets=tokens[:, 1:]))
         engine.step()
+    hook.remove()
     persistent = [n for n, p in engine.module.named_parameters() if getattr(p, "ds_persist", False)]
-    return {"knobs": _read_back(engine), "before": before, "after": gathered(), "persistent": persistent}
+    out = {"knobs": _read_back(engine), "held": held[0], "persistent": persistent}
+    return {**out, "before": before, "after": gathered()}
+
+
+def _bucket_buffer_bytes(engine) -> int:
+    """Bytes of the gradient bucket buffers DeepSpeed's ZeRO optimizer holds (its `ipg_buckets`: a list of buffers at
+    ZeRO-1/2, one buffer at ZeRO-3)."""
+    buffers = []
+    for bucket in engine.optimizer.ipg_buckets.values():
+        buffers += bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]
+    return sum(b.numel() * b.element_size() for b in buffers if b is not None)
 
 
 def _engines_at_every_stage() -> dict:
@@ -143,6 +156,8 @@ def _engines_at_every_stage() -> dict:
             "moved": not all(torch.equal(a, b) for a, b in zip(ours["before"], ours["after"])),
             "same": all(torch.equal(a, b) for a, b in zip(ours["after"], theirs["after"])),
             "persistent": ours["persistent"],
+            "held": ours["held"],
+            "held_at_defaults": theirs["held"],
             "persistent_at_defaults": theirs["persistent"],
         }
     trainer = TrainerConfig(zero_stage=2, micro_batch_size=2, global_batch_tokens=4 * SEQ, tokens=4 * SEQ, compile=True)
@@ -158,7 +173,9 @@ def test_engines_run_with_the_knobs_and_train_as_at_deepspeeds_defaults():
     """Read back from each engine: the knobs zero_knobs gives; the reference engines really ran at DeepSpeed's
     defaults; after 3 steps (2 micro-batches each, 2 ranks) every parameter equals the reference's bit for bit. ZeRO-3
     keeps only the tensors of at most 10 x d_model = 320 elements whole (norms, Diff's lambdas), where DeepSpeed's 1e5
-    kept the whole model whole; trainer.compile compiles the whole model through engine.compile(), not its blocks."""
+    kept the whole model whole; the gradient buckets DeepSpeed holds are the bytes the planner counts (train/zero.py
+    bucket_bytes: 2 x 1,024 x 4 B at ZeRO-1/2 with overlap_comm, 1 x 5e8 x 4 B at its defaults); trainer.compile
+    compiles the whole model through engine.compile(), not its blocks."""
     import torch
 
     from diffllm.model import DecoderLM
@@ -176,5 +193,7 @@ def test_engines_run_with_the_knobs_and_train_as_at_deepspeeds_defaults():
             assert got["knobs"] == zero_knobs(stage, WIDTH)
             assert got["defaults"] == _deepspeed_defaults(stage)
             assert got["moved"] and got["same"]
+            for knobs, held in ((got["knobs"], got["held"]), (got["defaults"], got["held_at_defaults"])):
+                assert held == bucket_bytes(stage, knobs, 0, 0, 0, width=4).held > 0  # fp32 gradients on CPU
         assert rank[3]["persistent"] == small and rank[3]["persistent_at_defaults"] == every
         assert rank["compiled"] == (True, True) and not rank["blocks_compiled"]
