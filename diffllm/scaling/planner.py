@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Iterable
 
 from ..counts import parse_count
 from ..errors import UserError
@@ -446,15 +447,30 @@ def plan_dict(p: Plan) -> dict:
     }
 
 
-def plan_config(cfg) -> tuple[ModelConfig, PlanConfig]:
-    """The model and the PlanConfig of a composed configs/plan.yaml (a `trainer=<preset>` there fills the keys the
-    command line leaves: configs/plan.yaml's oc.select interpolations)."""
+# plan's keys that a `trainer=<preset>` fills from the preset's own (plan key -> trainer key)
+TRAINER_KEYS = {
+    "global_batch_tokens": "global_batch_tokens",
+    "tokens": "tokens",
+    "zero_stage": "zero_stage",
+    "activation_checkpointing": "activation_checkpointing",
+    "offload": "offload_optimizer",
+    "micro_batch_size": "micro_batch_size",
+    "diagnostics": "diagnostics",
+    "deepspeed": "deepspeed",
+}
+
+
+def plan_config(cfg, given: Iterable[str] = ()) -> tuple[ModelConfig, PlanConfig]:
+    """The model and the PlanConfig of a composed configs/plan.yaml. With a `trainer=<preset>`, the preset's settings
+    (TRAINER_KEYS) replace plan's defaults, except the keys `given` on the command line."""
     from omegaconf import OmegaConf
 
     from ..config import build
 
-    skip = ("model", "gpus", "trainer")
-    keys = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in skip}
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    keys = {k: v for k, v in raw.items() if k not in ("model", "gpus", "trainer")}
+    if raw.get("trainer"):
+        keys.update({k: raw["trainer"][t] for k, t in TRAINER_KEYS.items() if k not in set(given)})
     return build(ModelConfig, cfg.model, "model"), build(PlanConfig, keys, "plan")
 
 
@@ -465,13 +481,15 @@ def main() -> None:
     from ..config import hydra_app
     from ..hardware import gpu_table
 
-    check_model_overrides(sys.argv[1:], "diffllm plan")
+    argv = sys.argv[1:]
+    check_model_overrides(argv, "diffllm plan")
 
     @hydra_app("plan")
     def app(cfg) -> None:
         if cfg.get("gpus"):
             print(gpu_table())
             return
-        print(render(make_plan(*plan_config(cfg))))
+        given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
+        print(render(make_plan(*plan_config(cfg, given))))
 
     app()

@@ -80,7 +80,8 @@ def test_plan_reads_a_trainer_presets_settings_and_the_command_line_wins():
     fits = next(line for line in render(p).splitlines() if line.startswith("fits "))
     assert fits.startswith("fits         zero_stage=2 activation_checkpointing=true micro_batch_size=2 (")
     assert p.rows[0].total <= p.budget_bytes == 79.6 * 0.9 * GiB
-    _, mine = plan_config(compose("plan", ["trainer=paper-scaling", "zero_stage=1", "micro_batch_size=1"]))
+    mine = ["trainer=paper-scaling", "zero_stage=1", "micro_batch_size=1"]
+    _, mine = plan_config(compose("plan", mine), given=["zero_stage", "micro_batch_size"])
     assert (mine.zero_stage, mine.micro_batch_size, mine.global_batch_tokens) == (1, 1, "262144")
     _, bare = plan_config(compose("plan", []))
     assert (bare.zero_stage, bare.micro_batch_size, bare.diagnostics, bare.global_batch_tokens) == (
