@@ -53,15 +53,16 @@ def check_budget(typed: TrainConfig, world_size: int) -> None:
 
 
 def check_memory(typed: TrainConfig, nodes: int, procs: int, gpu: str) -> None:
-    """`diffllm plan`'s memory estimate for this run's ZeRO stage, activation checkpointing, offload and micro-batch on
-    `nodes` x `procs` GPUs of type `gpu`: a run that plan marks "does not fit" is refused, naming what would fit."""
+    """`diffllm plan`'s memory estimate for this run's settings (ZeRO stage, activation checkpointing, offload,
+    micro-batch, diagnostics level, trainer.deepspeed's knobs) on `nodes` x `procs` GPUs of type `gpu`: a run that does
+    not fit is refused in one line saying what it needs, what the GPUs offer and the setting that would fit."""
     from ..scaling.config import PlanConfig
-    from ..scaling.planner import GiB, make_plan
+    from ..scaling.planner import make_plan
 
     t = typed.trainer
     offload = t.offload_optimizer or t.offload_params
-    where = f"{nodes}x{procs} {gpu}"
-    anyway = "--memory-check false: launch anyway"
+    if offload and t.zero_stage < 2:  # the planner models offload at ZeRO-2 and -3 only
+        return
     pc = PlanConfig(
         seq_len=typed.data.seq_len,
         global_batch_tokens=str(t.global_batch_tokens),
@@ -69,31 +70,17 @@ def check_memory(typed: TrainConfig, nodes: int, procs: int, gpu: str) -> None:
         nodes=nodes,
         gpus_per_node=procs,
         gpu=gpu,
+        zero_stage=t.zero_stage,
+        activation_checkpointing=t.activation_checkpointing,
+        offload=offload,
+        micro_batch_size=t.micro_batch_size,
+        diagnostics=t.diagnostics,
+        deepspeed=t.deepspeed,
     )
     try:
-        plan = make_plan(typed.model, pc)  # a row for every ZeRO stage, checkpointing and offload choice
-    except UserError as e:  # nothing fits at all
-        raise UserError(f"does not fit: {e} ({anyway})") from None
-    chosen = (t.zero_stage, t.activation_checkpointing, offload)
-    row = next((r for r in plan.rows if (r.stage, r.checkpointing, r.offload) == chosen), None)
-    if row is None:  # offload below ZeRO-2: the trainer's own checks refuse it
-        return
-    need = row.states.gpu + t.micro_batch_size * row.activations_per_sample
-    usable = plan.gpu.memory_gib * GiB * pc.usable_fraction
-    if need <= usable:
-        return
-    fit = min(plan.fitting, key=lambda r: (r.offload, r.checkpointing, r.stage))  # the cheapest way that fits
-    moved = (" trainer.offload_optimizer=true" if fit.offload else "") + (
-        " trainer.offload_params=true" if fit.offload and fit.stage == 3 else ""
-    )
-    raise UserError(
-        f"does not fit: {typed.model.name} at trainer.zero_stage={t.zero_stage} activation_checkpointing="
-        f"{str(t.activation_checkpointing).lower()}{' offload' if offload else ''} micro_batch_size="
-        f"{t.micro_batch_size} needs {need / GiB:.1f} GiB per GPU, {where} offer {usable / GiB:.1f} (diffllm plan); "
-        f"fits: trainer.zero_stage={fit.stage} trainer.activation_checkpointing={str(fit.checkpointing).lower()}"
-        f"{moved} trainer.micro_batch_size={fit.micro_batch} "
-        f"({anyway})"
-    )
+        make_plan(typed.model, pc, prefix="trainer.")
+    except UserError as e:
+        raise UserError(f"{e} (--memory-check false: launch anyway)") from None
 
 
 def local_gpu() -> Optional[str]:

@@ -27,6 +27,9 @@ class PlanConfig:
     activation_checkpointing: Optional[bool] = None  # None -> rows with and without
     offload: Optional[bool] = None  # None -> rows with and without (optimizer, and for ZeRO-3 also params, to CPU)
     micro_batch_size: Optional[int] = None  # None -> the largest that fits
+    diagnostics: str = "full"  # trainer.diagnostics: off | cheap | full (full adds its logged-step transients)
+    # raw DeepSpeed keys as trainer.deepspeed takes them: its zero_optimization keys override the knobs counted
+    deepspeed: dict = field(default_factory=dict)
     usable_fraction: float = 0.90  # of GPU memory; the rest for the CUDA context, NCCL buffers, fragmentation
     # inference: bf16 weights + the KV cache of `batch` sequences of `context` tokens (the variant's KV bytes/token)
     context: Optional[int] = None  # None -> seq_len
@@ -39,6 +42,10 @@ class PlanConfig:
             raise UserError(f"mfu={self.mfu}: must be in (0, 1]")
         if self.zero_stage not in (None, 0, 1, 2, 3):
             raise UserError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
+        if self.diagnostics not in ("off", "cheap", "full"):
+            raise UserError(f"diagnostics={self.diagnostics}: must be off, cheap or full")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise UserError(f"micro_batch_size={self.micro_batch_size}: must be >= 1 (null: the largest that fits)")
         if self.batch < 1 or (self.context is not None and self.context < 1):
             raise UserError(f"context={self.context}, batch={self.batch}: need at least one token and one sequence")
 

@@ -1,5 +1,5 @@
-"""The DeepSpeed side: its config generated from ours, and the model built and wrapped (ZeRO, checkpointing,
-compile)."""
+"""The DeepSpeed side: its config generated from ours (with the ZeRO knobs for the model's scale, train/zero.py), and
+the model built and wrapped (ZeRO, checkpointing, compile)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..model import DecoderLM, ModelConfig
 from .config import Budget, OptimConfig, TrainerConfig
 from .dist import on_gpu, rank
 from .optim import UpdateGate, build_optimizer
+from .zero import zero_knobs
 
 
 def resolve_precision(trainer: TrainerConfig) -> str:
@@ -31,10 +32,16 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 def deepspeed_config(
-    trainer: TrainerConfig, opt: OptimConfig, budget: Budget, precision: str, load_universal: bool = False
+    trainer: TrainerConfig,
+    opt: OptimConfig,
+    budget: Budget,
+    precision: str,
+    load_universal: bool = False,
+    d_model: Optional[int] = None,
 ) -> dict:
-    """Our config -> DeepSpeed's. `trainer.deepspeed` (raw DeepSpeed keys) is merged over the result, last."""
-    zero: dict = {"stage": trainer.zero_stage}
+    """Our config -> DeepSpeed's. With `d_model`, the ZeRO knobs for that width (zero.py; build_engine fills them in
+    from the model otherwise). `trainer.deepspeed` (raw DeepSpeed keys) is merged over the result, last."""
+    zero: dict = {"stage": trainer.zero_stage, **(zero_knobs(trainer.zero_stage, d_model) if d_model else {})}
     if trainer.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
     if trainer.offload_params:
@@ -54,6 +61,12 @@ def deepspeed_config(
         "wall_clock_breakdown": False,
     }
     return deep_merge(cfg, trainer.deepspeed)
+
+
+def with_zero_knobs(ds_config: dict, d_model: int) -> dict:
+    """`ds_config` with the ZeRO knobs for a model `d_model` wide filled in where it sets none (its own keys, those of
+    trainer.deepspeed included, win)."""
+    return deep_merge({"zero_optimization": zero_knobs(ds_config["zero_optimization"]["stage"], d_model)}, ds_config)
 
 
 def apply_activation_checkpointing(model: DecoderLM) -> None:
@@ -92,19 +105,22 @@ def build_engine(
     weights: Optional[dict] = None,
 ):
     """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it, which asks
-    `gate` whether to drop each update."""
+    `gate` whether to drop each update. `ds_config` runs with the ZeRO knobs of the model's width (with_zero_knobs).
+    trainer.compile: the whole DecoderLM, its loss head included, compiled as one graph by DeepSpeed's
+    `engine.compile()` (inductor; under ZeRO-3 DeepSpeed's parameter hooks break the graph per module unless
+    trainer.deepspeed sets compile.deepcompile on CUDA: docs/training.md "At scale")."""
     import deepspeed
 
+    ds_config = with_zero_knobs(ds_config, cfg.d_model)
     model = build_model(cfg, ds_config, seed, weights)
     if trainer.activation_checkpointing:
         apply_activation_checkpointing(model)
-    if trainer.compile:
-        for block in model.layers:
-            block.compile()
     optimizer = build_optimizer(model, opt, gate)
     # bf16 without ZeRO wraps the optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose constructor runs one step
     # with zero gradients to create the optimizer state: AdamW would count it (its bias correction then lags, the
     # first real update being 0.735x an fp32 run's) and apply weight decay once. That step is skipped.
     with gate.closed():
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    if trainer.compile:
+        engine.compile()  # DecoderLM.compile(backend=the accelerator's: inductor), after ZeRO's hooks are in place
     return engine, optimizer

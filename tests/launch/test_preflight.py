@@ -66,41 +66,72 @@ def test_a_misspelt_sweep_axis_is_refused_before_anything_is_planned(tmp_path):
     assert not root.exists()
 
 
+ZERO1 = ["trainer.zero_stage=1", "trainer.activation_checkpointing=false", "trainer.micro_batch_size=2"]
+
+
+def test_a_run_that_does_not_fit_is_refused_in_one_consistent_line():
+    """13.1B at ZeRO-1 without activation checkpointing, micro-batch 2, on 4 x 8 H100: what it needs (and of what) is
+    above what the GPUs offer, and the setting named after `fits:` does fit (and on H200s the run itself does)."""
+    with pytest.raises(ValueError) as e:
+        check_memory(check_train_overrides([*BIG, *ZERO1], 32), 4, 8, "h100")
+    line = str(e.value)
+    parts = re.fullmatch(
+        r"does not fit: diff-13.1b needs ([\d.]+) GiB per GPU \(model states ([\d.]+) \+ buckets ([\d.]+) \+ "
+        r"activations ([\d.]+) \+ diagnostics ([\d.]+)\) at (.*); 4x8 h100 offer ([\d.]+) GiB each \(90% of 79.6\); "
+        r"fits: (.*) \(--memory-check false: launch anyway\)",
+        line,
+    )
+    assert parts, line
+    need, states, buckets, acts, diag, asked, offer, fits = parts.groups()
+    assert float(need) > float(offer) == 71.6 and asked.split() == ZERO1
+    assert float(need) == pytest.approx(sum(map(float, (states, buckets, acts, diag))), abs=0.25)
+    assert float(diag) == 0  # trainer=paper-scaling: diagnostics=cheap
+    assert fits.split() == [
+        "trainer.zero_stage=2",
+        "trainer.activation_checkpointing=false",
+        "trainer.micro_batch_size=1",
+    ]
+    check_memory(check_train_overrides([*BIG, *fits.split()], 32), 4, 8, "h100")  # what it names fits
+    check_memory(check_train_overrides([*BIG, *ZERO1], 32), 4, 8, "h200")  # and on H200s the run asked for
+
+
 @pytest.mark.slow  # 20-30 s on a loaded 2-core machine (docs/launch.md's refusal runs in make test)
 def test_launch_refuses_what_plan_says_does_not_fit():
-    """13.1B at ZeRO-1, no activation checkpointing, micro-batch 2 on 4 x 8 H100: plan's row says "does not fit"."""
+    """The same through the CLI, and `diffllm plan` with that row alone says the same, in plan's own keys."""
     from diffllm.scaling.config import PlanConfig
     from diffllm.scaling.planner import make_plan
 
-    with pytest.raises(ValueError, match="cluster too small: diff-13.1b"):  # that row alone: nothing fits
-        make_plan(
-            load_preset("diff-13.1b"),
-            PlanConfig(
-                2048,
-                "262144",
-                "10B",
-                4,
-                8,
-                "h100",
-                zero_stage=1,
-                activation_checkpointing=False,
-                offload=False,
-                micro_batch_size=2,
-            ),
-        )
-    line = refused(cli("launch", *SLURM_4X8, "--gpu", "h100", *BIG, "trainer.micro_batch_size=2"))
-    assert line.startswith("diffllm launch: error: does not fit: diff-13.1b at trainer.zero_stage=1 ")
+    plan = PlanConfig(
+        2048,
+        "262144",
+        "10B",
+        4,
+        8,
+        "h100",
+        zero_stage=1,
+        activation_checkpointing=False,
+        offload=False,
+        micro_batch_size=2,
+        diagnostics="cheap",
+    )
+    with pytest.raises(
+        ValueError,
+        match="does not fit: diff-13.1b needs .* at zero_stage=1 activation_checkpointing="
+        "false micro_batch_size=2; 4x8 h100 offer 71.6 GiB .*; fits: zero_stage=2 "
+        "activation_checkpointing=false micro_batch_size=1$",
+    ):
+        make_plan(load_preset("diff-13.1b"), plan)
+    line = refused(cli("launch", *SLURM_4X8, "--gpu", "h100", *BIG, *ZERO1))
+    assert line.startswith("diffllm launch: error: does not fit: diff-13.1b needs ")
     fits = re.search(r"fits: (.*) \(--memory-check false", line).group(1).split()
     assert fits == ["trainer.zero_stage=2", "trainer.activation_checkpointing=false", "trainer.micro_batch_size=1"]
-    check_memory(check_train_overrides([*BIG, *fits], 32), 4, 8, "h100")  # what it names fits
-    check_memory(check_train_overrides([*BIG, "trainer.micro_batch_size=2"], 32), 4, 8, "h200")  # and on H200 all
-    anyway = cli("launch", *SLURM_4X8, "--gpu", "h100", "--memory-check", "false", *BIG, "trainer.micro_batch_size=2")
+    anyway = cli("launch", *SLURM_4X8, "--gpu", "h100", "--memory-check", "false", *BIG, *ZERO1)
     assert anyway.returncode == 0 and "model=diff-13.1b" in anyway.stdout
 
 
 @pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_advice_never_names_a_preset_already_given():
-    paper = refused(cli("launch", *SLURM_4X8, *BIG))  # 8 x 2048 x 32 ranks: 524,288 tokens > the 262,144 batch
+    paper = refused(cli("launch", *SLURM_4X8, *BIG, "trainer.micro_batch_size=8"))  # 8 x 2048 x 32 > the 262,144
     assert "trainer=paper-scaling" not in paper and paper.endswith("or trainer.micro_batch_size=4")
     cpu = refused(cli("launch", *SLURM_4X8, "model=diff-830m"))  # the CPU trainer on a cluster: still pointed there
     assert cpu.endswith("a paper-size model on a cluster wants trainer=paper-scaling)")
