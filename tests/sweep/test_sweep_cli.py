@@ -51,7 +51,12 @@ def test_each_documented_launcher_plans_the_paper_grid(tmp_path, launcher):
     assert out.returncode == 0, out.stderr
     assert "10 runs: 0 finished (skipped), 10 to run" in out.stdout
     commands = [line for line in out.stdout.splitlines() if "--multirun" in line]
-    assert len(commands) == 2  # 830M-2.8B at optim=paper-scaling's lr, 6.8B and 13.1B at the paper's 7.5e-4
+    assert len(commands) == 5  # one per size: its own trainer preset (6.8B and 13.1B at the paper's lr 7.5e-4)
+    for size in ("830m", "1.4b", "2.8b", "6.8b", "13.1b"):
+        (cmd,) = [c for c in commands if f"model=transformer-{size},diff-{size} " in c]
+        assert f"trainer=paper-scaling-{size}" in cmd and ("optim.lr=0.00075" in cmd) is size.endswith(
+            ("6.8b", "13.1b")
+        )
     for cmd in commands:
         if launcher == "basic":
             assert "hydra/launcher" not in cmd
