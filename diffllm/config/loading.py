@@ -333,10 +333,7 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
             for o in overrides
             if not re.match(rf"[+~]*{re.escape(key)}=", o) and "," not in o and not o.startswith("-")
         ]
-        try:
-            keys = list(flat_keys(compose(config_name, others)))
-        except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
-            keys = []
+        keys = _schema_keys(config_name) or _composed_keys(config_name, others)
         folders = [str(d / key) for d in search_path() if (d / key).is_dir()]
         if key in keys and folders:  # Hydra reads `key=value` as a choice of the config group that folder makes
             return (
@@ -347,6 +344,20 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     cause = e.__cause__ or e.__context__
     lines = [ln for ln in (msg.splitlines() + (str(cause).splitlines() if cause else [])) if ln.strip()]
     return lines[0] if lines else type(e).__name__
+
+
+def _schema_keys(config_name: str) -> list[str]:
+    """Every key of a command's typed configs (what a typed key can be), from the dataclasses alone: a suggestion for
+    a mistyped key without composing the config a second time (a Hydra composition: 0.5-2 s on 2 cores)."""
+    return list(flat_keys(OmegaConf.create(schema_node(schema_for(config_name)))))
+
+
+def _composed_keys(config_name: str, overrides: list[str]) -> list[str]:
+    """The keys of the composed config (a command without typed configs)."""
+    try:
+        return list(flat_keys(compose(config_name, overrides)))
+    except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
+        return []
 
 
 def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
