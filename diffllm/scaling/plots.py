@@ -107,9 +107,9 @@ def _finish(fig, caveats: list[str]) -> None:
         lines += [textwrap.fill(c, 118, initial_indent="- ", subsequent_indent="  ") for c in caveats]
         text = "\n".join(lines)
         width, height = fig.get_size_inches()
-        extra = 0.12 * (text.count("\n") + 1) + 0.1
+        extra = 0.12 * (text.count("\n") + 1) + 0.15
         fig.set_size_inches(width, height + extra)
-        fig.text(0.01, 0.01, text, fontsize=6, va="bottom", ha="left", family="monospace")
+        fig.text(0.01, 0.02, text, fontsize=6, va="bottom", ha="left", family="monospace")
         fig.tight_layout(rect=(0, extra / (height + extra), 1, 1))
     else:
         fig.tight_layout()
