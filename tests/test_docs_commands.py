@@ -364,7 +364,7 @@ def _tiny_values(words: list[str]) -> list[str]:
     return [f"{w.split('=')[0]}={TINY_VALUES[w.split('=')[0]]}" if w.split("=")[0] in TINY_VALUES else w for w in words]
 
 
-@pytest.mark.slow  # about 6 minutes on 2 busy cores: every train, sweep, eval and export line of the block, for real
+@pytest.mark.slow  # 300 s at load average 10 on 2 cores: every train, sweep, eval and export line, for real
 def test_readme_block_runs_top_to_bottom(tmp_path, monkeypatch, tokenizer):
     """Issue 56: typed in order after `make train`, the doc-mask and spike lines reused runs/diff-tiny and were refused
     as a changed finished run, `eval compare` named a run no line made, and `diffllm runs` a folder no line wrote."""
