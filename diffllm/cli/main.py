@@ -7,7 +7,6 @@ import difflib
 import os
 import sys
 
-from ..errors import UserError
 from .registry import COMMANDS
 
 
@@ -77,24 +76,24 @@ def dispatch(argv: list[str]) -> None:
         return
     if argv[0] == "help":
         return dispatch(argv[1:] + ["--help"] if argv[1:] else [])
-    from ..config import check_group_options, config_groups, fail, take_config_dirs
+    from ..config import check_group_options, config_groups, one_line_errors, take_config_dirs
 
     name, rest = resolve(argv)
     cmd = COMMANDS[name]
     rest = take_config_dirs(rest)  # into $DIFFLLM_CONFIG_PATH: the command and every process it starts see it
     prog = f"diffllm {name}"
-    if "-h" in rest or "--help" in rest:
-        from .help import command_help
+    # bad input the command itself does not catch (a config of the user's that is not YAML, found by any command):
+    # one line, exit code 2
+    with one_line_errors(prog):
+        if "-h" in rest or "--help" in rest:
+            from .help import command_help
 
-        print(command_help(cmd, rest))
-        return
-    if cmd.config is not None:
-        try:  # before the command's (heavy) imports: a mistyped preset answers at once
+            print(command_help(cmd, rest))
+            return
+        if cmd.config is not None:  # before the command's (heavy) imports: a mistyped preset answers at once
             check_group_options(rest, config_groups(cmd.config))
-        except UserError as e:
-            fail(prog, str(e))
-    sys.argv = [prog] + rest  # Hydra (or the command's own parser) reads sys.argv
-    cmd.entry()()
+        sys.argv = [prog] + rest  # Hydra (or the command's own parser) reads sys.argv
+        cmd.entry()()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Callable, Iterator, Optional
 
 import hydra
+import yaml
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -32,17 +33,22 @@ from .loading import (
     set_env,
     take_config_dirs,
     use_search_path,
+    yaml_error,
 )
 
 
 @contextlib.contextmanager
 def one_line_errors(prog: str) -> Iterator[None]:
-    """A UserError inside: its first line on stderr, exit code 2 (raised as it is under HYDRA_FULL_ERROR=1)."""
+    """A UserError inside: its first line on stderr, exit code 2; a YAML file that does not parse (a config of the
+    user's, a run's config.yaml): one line naming the file and line, exit code 2. Raised as they are under
+    HYDRA_FULL_ERROR=1."""
     try:
         yield
-    except UserError as e:
+    except (UserError, yaml.YAMLError) as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        if isinstance(e, yaml.YAMLError):
+            fail(prog, yaml_error(e))
         fail(prog, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
@@ -84,7 +90,9 @@ def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfi
             except Exception as e:  # noqa: BLE001 - composition errors; a user asking for full errors gets them
                 from hydra.errors import HydraException
 
-                if user_full_error == "1" or not isinstance(e, (HydraException, OmegaConfBaseException)):
+                if user_full_error == "1" or not isinstance(
+                    e, (HydraException, OmegaConfBaseException, yaml.YAMLError)
+                ):
                     raise
                 fail(name, explain(e, config_name, argv))
             finally:

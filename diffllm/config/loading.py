@@ -8,6 +8,7 @@ the packaged configs (CONFIG_DIR)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -314,8 +315,12 @@ def check_group_options(argv: list[str], groups: list[str]) -> None:
 
 def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     """One line for a Hydra composition error: an unknown key or option with the nearest names, else its first line."""
+    import yaml
     from hydra.errors import MissingConfigException
 
+    bad_yaml = next((c for c in _chain(e) if isinstance(c, yaml.YAMLError)), None)
+    if bad_yaml is not None:  # an own config that does not parse: its file and line
+        return yaml_error(bad_yaml)
     msg = str(e).strip()
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in str(e.missing_cfg_file):
         group, option = str(e.missing_cfg_file).rsplit("/", 1)
@@ -328,10 +333,7 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
             for o in overrides
             if not re.match(rf"[+~]*{re.escape(key)}=", o) and "," not in o and not o.startswith("-")
         ]
-        try:
-            keys = list(flat_keys(compose(config_name, others)))
-        except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
-            keys = []
+        keys = _schema_keys(config_name) or _composed_keys(config_name, others)
         folders = [str(d / key) for d in search_path() if (d / key).is_dir()]
         if key in keys and folders:  # Hydra reads `key=value` as a choice of the config group that folder makes
             return (
@@ -342,6 +344,29 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     cause = e.__cause__ or e.__context__
     lines = [ln for ln in (msg.splitlines() + (str(cause).splitlines() if cause else [])) if ln.strip()]
     return lines[0] if lines else type(e).__name__
+
+
+def _schema_keys(config_name: str) -> list[str]:
+    """Every key of a command's typed configs (what a typed key can be), from the dataclasses alone: a suggestion for
+    a mistyped key without composing the config a second time (a Hydra composition: 0.5-2 s on 2 cores)."""
+    return list(flat_keys(OmegaConf.create(schema_node(schema_for(config_name)))))
+
+
+def _composed_keys(config_name: str, overrides: list[str]) -> list[str]:
+    """The keys of the composed config (a command without typed configs)."""
+    try:
+        return list(flat_keys(compose(config_name, overrides)))
+    except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
+        return []
+
+
+def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
+    """An exception and its causes (__cause__, else __context__), each once."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
@@ -364,6 +389,27 @@ def quote_option_names(argv: list[str]) -> list[str]:
             a = f"{m.group(1)}{m.group(2)}='{m.group(3)}'"
         out.append(a)
     return out
+
+
+def yaml_error(e: BaseException) -> str:
+    """One line for a YAML file that does not parse (a yaml.MarkedYAMLError): the file, the line and column, what the
+    parser expected, and where the construct it was reading began (`configs/data/mine.yaml, line 3, column 4: not valid
+    YAML: expected ',' or ']', but got ':' (while parsing a flow sequence that began at line 2, column 10)`)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).strip().splitlines()[0]
+    if mark is None:
+        return f"not valid YAML: {problem}"
+    name = Path(str(mark.name))
+    with contextlib.suppress(ValueError):
+        name = name.resolve().relative_to(Path.cwd().resolve())
+    began = getattr(e, "context_mark", None)
+    context = getattr(e, "context", None)
+    tail = (
+        f" ({context} that began at line {began.line + 1}, column {began.column + 1})"
+        if context and began is not None and began is not mark and getattr(e, "problem", None)
+        else ""
+    )
+    return f"{name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{tail}"
 
 
 def fail(prog: str, message: str) -> None:

@@ -13,6 +13,7 @@ FORMATS = ("auto", "jsonl", "json", "parquet", "text", "hub", "needle", "recall"
 SAMPLE_BY = ("document", "paragraph", "line")
 LOSS_ON = ("all", "marked")
 ON_BAD_RECORD = ("error", "skip")
+MAX_VOCAB = (1 << 31) - 1  # token ids are int32 in the loader's windows
 
 
 class DataError(UserError):
@@ -68,6 +69,16 @@ class TokenizerConfig:
     train_chars: int = 200_000_000  # train the BPE on at most this many characters of the training sources
     train_on: List[str] = field(default_factory=list)  # names of the training sources the BPE learns from (empty: all),
     # e.g. [plays] so a synthetic source mixed into the data does not shape the vocabulary
+
+    def validate(self, where: str) -> None:
+        if not 1 <= self.vocab_size <= MAX_VOCAB:
+            raise DataError(
+                f"{where}.vocab_size: got {self.vocab_size}, expected 1 to {MAX_VOCAB:,} tokens (a byte-level BPE "
+                f"holds at least its 256 byte tokens and its special tokens; a smaller size grows to that, with a "
+                f"warning)"
+            )
+        if self.min_frequency < 0:
+            raise DataError(f"{where}.min_frequency: got {self.min_frequency}, expected 0 or more")
 
 
 @dataclass

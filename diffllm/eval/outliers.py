@@ -92,28 +92,37 @@ def outlier_stats(model: torch.nn.Module, batches: List[torch.Tensor]) -> dict:
     }
 
 
-def at_each_width(model: torch.nn.Module, bits: List[int], measure) -> dict:
-    """{"fp32": measure(), "16": measure() with every attention map's logits quantised to 16 bits, ...}."""
-    out = {"fp32": measure()}
-    for b in bits:
+def at_each_width(model: torch.nn.Module, bits: List[int], measure, what: str = "") -> dict:
+    """{"fp32": measure(), "16": measure() with every attention map's logits quantised to 16 bits, ...}; `what`: a
+    line on stderr before each width (the command's progress)."""
+    out = {}
+    for i, b in enumerate([None, *bits]):
+        name = "fp32" if b is None else str(b)
+        if what:
+            say(f"{what} at {'fp32' if b is None else f'{b}-bit'} attention logits ({i + 1}/{len(bits) + 1})")
+        if b is None:
+            out[name] = measure()
+            continue
         with scores_transformed(model, absmax_quantiser(b)):
-            out[str(b)] = measure()
+            out[name] = measure()
     return out
 
 
-def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: List[int]) -> dict:
+def quantised_losses(model: torch.nn.Module, batches: List[torch.Tensor], bits: List[int], what: str = "") -> dict:
     """{"fp32": loss, "16": loss, ...}: the mean token loss with every attention map's logits quantised."""
     from ..data.batch import Batch
 
     full = [Batch(b) for b in batches]  # every target counts
-    return at_each_width(model, bits, lambda: perplexity(model, full)["loss"])
+    return at_each_width(model, bits, lambda: perplexity(model, full)["loss"], what)
 
 
-def quantised_accuracy(model: torch.nn.Module, tok, n_items: int, bits: List[int], batch_size: int) -> dict:
+def quantised_accuracy(
+    model: torch.nn.Module, tok, n_items: int, bits: List[int], batch_size: int, what: str = ""
+) -> dict:
     """{"fp32": accuracy, "16": accuracy, ...}: plays_cloze accuracy (eval/cloze.py) on its first n_items items with
     every attention map's logits quantised."""
     task = cloze.items(n_items)
-    return at_each_width(model, bits, lambda: cloze.accuracy(model, tok, task, batch_size))
+    return at_each_width(model, bits, lambda: cloze.accuracy(model, tok, task, batch_size), what)
 
 
 def sample_batches(run_cfg: Optional[dict], data: Any, tok, n_tokens: int, seq_len: int, batch_size: int) -> list:
@@ -152,10 +161,13 @@ def run_outliers(c: OutliersConfig) -> dict:
     run_cfg = run.config()
     seq_len = the_seq_len(run, mcfg)
     batches = sample_batches(run_cfg, c.data, tok, c.tokens, seq_len, c.batch_size)
+    n = sum(b[:, 1:].numel() for b in batches)
+    say(f"{run.dir}: top-k attention logits and hidden states over {n:,} held-out tokens ({seq_len}-token windows)")
     res = outlier_stats(model, batches)
-    res["quantised_loss"] = quantised_losses(model, batches, c.bits)
+    res["quantised_loss"] = quantised_losses(model, batches, c.bits, f"loss over {n:,} tokens")
     if c.cloze_items:
-        res["quantised_accuracy"] = quantised_accuracy(model, tok, c.cloze_items, c.bits, CLOZE_BATCH)
+        what = f"plays_cloze accuracy ({len(cloze.items(c.cloze_items))} items)"
+        res["quantised_accuracy"] = quantised_accuracy(model, tok, c.cloze_items, c.bits, CLOZE_BATCH, what)
         res["accuracy_task"] = {"task": "plays_cloze", "items": len(cloze.items(c.cloze_items)), "chance": 0.25}
     res.update(
         run=str(run.dir),

@@ -119,6 +119,28 @@ def hf_tokenizer(tok):
     )
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' tqdm bar while save_pretrained writes ("Writing model shards") off: an export says what it wrote
+    in its own lines. Its and huggingface_hub's bar settings are as they were after."""
+    import warnings
+
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    was_on, hub_off = hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=1 keeps the hub's off, with a warning
+                warnings.simplefilter("ignore")
+                hf_logging.enable_progress_bar()
+        if hub_off:
+            hub.disable_progress_bars()
+
+
 def write_hf(
     cfg: ModelConfig,
     state_dict: dict[str, torch.Tensor],
@@ -155,7 +177,8 @@ def write_hf(
         raise RuntimeError(f"{fmt.HF_CLASS}: missing {missing[:3]}, unexpected {unexpected[:3]}")
     if cfg.tie_embeddings:
         model.tie_weights()
-    model.save_pretrained(out)
+    with _no_progress_bar():
+        model.save_pretrained(out)
     gen = (
         dict(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id)
         if tokenizer is not None

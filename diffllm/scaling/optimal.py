@@ -157,6 +157,7 @@ class SeriesRuns:
     D: np.ndarray
     f: np.ndarray
     loss: np.ndarray
+    under: Optional[np.ndarray] = None  # (P,) bool: the run is under-trained (the figures draw it open)
 
     @property
     def C(self) -> np.ndarray:

@@ -49,7 +49,7 @@ from .fit import (
 )
 from .inputs import read_all, val_curve
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
-from .plots import iso_flop_curves, loss_vs_compute, loss_vs_params, loss_vs_tokens
+from .plots import FigureData, figures, save
 from .resample import generator
 from .select import (
     Selection,
@@ -64,6 +64,12 @@ from .select import (
     selection_dict,
     under_trained_note,
 )
+
+N_LABEL = {
+    "block": "parameters N (non-embedding, no output head)",
+    "nonembedding": "non-embedding parameters",
+    "total": "total parameters",
+}
 
 
 def _n(r: RunRecord, params: str) -> Optional[int]:
@@ -165,7 +171,8 @@ def _compute_runs(cfg: ScalingConfig, series: dict[str, list[RunRecord]], notes:
                 *(
                     np.array(v, dtype=float)
                     for v in zip(*[(_n(r, cfg.params), r.tokens, x, getattr(r, cfg.loss)) for r, x in kept])
-                )
+                ),
+                under=np.array([bool(r.under_trained) for r, _ in kept]),
             )
     return out
 
@@ -213,7 +220,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     result: dict = {
         "config": asdict(cfg),
         "runs": len(finished),
-        "fit_runs": len(done),
+        "fit_inputs": len(done),
         "power_law_tokens": budget,
         "power_law": table,
         "power_law_with_undertrained": kept_table,
@@ -221,7 +228,6 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         "notes": notes + gap_notes,
         "selection": selection_dict(sel),
         "gaps": [gap_dict(g) for g in gaps],
-        "runs_table": run_rows(finished, sel, {r.run_dir for r in done}, cfg.loss),
     }
     notes = result["notes"]
     base = baseline_series(sel, fits, baseline().arch)
@@ -295,6 +301,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact
         )
     result["ratio_archs"] = [base] + others
+    # a run is "fitted" when a fit that was made used it: L(N) of its series at the L(N) budget, or its series' L(N, D)
+    in_fit = {r.run_dir for r in at_budget if sel.series[r.run_dir] in fits}
+    in_fit |= {r.run_dir for r in done if sel.series[r.run_dir] in joint}
+    result["fit_runs"] = len(in_fit)
+    result["runs_table"] = run_rows(finished, sel, in_fit, cfg.loss)
     result["compute_optimal"], optimal_plot = None, None
     compute_runs = _compute_runs(cfg, {a: rs for a, rs in series.items() if a in joint}, notes)
     if compute_runs:
@@ -311,7 +322,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         notes += more
     if cfg.predict:
         if not joint:
-            raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from (the notes say why): {notes[-1:]}")
+            raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from ({_why_no_fit(notes, 'L(N, D)')})")
         base_joint = baseline_series(sel, joint, baseline().arch)
         rows = predict.predictions(cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level)
         predict.naive(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss)
@@ -328,40 +339,36 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             (joint, joint_boot),
             cfg.level,
         )
-    result["_plot"] = (points, fits, joint, done, mode, sel, optimal_plot)
+        if all(w["predicted"] is None for w in result["holdout"]):
+            why = _why_no_fit(notes, "L(N)", "L(N, D)")
+            raise UserError(f"holdout={cfg.holdout}: no fit to predict the held-out runs from ({why})")
+    result["_plot"] = FigureData(
+        cfg.title,
+        N_LABEL[cfg.params],
+        cfg.loss,
+        lambda r: _n(r, cfg.params),
+        sel.series,
+        at_budget,
+        fits,
+        done,
+        joint,
+        mode,
+        optimal_plot,
+        list(notes),
+        len(reported) - len(done),
+    )
     return result
+
+
+def _why_no_fit(notes: list[str], *laws: str) -> str:
+    """The first note saying why a fit of one of `laws` was not made, for a refusal."""
+    starts = tuple(f"{law} for " for law in laws)
+    return next((n for n in notes if n.startswith(starts) and (": no fit (" in n or ": skipped (" in n)), "no fit")
 
 
 def write_report(cfg: ScalingConfig, result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    points, fits, joint, done, mode, sel, optimal = result.pop("_plot")
-    label = {
-        "block": "parameters N (non-embedding, no output head)",
-        "nonembedding": "non-embedding parameters",
-        "total": "total parameters",
-    }[cfg.params]
-    files = [loss_vs_params(points, fits, out / "loss_vs_params.png", label, f"{cfg.title}: L(N)")]
-    curves = {}  # one curve per (arch, N): the longest run, then the lowest seed
-    for r in sorted(done, key=lambda r: (-(r.tokens or 0), r.seed or 0)):
-        d, y = val_curve(r.run_dir)
-        if len(d):
-            curves.setdefault((sel.series[r.run_dir], _n(r, cfg.params)), (d, y))
-    if curves:
-        fitted = any(joint.get(series) is not None for series, _ in curves)
-        files.append(
-            loss_vs_tokens(
-                curves,
-                joint,
-                out / "loss_vs_tokens.png",
-                f"{cfg.title}: learning curves"
-                + (f", L(N, D) fit ({mode})" if fitted else " (no L(N, D) fit: see fits.md)"),
-            )
-        )
-    if optimal is not None:
-        files += [
-            loss_vs_compute(optimal, out / "loss_vs_compute.png", f"{cfg.title}: compute-optimal frontier"),
-            iso_flop_curves(optimal, out / "iso_flop.png", label, f"{cfg.title}: iso-FLOP curves"),
-        ]
+    files = [save(fig, out / name) for name, fig in figures(result.pop("_plot")).items()]
     table = [{**row, "run_dir": relative(row["run_dir"], out)} for row in result.get("runs_table", [])]  # as runs.csv
     (out / "fits.json").write_text(json.dumps({**result, "runs_table": table}, indent=1, default=_jsonable) + "\n")
     (out / "fits.md").write_text(render(result))
@@ -390,10 +397,16 @@ def _law_table(rows: list[ArchFit]) -> list[str]:
 def render(result: dict) -> str:
     cfg = result["config"]
     lvl = f"{cfg['level']:.0%}"
+    fitted = result.get("fit_runs", result["runs"])
+    head = (
+        f"Fits over {fitted} of {result['runs']} finished runs"
+        if fitted
+        else f"No fit was made from the {result.get('fit_inputs')} of {result['runs']} finished runs given to the fits "
+        "(the notes say why)"
+    )
     lines = [
-        f"Fits over {result.get('fit_runs', result['runs'])} of {result['runs']} finished runs; N = {cfg['params']} "
-        f"parameters, loss = {cfg['loss']}; [{lvl} bootstrap intervals: L(N) over runs (seeds "
-        "redrawn per size; residual where every size has one run), L(N, D) residual].",
+        f"{head}; N = {cfg['params']} parameters, loss = {cfg['loss']}; [{lvl} bootstrap intervals: L(N) over runs "
+        "(seeds redrawn per size; residual where every size has one run), L(N, D) residual].",
         "",
     ]
     chosen = result.get("selection", {})

@@ -344,9 +344,15 @@ def under_trained_note(finished: list[RunRecord], sel: Selection, exclude: bool)
         if exclude
         else "kept in the fits (every run is reported; exclude_undertrained=true leaves them out)"
     )
-    names = ", ".join(f"{sel.series[r.run_dir]} {size_of(r.model, r.arch)} seed {r.seed}" for r in flagged[:4])
+    budgets: dict[tuple, list[int]] = {}  # one name per (series, size, seed), with its budgets (WSD branches: several)
+    for r in sorted(flagged, key=lambda r: (sel.series[r.run_dir], _preset_order(r), r.seed or 0, r.tokens or 0)):
+        budgets.setdefault((sel.series[r.run_dir], size_of(r.model, r.arch), r.seed), []).append(r.tokens or 0)
+    names = "; ".join(
+        f"{series} {size} seed {seed} at {', '.join(f'{t:,}' for t in tokens)} tokens"
+        for (series, size, seed), tokens in list(budgets.items())[:4]
+    )
     return f"{len(flagged)} selected run(s) do not beat the bigram baseline (under-trained), {what}: {names}" + (
-        ", ..." if len(flagged) > 4 else ""
+        "; ..." if len(budgets) > 4 else ""
     )
 
 
@@ -395,7 +401,7 @@ def runs_markdown(rows: list[dict], select: Optional[str]) -> list[str]:
 
     col = f" {short_label(select)} |" if select else ""
     lines = [
-        "Runs (* selected; fitted runs in the fits; under-trained: final loss >= bigram):",
+        "Runs (* selected; fitted: in a fit that was made; under-trained: final loss >= bigram):",
         "",
         f"| series | size | tokens | seed |{col} loss | unigram | bigram | KN 3-gram | KN 4-gram | mark |",
         "|---|---|---|---|" + ("---|" if select else "") + "---|---|---|---|---|---|",

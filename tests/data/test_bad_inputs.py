@@ -205,6 +205,27 @@ def test_config_errors_name_the_key(tmp_path, tok):
     assert "data.val: empty" in error_of(lambda: build_val_batches(cfg([{"path": str(path)}]), tok, 1, 1))
 
 
+@pytest.mark.parametrize("command", [["train"], ["tokenizer", "train"]])
+@pytest.mark.parametrize("size", ["-5", "0", str(1 << 32)])
+def test_a_tokenizer_size_out_of_range_is_one_line(command, size, tmp_path, monkeypatch, capsys):
+    """data.tokenizer.vocab_size=-5 was an OverflowError traceback from the tokenizers library (under train and
+    tokenizer train) and 0 silently became 257 (issue 56): one line stating the valid range, exit code 2, before any
+    tokenizer is trained."""
+    from diffllm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["diffllm"])
+    with pytest.raises(SystemExit) as e:
+        main([*command, f"data.tokenizer.vocab_size={size}"])
+    err = capsys.readouterr().err
+    prog = "diffllm " + " ".join(command)
+    assert e.value.code == 2 and err == (
+        f"{prog}: error: data.tokenizer.vocab_size: got {size}, expected 1 to 2,147,483,647 tokens (a byte-level BPE "
+        "holds at least its 256 byte tokens and its special tokens; a smaller size grows to that, with a warning)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["blob.txt", "blob.jsonl"])
 def test_binary_file_is_refused_up_front(tmp_path, tok, name):
     """A file of random bytes is refused from its first 8 KiB when the loader is built, before any training."""

@@ -122,9 +122,20 @@ def test_choices_are_split_as_lm_eval_splits_them(loaded):
         assert cloze.choice_pairs(tok, it) == [lm._encode_pair(it.context, "\n" + c) for c in it.choices]
 
 
-def test_eval_outliers_reports_the_accuracy(runs, tmp_path):
+def test_eval_outliers_reports_the_accuracy(runs, tmp_path, capsys):
     outliers.main([f"run={runs('diff')}", "tokens=128", "bits=[4]", "cloze_items=8", f"out={tmp_path}"])
     res = json.loads((tmp_path / "outliers.json").read_text())
+    n = f"{res['tokens']:,}"
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("[diffllm.eval]")] == [
+        # what it does, as it goes (issue 56: 59 s without a line at the defaults)
+        f"[diffllm.eval] {runs('diff')}: top-k attention logits and hidden states over {n} held-out tokens "
+        "(64-token windows)",
+        f"[diffllm.eval] loss over {n} tokens at fp32 attention logits (1/2)",
+        f"[diffllm.eval] loss over {n} tokens at 4-bit attention logits (2/2)",
+        "[diffllm.eval] plays_cloze accuracy (8 items) at fp32 attention logits (1/2)",
+        "[diffllm.eval] plays_cloze accuracy (8 items) at 4-bit attention logits (2/2)",
+        f"[diffllm.eval] {n} tokens; wrote {tmp_path}/outliers.{{json,md}}",
+    ]
     assert set(res["quantised_accuracy"]) == {"fp32", "4"}
     assert res["accuracy_task"] == {"task": "plays_cloze", "items": 8, "chance": 0.25}
     assert all(v * 8 == round(v * 8) for v in res["quantised_accuracy"].values())  # a count of 8 items

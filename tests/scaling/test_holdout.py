@@ -65,3 +65,40 @@ def test_holdout_that_matches_nothing_is_one_line(tmp_path):
         "diffllm scaling fit: error: holdout=micro-9: no fitted run has this size or budget (sizes: micro-1, "
         "micro-2, micro-3, micro-4; budgets: 524288)"
     )
+
+
+def test_holdout_with_nothing_fitted_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Three sizes, micro-3 held out: two sizes cannot identify L(N) or L(N, D), so nothing predicts the held-out runs.
+    That was exit 0 with "0/0 inside their 90% interval, worst |error| nan" (issue 56); now it is refused as predict=
+    refuses it: one line, exit code 2, nothing written."""
+    from diffllm.cli import main
+
+    write_law_sweep(tmp_path / "s", LAWS, sizes=(1, 2, 3), seeds=lambda size: (1, 2), noise=0.002)
+    monkeypatch.setattr("sys.argv", ["diffllm"])
+    with pytest.raises(SystemExit) as e:
+        main(["scaling", "fit", f"sweep_dir={tmp_path}/s", f"out={tmp_path}/out", "holdout=micro-3", "reps=20"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == (
+        "diffllm scaling fit: error: holdout=micro-3: no fit to predict the held-out runs from (L(N) for transformer: "
+        "no fit (refused: 4 points at 2 sizes; L(N) needs >= 4 points at >= 3 sizes to be identified))\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_fits_md_marks_as_fitted_only_runs_of_a_fit_that_was_made(tmp_path):
+    """Two sizes: no L(N) fit is made, so no run is marked "fitted" and the header says no fit was made (issue 56: every
+    row read "fitted" under "No L(N) fit was made"). At three sizes, the L(N) budget's runs are the fitted ones, and a
+    budget no fit used (joint=none) is not."""
+    write_law_sweep(tmp_path / "two", LAWS, sizes=(1, 2), seeds=lambda size: (1, 2), noise=0.002)
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "two"), reps=20, joint="none")
+    md = render(fit_sweep(cfg, collect(cfg.sweep_dir)))
+    runs = md.split("Runs (* selected; fitted: in a fit that was made;")[1].splitlines()[4:]
+    assert len(runs) == 8 and all(line.endswith("| * |") for line in runs), runs
+    assert md.startswith("No fit was made from the 8 of 8 finished runs given to the fits (the notes say why);")
+    write_law_sweep(tmp_path / "three", LAWS, sizes=(1, 2, 3), budgets=(524288, 1048576), seeds=lambda n: (1, 2))
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "three"), reps=20, joint="none", tokens=1048576)
+    result = fit_sweep(cfg, collect(cfg.sweep_dir))
+    marks = {(w["size"], w["tokens"], w["seed"]): w["fitted"] for w in result["runs_table"] if w["series"] == "diff"}
+    assert marks == {(f"micro-{n}", t, s): t == 1048576 for n in (1, 2, 3) for t in (524288, 1048576) for s in (1, 2)}
+    assert result["fit_runs"] == 12 and result["fit_inputs"] == 24
+    assert render(result).startswith("Fits over 12 of 24 finished runs;")

@@ -123,7 +123,7 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
     # formula without micro-1: 4 points at 2 sizes, refused (L(N) needs 3 sizes)
     assert {(f.arch, f.points) for f in excluded["power_law"]} == {("transformer", 6), ("diff λ_init=0.8", 6)}
     assert "L(N) for diff λ_init=formula: no fit (refused: 4 points at 2 sizes" in "\n".join(excluded["notes"])
-    assert excluded["fit_runs"] == 16
+    assert excluded["fit_inputs"] == 16 and excluded["fit_runs"] == 12  # formula's 4 runs made no fit: not "fitted"
     kept = {(f.arch, f.points) for f in excluded["power_law_with_undertrained"]}
     assert kept == fitted
     assert any("left out of the fits (exclude_undertrained=true" in n for n in excluded["notes"])
@@ -280,3 +280,24 @@ def test_select_by_a_typo_is_one_line_with_a_suggestion(sweep):
     )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "select_by=recal_acc: expected one of" in out.stderr.strip().splitlines()[-1]
+
+
+def test_the_under_trained_note_names_each_run_once_with_its_budgets():
+    """A WSD-branch sweep has several budgets per (series, size, seed): the note named "diff micro-1 seed 1" once per
+    budget without the budget (issue 56). Each is named once, with the budgets that are under-trained."""
+    from diffllm.results import RunRecord
+    from diffllm.scaling.select import Selection, under_trained_note
+
+    def run(seed: int, tokens: int, under: bool = True) -> RunRecord:
+        return RunRecord(
+            f"runs/diff-micro-1/{tokens}/seed{seed}", "diff-micro-1", "diff", seed, 1, 1, 1, tokens, None, None, 5.0,
+            None, 1, "finished", under_trained=under,
+        )  # fmt: skip
+
+    runs = [run(1, t) for t in (1536000, 384000, 768000)] + [run(2, 384000), run(2, 768000, under=False)]
+    sel = Selection(None, series={r.run_dir: "diff" for r in runs}, selected={r.run_dir for r in runs})
+    assert under_trained_note(runs, sel, exclude=False) == (
+        "4 selected run(s) do not beat the bigram baseline (under-trained), kept in the fits (every run is reported; "
+        "exclude_undertrained=true leaves them out): diff micro-1 seed 1 at 384,000, 768,000, 1,536,000 tokens; "
+        "diff micro-1 seed 2 at 384,000 tokens"
+    )
