@@ -82,7 +82,8 @@ def main() -> None:
     collective failed because another rank ended or stopped answering (EXIT_PEER_LOST; the other rank's log says
     why), 7 a loss or grad-norm spike with trainer.spikes.action=stop, or trainer.spikes.max_consecutive_skips
     skipped in a row, after saving a checkpoint (EXIT_SPIKES); diffllm/train/loop.py defines them."""
-    from .dist import strip_local_rank
+    if any(a == "--local_rank" or a.startswith("--local_rank=") for a in sys.argv[1:]):
+        from .dist import strip_local_rank  # imports torch: only for the deepspeed launcher's argument
 
-    sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
+        sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()
