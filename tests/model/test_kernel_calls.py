@@ -144,3 +144,35 @@ def test_the_planners_meta_kernel_makes_the_recorded_calls(preset, monkeypatch):
         block = Block(cfg, depth=0, backend=cfg.variant.meta_backend(cfg)).to(torch.bfloat16)
         block(torch.empty(1, T, cfg.d_model, dtype=torch.bfloat16), *rotary_cos_sin(T, cfg.rotary_dim, cfg.rope_theta))
     assert [tuple(map(tuple, s)) for s in seen] == want
+
+
+def _saved_bytes_per_token(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> float:
+    """Bytes autograd saves in one block's forward, by storage (parameters excluded), per token."""
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, cos, sin).sum().backward()
+    return sum(storages.values()) / x.shape[1]
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2", "mla"])
+def test_the_planners_meta_kernel_saves_what_the_gpu_form_saves(arch):
+    """The planner's activation bytes (meta device, the "meta" kernel) equal what a real block saves in the GPU form,
+    run on the CPU (kernels.flash_form_on_cpu: there SDPA's CPU flash kernel takes the one-head-dim calls and keeps
+    q, k, v, out and the log-sum-exp, as FlashAttention-2 does), fp32."""
+    from diffllm.scaling.activations import activation_bytes
+
+    cfg = load_preset(f"{arch}-tiny")
+    T = 256
+    torch.manual_seed(0)
+    block = Block(cfg, cfg.n_layers - 1)
+    x = torch.randn(1, T, cfg.d_model, requires_grad=True)
+    with kernels.flash_form_on_cpu():
+        real = _saved_bytes_per_token(block, x, *rotary_cos_sin(T, cfg.rotary_dim, cfg.rope_theta))
+    assert activation_bytes(cfg, T, dtype=torch.float32).block == real
