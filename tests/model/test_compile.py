@@ -3,7 +3,8 @@ targets, for every arch on the causal, document-mask and restarted-position path
 (with gradients) and in a GPU's form (kernels.flash_form_on_cpu: one-head-dim calls, flex attention for documents;
 no_grad there, flex has no CPU backward). fullgraph=True fails on any graph break; the backend records the graphs
 and runs them uncompiled (dynamo's trace only, no Inductor codegen). A second batch of the same shape reuses the
-graph: Diff's per-layer lambda_init constants and the documents' cached tensors compile once.
+graph: Diff's per-layer lambda_init constants and the documents' cached tensors compile once. The fast suite runs
+each arch's bf16 GPU-form path with restarted documents (the one a GPU trains with doc masks); the slow suite all 48.
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ PATHS = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-FORMS = [  # what a GPU trains in the fast suite, the other three in the slow one
-    pytest.param(form, dtype, id=f"{dtype}-{form}", marks=() if (form, dtype) == ("gpu", "bf16") else pytest.mark.slow)
-    for form in ("cpu", "gpu")
-    for dtype in DTYPES
-]
+FAST = ("gpu", "bf16", "restart_positions")  # what a GPU trains with documents; the other 11 per arch run slow
+
+
+def cases():
+    """(arch, path, form, dtype) for every combination, all but FAST marked slow."""
+    for arch in variants():
+        for path in PATHS:
+            for form in ("cpu", "gpu"):
+                for dtype in DTYPES:
+                    slow = (form, dtype, path) != FAST
+                    yield pytest.param(arch, path, form, dtype, marks=pytest.mark.slow if slow else ())
 
 
 @pytest.fixture(autouse=True)
@@ -47,9 +54,7 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, 97, (2, 24), generator=g), ids
 
 
-@pytest.mark.parametrize("form,dtype", FORMS)
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("arch", list(variants()))
+@pytest.mark.parametrize("arch,path,form,dtype", list(cases()))
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # the GPU form's flex on CPU
 def test_the_model_and_its_loss_compile_as_one_graph(arch, path, dtype, form):
     torch.manual_seed(0)
