@@ -12,7 +12,9 @@ n_heads in the config is the Transformer's h: Diff runs h/2 diff heads of value 
 but for the lambda vectors and the subln weight). `DiffEquations.project` lays the sub-heads out component-major,
 [Q1 heads..., Q2 heads...], so one standard call with 2h query heads sends component c of head i to component c of
 its own group's keys (and V, tiled); `mix` subtracts. Backends: eager materialises both maps and multiplies
-(P1 - lambda P2) V once; sdpa/flash make that one call, V read by both components; triton calls the fused kernel
+(P1 - lambda P2) V once; sdpa/flash make that one call on the CPU, V read by both components, and on a GPU four
+calls of one head dim d, the official `multihead_flashdiff_2` (diffllm/model/kernels.py `one_head_dim`: each
+component over each d-wide half of V, so SDPA runs its flash kernel); triton calls the fused kernel
 `diffllm.model.triton_diff.fused_diff_attention` (one pass, one accumulator per map; its backward multiplies by V
 once, like eager).
 """
@@ -189,15 +191,16 @@ class DiffAttention(AttentionVariant, DiffEquations):
 
     @classmethod
     def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
-        """The matmul work of the kernel that runs, PaLM convention (backward = 2x forward). Scores: both maps
-        together are n_heads sub-heads of d (E wide): 2*T*E. Values (V is h/2 heads of 2d = E wide): eager
-        multiplies the materialised (P1 - lambda P2) by V once, 2*T*E, forward and backward; sdpa and flash multiply
-        each map by V, 4*T*E, forward and backward; the fused triton kernel's single-pass forward keeps one
-        accumulator per map (each map's normaliser is known only at the end of its row), 4*T*E, while its backward
-        works on the exact A = P1 - lambda P2, the Transformer's 2 x 2*T*E."""
+        """The matmul work of the kernel that runs on a GPU, PaLM convention (backward = 2x forward). eager: both maps
+        together are n_heads sub-heads of d (E wide), scores 2*T*E, and (P1 - lambda P2) multiplies V (E wide) once,
+        2*T*E. sdpa and flash: four calls of one head dim, each component (h/2 query heads of d) over each d-wide
+        half of V: scores 4 x T*E, values 4 x T*E (`kernels.one_head_dim`; tests/model/test_kernel_calls.py counts
+        the recorded calls). The fused triton kernel: scores 2*T*E; its single-pass forward keeps one accumulator per
+        map (each map's normaliser is known only at the end of its row), 4*T*E, while its backward works on the exact
+        A = P1 - lambda P2, the Transformer's 2 x 2*T*E."""
         E, T = cfg.d_model, seq_len
-        scores = 2 * T * E
         if cfg.attn_backend == "triton":
-            return cfg.n_layers * (3.0 * scores + 4 * T * E + 2.0 * 2 * T * E)
-        values = 2 * T * E if cfg.attn_backend == "eager" else 4 * T * E
-        return 3.0 * cfg.n_layers * (scores + values)
+            return cfg.n_layers * (3.0 * 2 * T * E + 4 * T * E + 2.0 * 2 * T * E)
+        if cfg.attn_backend == "eager":
+            return 3.0 * cfg.n_layers * (2 * T * E + 2 * T * E)
+        return 3.0 * cfg.n_layers * (4 * T * E + 4 * T * E)

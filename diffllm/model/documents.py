@@ -5,9 +5,12 @@ attend to key j iff j is causally visible (j <= i, bottom-right aligned after a 
 
     mask[b, 0, i, j] = (j <= S - Tq + i) and ids[b, S - Tq + i] == ids[b, j]     (True = may attend, as SDPA's)
 
-Every backend reads the same facts from one `Documents`, built once per forward: the dense bool mask (eager, sdpa),
-`varlen()` segments (flash-attn's varlen kernel), the per-position document starts and ends (the fused Triton
-kernel), and the RoPE positions (restarting at 0 in each document, or the plain index). This file is the one place
+Every backend reads the same facts from one `Documents`, built once per forward: the dense bool mask (eager, and SDPA
+on the CPU and after a KV cache), the flex-attention `block_mask` (every GPU kernel but Diff's fused one: tiles of
+128 x 128 positions, empty where query and key tiles share no document, full where one document covers both, the
+rest masked element by element; no T x T tensor anywhere), the per-position document starts and ends (the fused
+Triton kernel), and the RoPE positions (restarting at 0 in each document, or the plain index). Each is computed on
+first use and kept, without a lock, so `torch.compile` traces them with no graph break. This file is the one place
 that builds attention masks, the plain causal one and the exported model's padded one included; every mask here means
 what SDPA's does: True = may attend. Torch only: a `format=remote` export ships it verbatim
 (`diffllm_documents_<h>.py`).
@@ -15,10 +18,11 @@ what SDPA's does: True = may attend. Torch only: a `format=remote` export ships 
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Optional
 
 import torch
+
+FLEX_BLOCK = 128  # flex attention's sparse tile (its default): the GPU kernels' tiles divide it
 
 
 def causal_mask(t_q: int, t_k: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -44,13 +48,60 @@ def doc_ids_from_eos(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     return eos.cumsum(dim=1) - eos
 
 
+class once:
+    """A property computed on first use and kept in the instance (functools.cached_property without the lock that
+    Python 3.11 takes, which torch.compile cannot trace)."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
+def document_block_mask(ids: torch.Tensor, block: int = FLEX_BLOCK):
+    """The flex-attention BlockMask of causal attention within documents, for every position a query: ids (B, S)
+    non-decreasing document ordinals. Built from the first and last document of each tile of `block` positions, so
+    its cost is (S / block)^2 per row, never S^2: query tile a and key tile b (b <= a) share a document iff the key
+    tile's last document >= the query tile's first; the tile is full (no element mask) iff b < a and one document runs
+    from the key tile's start to the query tile's end, the query tile complete; partial tiles apply `mask_mod`."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    B, S = ids.shape
+    n = -(-S // block)
+    tile = torch.arange(n, device=ids.device)
+    first = ids[:, tile * block]  # (B, n): the document of each tile's first position
+    last = ids[:, (tile * block + block - 1).clamp(max=S - 1)]  # (B, n): ... of its last
+    a, b = tile[:, None], tile[None, :]  # query tile a, key tile b: (n, n) [a, b] when combined
+    shared = (b <= a) & (last[:, None, :] >= first[:, :, None])  # (B, n, n) [row, a, b]
+    complete = a * block + block <= S  # (n, 1): query tiles of `block` positions
+    full = (b < a) & complete & (first[:, None, :] == last[:, :, None])  # (B, n, n)
+    partial = shared & ~full
+
+    def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, n, n) bool -> per query tile the count (B, 1, n) and the key tile indices (B, 1, n, n) of the marked
+        tiles, marked first (flex's kv_num_blocks, kv_indices)."""
+        marked = tiles.to(torch.int32)[:, None]
+        return marked.sum(-1, dtype=torch.int32), marked.argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (ids[b, q_idx] == ids[b, kv_idx])
+
+    return BlockMask.from_kv_blocks(
+        *ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(S, S)
+    )
+
+
 class Documents:
     """The documents of a batch of packed rows, for one forward pass.
 
     ids: (B, S) long document ordinal of every key position, non-decreasing along each row (the cached positions of a
     KV cache first); the queries are the last `n_queries` positions (default S). With `restart_positions` the RoPE
     position of a token is its index within its document, else its index in the row. Everything is computed on first
-    use and kept."""
+    use and kept (`once`)."""
 
     def __init__(self, ids: torch.Tensor, n_queries: Optional[int] = None, restart_positions: bool = False):
         if ids.dim() != 2:
@@ -61,24 +112,24 @@ class Documents:
             raise ValueError(f"Documents: n_queries={n_queries} must be in [1, {ids.shape[1]}] (the key positions)")
         self.restart_positions = restart_positions
 
-    @cached_property
+    @once
     def mask(self) -> torch.Tensor:
         """(B, 1, Tq, S) bool, True = may attend: same document and causal (bottom-right aligned)."""
         Tq, S = self.n_queries, self.ids.shape[1]
         same = self.ids[:, S - Tq :, None] == self.ids[:, None, :]  # (B, Tq, S)
         return (same & causal_mask(Tq, S, self.ids.device))[:, None]
 
-    @cached_property
+    @once
     def starts(self) -> torch.Tensor:
         """(B, S) int32: the index of the first token of each position's document."""
         return torch.searchsorted(self.ids.contiguous(), self.ids.contiguous(), out_int32=True)
 
-    @cached_property
+    @once
     def ends(self) -> torch.Tensor:
         """(B, S) int32: one past the index of the last token of each position's document."""
         return torch.searchsorted(self.ids.contiguous(), self.ids.contiguous(), right=True, out_int32=True)
 
-    @cached_property
+    @once
     def positions(self) -> torch.Tensor:
         """(B, Tq) long RoPE positions of the queries: index - start of its document with restart_positions, else
         the index itself."""
@@ -87,17 +138,9 @@ class Documents:
         pos = index - self.starts if self.restart_positions else index
         return pos[:, S - self.n_queries :]
 
-    def varlen(self) -> tuple[torch.Tensor, int]:
-        """(cu_seqlens int32 (n_docs + 1,), max_seqlen) of the documents over the flattened (B * S) tokens, for
-        flash_attn_varlen_func; a document never spans two rows. Only without a KV cache (Tq = S)."""
+    @once
+    def block_mask(self):
+        """flex attention's BlockMask of these documents (`document_block_mask`); only without a KV cache (Tq = S)."""
         if self.n_queries != self.ids.shape[1]:
-            raise ValueError("Documents.varlen: needs the queries at every key position (no KV cache)")
-        return self._varlen
-
-    @cached_property
-    def _varlen(self) -> tuple[torch.Tensor, int]:
-        B, S = self.ids.shape
-        first = self.starts == torch.arange(S, device=self.ids.device)  # (B, S): a document starts here
-        begins = first.flatten().nonzero().flatten().to(torch.int32)  # (n_docs,) in the flattened rows
-        cu_seqlens = torch.cat([begins, begins.new_tensor([B * S])])  # (n_docs + 1,)
-        return cu_seqlens, int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+            raise ValueError("Documents.block_mask: needs the queries at every key position (no KV cache)")
+        return document_block_mask(self.ids)

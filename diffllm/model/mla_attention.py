@@ -34,7 +34,6 @@ from types import SimpleNamespace
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
@@ -190,13 +189,6 @@ class MLAAttention(AttentionVariant, MLAEquations):
         o = self.attend(x, q, torch.cat((c, k_rope), dim=-1), c, docs)  # (B, H, T, d_c)
         return self.absorbed_values(o)
 
-    def attend(self, x, q, k, v, docs: Optional[Documents]) -> torch.Tensor:
-        """flash-attn wants one head dim for q, k and v: narrower values are zero-padded to q's width there."""
-        if self.backend != "flash" or v.shape[-1] >= q.shape[-1]:
-            return super().attend(x, q, k, v, docs)
-        width = v.shape[-1]
-        return super().attend(x, q, k, F.pad(v, (0, q.shape[-1] - width)), docs)[..., :width]
-
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         dq, dc, dn, dr, dv = mla_dims(cfg)
@@ -280,6 +272,10 @@ class MLAAttention(AttentionVariant, MLAEquations):
 
     @classmethod
     def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
-        """Training runs the plain form: H heads, scores 2 T H (d_n + d_r), values 2 T H d_v per layer forward, x3."""
+        """Training runs the plain form: H heads, scores 2 T H (d_n + d_r) and values 2 T H d_v per layer forward, x3;
+        on a GPU (every backend but eager) the values are zero-padded to the query width, as DeepSeek's flash path
+        (`kernels.one_head_dim`), so the value matmul is 2 T H (d_n + d_r) wide whenever d_v < d_n + d_r."""
         _, _, dn, dr, dv = mla_dims(cfg)
+        if cfg.attn_backend != "eager":
+            dv = -(-dv // (dn + dr)) * (dn + dr)  # padded to a multiple of the query width
         return 3.0 * cfg.n_layers * 2 * seq_len * cfg.n_heads * (dn + dr + dv)

@@ -99,10 +99,11 @@ class AttentionVariant:
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Optional[Documents]
     ) -> torch.Tensor:
         """The mixed heads (B, H, T, dv). eager: the materialised maps mixed first, so the values are multiplied once
-        ((A1 - lambda A2) V); other backends: one kernel call over the Hq query heads, then mixed."""
+        ((A1 - lambda A2) V); other backends: the kernel over the Hq query heads (kernels.causal_attention: one call
+        on the CPU, calls of one head dim on a GPU), then mixed."""
         if self.backend == "eager":
             return weigh(self.mix(x, causal_probs(q, k, docs)), v)
-        return self.mix(x, causal_attention(q, k, self.kernel_values(k, v), self.backend, docs))
+        return self.mix(x, causal_attention(q, k, v, self.backend, docs))  # v untiled: key head i reads i % Hv
 
     def scores(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q k^T / sqrt d of every query head (B, Hq, T, T) in fp32, the values (B, Hv, T, dv) in fp32) from this

@@ -1,5 +1,6 @@
 """Differential attention against an independent float64 implementation of the paper's equations; lambda details."""
 
+import contextlib
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from diffllm.model import ModelConfig
 from diffllm.model.diff_attention import DiffAttention
+from diffllm.model.kernels import flash_form_on_cpu
 from diffllm.model.layers import rotary_cos_sin
 
 from .reference import diff_attention_reference
@@ -33,16 +35,18 @@ def _module(n_heads, n_kv_heads, depth, rotary_pct=1.0, interleaved=True, backen
     return cfg, m
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa-gpu-form"])
 @pytest.mark.parametrize("n_heads,n_kv_heads", [(8, None), (8, 4), (8, 2)])  # MHA; GQA n_rep=2; GQA n_rep=4
 @pytest.mark.parametrize("depth", [0, 1, 5])
 @pytest.mark.parametrize("interleaved,rotary_pct", [(True, 1.0), (False, 0.5)])
 def test_matches_float64_reference(backend, n_heads, n_kv_heads, depth, interleaved, rotary_pct):
-    cfg, m = _module(n_heads, n_kv_heads, depth, rotary_pct, interleaved, backend)
+    """sdpa-gpu-form: a GPU's four calls of head dim d (kernels.flash_form_on_cpu), as multihead_flashdiff_2."""
+    cfg, m = _module(n_heads, n_kv_heads, depth, rotary_pct, interleaved, backend.removesuffix("-gpu-form"))
     B, T = 2, 12
     x = torch.randn(B, T, cfg.d_model, dtype=torch.float64)
     cos, sin = rotary_cos_sin(T, cfg.rotary_dim, cfg.rope_theta, x.device, torch.float64)
-    got = m(x, cos, sin)
+    with flash_form_on_cpu() if backend.endswith("-gpu-form") else contextlib.nullcontext():
+        got = m(x, cos, sin)
     W = {
         "q": m.q_proj.weight,
         "k": m.k_proj.weight,

@@ -1,6 +1,8 @@
 """Document masks (packed rows): a packed window of documents gives the logits and parameter gradients of the same
-documents run alone, on every architecture and backend; one document equals no mask bit for bit; KV-cached decoding
-with documents equals the full forward; `Documents` against hand-built examples.
+documents run alone, on every architecture and backend, and the logits in the GPU form (flex attention with the
+documents' BlockMask; forward only here: flex has no backward on CPU); one document equals no mask bit for bit;
+KV-cached decoding with documents equals the full forward; `Documents` and its BlockMask against hand-built examples
+and flex attention's own `create_block_mask`.
 
 The "triton" backend is Diff's fused kernel (Triton's CPU interpreter here: slow, so T stays small); for the other
 architectures it is sdpa. The references are the documents run one at a time through the same model, with no mask.
@@ -15,8 +17,8 @@ import torch
 if not torch.cuda.is_available():  # before triton is imported anywhere below
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from diffllm.model import DecoderLM, KVCache, ModelConfig, variants  # noqa: E402
-from diffllm.model.documents import Documents, doc_ids_from_eos  # noqa: E402
+from diffllm.model import DecoderLM, KVCache, ModelConfig, kernels, variants  # noqa: E402
+from diffllm.model.documents import Documents, doc_ids_from_eos, document_block_mask  # noqa: E402
 from diffllm.model.layers import rotary_cos_sin  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -27,6 +29,12 @@ ARCHS = list(variants())
 def doc_ids(splits) -> torch.Tensor:
     """Document lengths per row -> (B, T) ids [0 0 0 1 1 ...], built by hand."""
     return torch.tensor([[i for i, n in enumerate(row) for _ in range(n)] for row in splits])
+
+
+def spans(lengths) -> list[tuple[int, int]]:
+    """Document lengths of one row -> the (start, end) of each document."""
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    return list(zip([0] + ends[:-1], ends))
 
 
 def tiny(arch: str, backend: str) -> DecoderLM:
@@ -113,6 +121,50 @@ def test_packed_documents_equal_the_documents_alone(arch, backend, restart):
 
 
 @pytest.mark.parametrize("restart", [True, False])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_documents_equal_the_documents_alone_in_the_gpu_form(arch, restart, monkeypatch):
+    """What a GPU runs (kernels.flash_form_on_cpu): flex attention within the documents, every call of one head dim;
+    the documents alone run the GPU form's causal calls. float64, logits only (flex has no CPU backward)."""
+    model = tiny(arch, "sdpa")
+    tokens = torch.randint(0, 97, (2, sum(SPLITS[0])), generator=torch.Generator().manual_seed(1))
+    flex_calls = []
+    flex = kernels.flex_attention
+    monkeypatch.setattr(kernels, "flex_attention", lambda *a, **kw: flex_calls.append(kw) or flex(*a, **kw))
+    with kernels.flash_form_on_cpu(), torch.no_grad():
+        got = model(tokens, doc_ids=doc_ids(SPLITS), restart_positions=restart)
+        assert len(flex_calls) == model.cfg.n_layers * (4 if arch == "diff" else 1)
+        assert all(kw["block_mask"] is not None for kw in flex_calls)
+        rows = [[model(tokens[b : b + 1, a:z]) for a, z in spans(row)] for b, row in enumerate(SPLITS)]
+    want = torch.cat([torch.cat(row, dim=1) for row in rows])  # every document alone, (B, T, V)
+    assert rel_err(got, want) <= 1e-10
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_the_block_mask_is_flexs_own_and_attends_within_documents(block):
+    """document_block_mask (from each tile's first and last document) marks the tiles create_block_mask marks from the
+    T x T mask, its full tiles too; flex attention with it equals SDPA with the dense mask in float64, GQA included.
+    Rows with one long document, many short ones and tiles cut by the end of the row give empty, partial and full
+    tiles."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    splits = [(1, 17, 2, 20, 3), (24, 1, 1, 5, 12)]
+    ids = doc_ids(splits)
+    B, S = ids.shape
+    mine = document_block_mask(ids, block)
+
+    def same_document(b, h, q, kv):
+        return (kv <= q) & (ids[b, q] == ids[b, kv])
+
+    ref = create_block_mask(same_document, B, None, S, S, device="cpu", BLOCK_SIZE=block)
+    assert torch.equal(mine.to_dense(), ref.to_dense())
+    assert torch.equal(mine.full_kv_num_blocks, ref.full_kv_num_blocks) and mine.full_kv_num_blocks.sum() > 0
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, h, S, 8, dtype=torch.float64, generator=g) for h in (4, 2, 2))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=Documents(ids).mask, enable_gqa=True)
+    torch.testing.assert_close(flex_attention(q, k, v, block_mask=mine, enable_gqa=True), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("restart", [True, False])
 def test_restart_positions_are_those_of_each_document_alone(restart):
     """The RoPE angles every layer receives: per row, those of each document alone from position 0 (restart), or
     the plain positions of the row."""
@@ -174,8 +226,6 @@ def test_documents_against_hand_built_examples():
     assert docs.ends.tolist() == [[3, 3, 3, 5, 5, 6], [1, 4, 4, 4, 6, 6]]
     assert docs.positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 0, 1, 2, 0, 1]]
     assert Documents(ids).positions.tolist() == [list(range(6))] * 2
-    cu_seqlens, max_len = docs.varlen()
-    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 3, 5, 6, 7, 10, 12] and max_len == 3
     row1 = [
         [1, 0, 0, 0, 0, 0],
         [0, 1, 0, 0, 0, 0],
@@ -189,7 +239,7 @@ def test_documents_against_hand_built_examples():
     step = Documents(ids, n_queries=2, restart_positions=True)
     assert step.mask[1, 0].int().tolist() == row1[-2:] and step.positions.tolist() == [[1, 0], [0, 1]]
     with pytest.raises(ValueError, match="no KV cache"):
-        step.varlen()
+        _ = step.block_mask
 
 
 def test_doc_ids_from_eos():

@@ -3,10 +3,13 @@ token at a time) gives the logits of the full forward over the same tokens, and 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from diffllm.model import DecoderLM, KVCache, ModelConfig, variants
+from diffllm.model.kernels import flash_form_on_cpu
 
 
 def tiny(arch: str, backend: str, **kw) -> DecoderLM:
@@ -17,13 +20,18 @@ def tiny(arch: str, backend: str, **kw) -> DecoderLM:
     return DecoderLM(cfg).double().eval()
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa-gpu-form"])
 @pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("arch", list(variants()))
 def test_cached_decoding_equals_the_full_forward(arch, backend, gqa):
-    model = tiny(arch, backend, n_kv_heads=2 if gqa else None, rope_interleaved=arch == "diff")
+    """sdpa-gpu-form: the full forward and the prefill in the GPU's one-head-dim calls (kernels.flash_form_on_cpu;
+    MLA's absorbed prefill pads its latent values), the decode steps as on every device."""
+    gpu_form = backend.endswith("-gpu-form")
+    model = tiny(
+        arch, backend.removesuffix("-gpu-form"), n_kv_heads=2 if gqa else None, rope_interleaved=arch == "diff"
+    )
     tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    with torch.no_grad(), flash_form_on_cpu() if gpu_form else contextlib.nullcontext():
         full = model(tokens)  # (2, 20, V)
         cache = KVCache(max_len=20)
         pieces = [model(tokens[:, :7], cache), model(tokens[:, 7:12], cache)]  # prefill, then a chunk of 5

@@ -6,11 +6,14 @@ test_kv_bytes.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from diffllm.model import DecoderLM, KVCache, ModelConfig
 from diffllm.model.accounting import kv_cache_bytes_per_token, model_stats
+from diffllm.model.kernels import flash_form_on_cpu
 from diffllm.model.layers import rotary_cos_sin
 from diffllm.model.mla_attention import MLAAttention
 from diffllm.model.presets import load_preset
@@ -58,13 +61,15 @@ def _inputs(cfg, T=11, B=2):
     return (x, *rotary_cos_sin(T, cfg.rotary_dim, cfg.rope_theta, x.device, torch.float64))
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa-gpu-form"])
 @pytest.mark.parametrize("dims,interleaved", [(SHAPES[0], True), (SHAPES[1], False), (SHAPES[2], True)])
 def test_matches_float64_reference_from_the_paper(backend, dims, interleaved):
-    cfg, m = _module(dims, interleaved, backend)
+    """sdpa-gpu-form: a GPU's call (kernels.flash_form_on_cpu), the values zero-padded to the query width."""
+    cfg, m = _module(dims, interleaved, backend.removesuffix("-gpu-form"))
     x, cos, sin = _inputs(cfg)
     assert cos.shape[-1] == dims[3] // 2  # the model's rotary covers the decoupled RoPE width only
-    got = m(x, cos, sin)
+    with flash_form_on_cpu() if backend.endswith("-gpu-form") else contextlib.nullcontext():
+        got = m(x, cos, sin)
     for b in range(x.shape[0]):
         want = mla_attention_reference(x[b], _weights(m), cfg.n_heads, dims, cfg.rope_theta, interleaved)
         torch.testing.assert_close(got[b].detach(), want, atol=1e-10, rtol=1e-9)
@@ -103,7 +108,9 @@ def test_parameters_flops_and_kv_bytes_by_hand_at_1_4b():
     w_q, w_dkv, norm, w_ukv, w_o = E * H * 192, E * (512 + 64), 512, 512 * H * 256, H * 128 * E
     assert MLAAttention.attention_params(cfg) == w_q + w_dkv + norm + w_ukv + w_o == 13_763_072
     s = model_stats(cfg, T)
-    assert s.flops_per_token == 6 * s.matmul_params + 3 * L * 2 * T * H * (128 + 64 + 128)
+    assert s.flops_per_token == 6 * s.matmul_params + 3 * L * 2 * T * H * (128 + 64 + 192)  # v padded to 192 on a GPU
+    cfg.attn_backend = "eager"  # the materialised maps multiply the 128-wide values
+    assert model_stats(cfg, T).flops_per_token == 6 * s.matmul_params + 3 * L * 2 * T * H * (128 + 64 + 128)
     assert s.kv_bytes_per_token == L * (512 + 64) * 2 == 27_648  # 14% of the Transformer's 196,608
     mha = load_preset("transformer-1.4b")
     assert s.total_params - model_stats(mha).total_params == L * (13_763_072 - 4 * E * E)

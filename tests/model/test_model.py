@@ -10,7 +10,7 @@ import torch
 
 from diffllm.config import build
 from diffllm.model import DecoderLM, ModelConfig, variants
-from diffllm.model.kernels import flash_available
+from diffllm.model.kernels import flash_available, flash_form_on_cpu
 
 ARCHS = list(variants())
 
@@ -39,6 +39,23 @@ def test_eager_and_sdpa_agree(arch):
     logits = eager(tokens)
     assert logits.shape == (3, 40, 128)  # vocab 101 padded to 128
     torch.testing.assert_close(sdpa(tokens), logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_gpu_form_equals_eager_in_float64_with_its_gradients(arch):
+    """What a GPU runs (kernels.flash_form_on_cpu: calls of one head dim, Diff's four, MLA's padded values; GQA groups
+    of 8 query over 4 kv heads) gives eager's logits and every parameter gradient, float64, to rounding."""
+    eager, gpu = _model(arch, "eager").double(), _model(arch, "sdpa").double()
+    gpu.load_state_dict(eager.state_dict())
+    tokens = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(1))
+    want = eager(tokens, targets=tokens)
+    with flash_form_on_cpu():
+        got = gpu(tokens, targets=tokens)
+    want_grads = torch.autograd.grad(want, list(eager.parameters()))
+    got_grads = torch.autograd.grad(got, list(gpu.parameters()))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    for (name, _), a, b in zip(gpu.named_parameters(), got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14, msg=name)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -57,13 +57,13 @@ def test_cpu_presets_are_small():
 
 
 def test_attention_flops_by_backend():
-    """PaLM convention, 6 N + attention: Transformer 12 L T E; Diff 18 L T E when the two maps each multiply V
-    (sdpa, flash), 12 L T E when (P1 - lambda P2) V is one matmul (eager), 14 L T E for the fused triton kernel (its
-    single-pass forward multiplies each map by V; its backward works on P1 - lambda P2); Diff V2 with 2h query heads
-    24 L T E on every backend."""
+    """PaLM convention, 6 N + attention: Transformer 12 L T E; Diff 24 L T E on sdpa and flash (a GPU's four calls of
+    head dim d: each component's scores against each half of V, tests/model/test_kernel_calls.py), 12 L T E when
+    (P1 - lambda P2) V is one matmul (eager), 14 L T E for the fused triton kernel (its single-pass forward multiplies
+    each map by V; its backward works on P1 - lambda P2); Diff V2 with 2h query heads 24 L T E on every backend."""
     T = 4096
     per_arch = {}
-    for arch, factor in (("transformer", 12), ("diff", 18), ("diff2", 24)):
+    for arch, factor in (("transformer", 12), ("diff", 24), ("diff2", 24)):
         cfg = load_preset(f"{arch}-3b")
         s = model_stats(cfg, T)
         assert s.flops_per_token == 6 * s.matmul_params + factor * cfg.n_layers * T * cfg.d_model
