@@ -41,11 +41,12 @@ def row(check, shape, backend, seq, batch, tps, mfu, ratio, note) -> None:
 
 def diff_core(q, k, v, lam, backend: str) -> torch.Tensor:
     """(P1 - lam P2) V for q (B, 2h, T, d), k (B, 2g, T, d), v (B, g, T, 2d) -> (B, h, T, 2d), by backend: the
-    fused kernel, or one standard call on both components with the value doubled (DiffAttention's non-eager path)."""
+    fused kernel, or the model's own kernel calls (diffllm/model/kernels.py causal_attention: on a GPU four calls of
+    head dim d, each component against each d-wide half of V; on the CPU one call with V 2d wide)."""
     if backend == "triton":
         return fused_diff_attention(q, k, v, lam)
     B, h2, T, d = q.shape
-    out = causal_attention(q, k, torch.cat([v, v], dim=1), backend).view(B, 2, h2 // 2, T, 2 * d)
+    out = causal_attention(q, k, v, backend).view(B, 2, h2 // 2, T, 2 * d)
     return out[:, 0] - lam.to(out.dtype) * out[:, 1]
 
 

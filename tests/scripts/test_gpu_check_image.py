@@ -124,8 +124,8 @@ def test_gpu_check_runs_on_the_simulated_image(image, carry, tmp_path):
     assert ckpt[1] == "diff-tiny" and ckpt[7].endswith("resumed steps 3-4: losses equal bit for bit"), ckpt
     assert sorted(by("agreement")) == sorted(archs) and all("sdpa" in r[7] for r in by("agreement").values())
     docs = {(r[1], r[2].split()[0]): r[7] for r in rows if r[0] == "doc masks"}
-    assert sorted(docs) == sorted([(a, "eager") for a in archs] + [(a, "flash") for a in archs] + [("diff", "triton")])
-    assert all(docs[a, "eager"].startswith("max abs logit diff ") for a in archs), docs
+    assert sorted(docs) == sorted([(a, "sdpa") for a in archs] + [("diff", "triton")])
+    assert all(docs[a, "sdpa"].startswith("max abs logit diff ") for a in archs), docs
     core = [(r[2], r[7]) for r in rows if r[0] == "diff attention agreement"]
     assert [b for b, _ in core] == ["eager", "sdpa", "flash", "triton"] * 2, rows
     assert all(note.startswith("max rel err out ") for b, note in core if b in ("eager", "sdpa")), core
