@@ -6,9 +6,9 @@ freed), at one and two sequences, so that a head whose transient does not grow w
 itself so; and the full diagnostics' logit recompute (the variant's `scores` of one sequence).
 
 The block is built with the backend its variant names for measuring (`meta_backend`): the "meta" kernel of
-diffllm/model/attention.py keeps what FlashAttention-2 keeps for backward (q, k, v, out and the fp32 log-sum-exp),
-because the meta device would otherwise trace SDPA's math path with its T x T maps; `attn_backend=eager` keeps the real
-maps."""
+diffllm/model/kernels.py (called once per GPU-form call: Diff four) keeps what FlashAttention-2 keeps for backward
+(q, k, v, out and the fp32 log-sum-exp), because the meta device would otherwise trace SDPA's math path with its
+T x T maps; `attn_backend=eager` keeps the real maps."""
 
 from __future__ import annotations
 
