@@ -200,6 +200,9 @@ def supervise(argv: list[str], env: dict) -> int:
         )
         return EXIT_STOPPED
     ranks = report.exit_code()
+    if ranks is None and code < 0:  # the launcher itself was killed (its ranks died with it)
+        print(f"diffllm launch: {Path(argv[0]).name} was killed by {signal.Signals(-code).name}", file=sys.stderr)
+        return 128 - code
     if ranks is None:
         return code
     if ranks != EXIT_BAD_INPUT:

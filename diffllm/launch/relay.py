@@ -1,7 +1,8 @@
 """What `diffllm launch` passes on of its launcher's stderr (the ranks write to the same pipe): everything, as it comes,
 but torchrun's own report of the ranks' failure, which the launcher reads instead, and repeats.
 
-- A line every rank writes alike (a `diffllm train: error:` refusal, said by each of 4 ranks) is shown once.
+- A line every rank writes alike (a `diffllm train: error:` refusal, said by each of 4 ranks) is shown once, also when
+  two ranks' lines arrive glued together.
 - torchrun's closing traceback (the one whose first frame is the launcher's own executable) ending in ChildFailedError
   (~40 lines) or SignalException (~28 lines, after SIGTERM) is held back: the first names each failed rank's exit code,
   which `Report.exit_code` gives back (torchrun itself exits 1 whatever the ranks said). Any other traceback of the
@@ -60,6 +61,7 @@ class Relay:
     def __init__(self, launcher_pid: int, executable: str, out: TextIO):
         self.pid, self.executable, self.out = str(launcher_pid), executable, out
         self.said: set[str] = set()
+        self.owed = 0  # blank lines still to come that belong to rank error lines glued together
         self.held: Optional[list[str]] = None  # the launcher's own traceback, from its first line
         self.pending: Optional[str] = None  # a Traceback line: whose it is shows in the next line
 
@@ -83,11 +85,27 @@ class Relay:
         log = _ELASTIC_LOG.match(line)
         if log and log.group(1) == self.pid and any(s in line for s in _ABOUT_THE_END):
             return
-        if line.startswith(RANK_ERROR):
-            if line in self.said:
-                return
-            self.said.add(line)
+        if RANK_ERROR in line:
+            self._rank_errors(line)
+            return
+        if self.owed and not line.strip():
+            self.owed -= 1  # the newline of an error line that arrived glued to another one
+            return
         self._emit(line)
+
+    def _rank_errors(self, line: str) -> None:
+        """Each rank's refusal once. Ranks that print at the same moment can glue their lines together (print writes
+        the text and its newline apart): `A...B...\n` then `\n`; they are cut apart, and the stray newline owed."""
+        head, *rest = line.split(RANK_ERROR)
+        pieces = ([head] if head else []) + [RANK_ERROR + p for p in rest]
+        pieces = [p if p.endswith("\n") else p + "\n" for p in pieces]
+        self.owed += len(pieces) - 1
+        for piece in pieces:
+            if not piece.startswith(RANK_ERROR):
+                self._emit(piece)  # another line's text, cut off from its newline
+            elif piece not in self.said:
+                self.said.add(piece)
+                self._emit(piece)
 
     def close(self) -> Report:
         """The report parsed from the launcher's held traceback (shown after all when it is another error)."""
