@@ -270,6 +270,22 @@ class Checkpoint:
     def zero_stage(self) -> int:
         return int(self.meta.get("zero_stage", 0))
 
+    def check_pickles(self) -> None:
+        """Refuse (Refused, one line naming the file) a checkpoint with a file whose pickle names anything outside
+        SAFE_GLOBALS: every .pt file of its folder and of its universal conversion, if any. Reads only the pickles
+        (torch's get_unsafe_globals_in_checkpoint runs none of them, nor reads a tensor), so every rank reaches the
+        same verdict before DeepSpeed, which reads some files on some ranks only, loads anything."""
+        import torch
+
+        for folder in (self.path, self.dir / f"{self.tag}_universal"):
+            for f in sorted(folder.rglob("*.pt")) if folder.is_dir() else []:
+                try:
+                    names = torch.serialization.get_unsafe_globals_in_checkpoint(f)
+                except Exception:  # noqa: BLE001 - a damaged file: its load says so
+                    continue
+                if unknown := [n for n in names if n not in SAFE_GLOBALS]:
+                    raise Refused(f, unknown)
+
     def client_state(self) -> dict:
         """What was saved beside the weights in rank 0's DeepSpeed model-states file (the trainer's resumable state
         is under "diffllm"; a `diffllm import` checkpoint has none), read before any engine exists and without

@@ -417,6 +417,7 @@ def consolidated_state_dict(ckpt: Checkpoint) -> dict:
     states = ckpt.path / MODEL_STATES  # ZeRO-3 names it zero_pp_rank_<r>_mp_rank_00_model_states.pt, one per rank
     if not (states.is_file() or any(ckpt.path.glob(f"*_{MODEL_STATES}"))):
         raise UserError(f"{ckpt.path}: no {MODEL_STATES} (an incomplete or foreign checkpoint)")
+    ckpt.check_pickles()  # names the file; zero_to_fp32 below reads weights-only anyway
     try:
         if ckpt.zero_stage == 0:
             module = load_states(states)["module"]

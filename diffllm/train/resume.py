@@ -332,6 +332,7 @@ def plan_resume(
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
+    ckpt.check_pickles()  # a file that would run code when loaded: refused on every rank, before DeepSpeed loads
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
         raise UserError(

@@ -6,6 +6,7 @@ in one line naming the file or checkpoint and what the pickle calls, and the pay
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -14,11 +15,11 @@ import pytest
 import torch
 
 from diffllm.errors import UserError
+from diffllm.runfiles import refused, weights_only
 from diffllm.runs import MODEL_STATES, Run
+from diffllm.train.checkpoint import CheckpointManager
 from tests.distributed import run_train
 from tests.train.helpers import STEPS, tiny
-from tests.train.test_cli import diffllm_train
-from tests.train.test_run_dir import one_error_line
 
 
 class Payload:
@@ -65,25 +66,41 @@ def test_a_planted_pickle_in_model_states_is_refused_and_never_runs(imported, tm
         assert not marker.exists()
 
 
+def test_deepspeeds_loads_in_the_weights_only_block_refuse_a_planted_pickle(imported, tmp_path):
+    """What DeepSpeed's loaders (engine.load_checkpoint, zero_to_fp32, ds_to_universal) run in: their own
+    torch.load(weights_only=False) is made weights-only, with what DeepSpeed writes allowed."""
+    run_dir, _ = imported
+    marker, states = tmp_path / "pwned", run_dir / "checkpoints" / "step0" / MODEL_STATES
+    with weights_only():
+        assert "module" in torch.load(states, map_location="cpu", weights_only=False)  # an honest file: loaded
+    plant(states, marker)
+    with weights_only(), pytest.raises(pickle.UnpicklingError, match="GLOBAL posix.system"):
+        torch.load(states, map_location="cpu", weights_only=False)
+    assert not marker.exists() and refused(
+        states, pickle.UnpicklingError("Weights only load failed. GLOBAL posix.system")
+    )
+
+
 @pytest.mark.slow
-def test_deepspeeds_own_loaders_refuse_a_planted_pickle_and_never_run_it(reference, tmp_path):
+def test_a_planted_pickle_only_deepspeed_would_read_is_refused_on_every_rank(reference, tmp_path):
     """The 2-rank ZeRO-2 reference run, copied, with the payload in rank 1's optimizer states (which only DeepSpeed
-    reads): its weights gathered (zero_to_fp32), a resume on 2 ranks (engine.load_checkpoint) and on 1 rank (the
-    universal conversion, ds_to_universal, in its own process) each refuse it in one line; the marker never appears."""
+    reads, on rank 1 alone): its weights gathered (zero_to_fp32) and a resume on 2 ranks refuse it in one line naming
+    the file, on every rank alike (no rank goes on to lose its peer), before anything is loaded; DeepSpeed's universal
+    conversion, in a process of its own, refuses it too. The marker never appears."""
     run_dir = shutil.copytree(reference(2), tmp_path / "copy")
     marker, ckpt = tmp_path / "pwned", run_dir / "checkpoints" / f"step{STEPS}"
-    plant(ckpt / "zero_pp_rank_1_mp_rank_00_optim_states.pt", marker)
+    planted = ckpt / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    plant(planted, marker)
+    refusal = f"{planted}: refused: its pickle calls posix.system, which no checkpoint of diffllm or DeepSpeed holds"
     shutil.rmtree(run_dir / "eval", ignore_errors=True)  # no fp32 cache from an earlier test: gathered now
-    with pytest.raises(UserError, match=rf"^{ckpt}: refused: its pickle calls posix.system,"):
+    with pytest.raises(UserError, match=f"^{refusal}"):
         Run(run_dir).model(tokenizer=False)
-    assert not marker.exists()
-    more = [f"trainer.tokens={(STEPS + 2) * 1024}"]  # past the finished run's budget: its checkpoint is loaded
-    two = run_train(tiny(run_dir, 2, *more, workers=True), 2, tmp_path / "logs2", expect=2)
+    more = f"trainer.tokens={(STEPS + 2) * 1024}"  # past the finished run's budget: its checkpoint is loaded
+    two = run_train(tiny(run_dir, 2, more, workers=True), 2, tmp_path / "logs", expect=2)
     for rank in (0, 1):
         errors = [line for line in two.output(rank).splitlines() if "error" in line]
-        assert errors == [errors[0]] and f"{ckpt}: refused: its pickle calls posix.system," in errors[0], errors
-    assert not marker.exists()
-    one = diffllm_train(tmp_path, *tiny(run_dir, 2, *more, workers=True))
-    line = one_error_line(one)
-    assert f"{ckpt}: refused: its pickle calls posix.system," in line, line
+        assert errors == [f"diffllm train: error: {errors[0].split('error: ', 1)[1]}"], errors
+        assert refusal in errors[0] and "resumed" not in two.output(rank), two.output(rank)
+    with pytest.raises(UserError, match=f"^{ckpt}: refused: its pickle calls posix.system,"):
+        CheckpointManager.to_universal(Run(run_dir).checkpoint())  # as if no check had looked before it
     assert not marker.exists() and not (run_dir / "checkpoints" / f"step{STEPS}_universal").exists()
