@@ -31,6 +31,7 @@ LAUNCHER_ENV = "DIFFLLM_LAUNCHER"  # set by `diffllm launch` for its ranks: host
 LAUNCHED_BY = ("TORCHELASTIC_RUN_ID", "CROSS_RANK", LAUNCHER_ENV)  # torchrun's, DeepSpeed's launch.py's, ours
 _PR_SET_PDEATHSIG = 1
 _LINUX = sys.platform.startswith("linux")
+_TIED = False  # tie_rank has run in this process (once is enough: the entry point may call it before the trainer)
 
 
 def process_start(pid: int) -> Optional[str]:
@@ -87,8 +88,10 @@ def _die() -> None:
 def tie_rank() -> None:
     """In a rank started by a launcher (LAUNCHED_BY): die with the parent (SIGKILL when it ends; at once if it has
     ended: re-parented to init), and under `diffllm launch`, with that process too (a daemon thread)."""
-    if not _LINUX or not any(os.environ.get(k) for k in LAUNCHED_BY):
+    global _TIED
+    if _TIED or not _LINUX or not any(os.environ.get(k) for k in LAUNCHED_BY):
         return
+    _TIED = True
     prctl = _prctl()
     if prctl is not None:  # (an orphan already is not told by its parent's pid: torchrun may be a container's pid 1)
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
