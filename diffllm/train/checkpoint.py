@@ -132,7 +132,8 @@ def write_failure(e: BaseException, folder: Path) -> Optional[str]:
         return e.why
     if isinstance(e, OSError) and e.errno in NO_SPACE:
         return e.strerror
-    if isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(s in str(e) for s in WRITE_FAILED)):
+    wrote = isinstance(e, OSError) and not isinstance(e, ConnectionError)  # a socket's error is a lost peer's
+    if wrote or (isinstance(e, RuntimeError) and any(s in str(e) for s in WRITE_FAILED)):
         return disk_full(folder) or f"a write failed ({exception_line(e)})"
     return None
 
