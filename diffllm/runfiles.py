@@ -4,12 +4,17 @@ these; everything here is light (no torch until a checkpoint's client state is r
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import importlib
 import json
 import os
+import pickle
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from .errors import UserError
 
@@ -20,14 +25,69 @@ MODEL_STATES = (
 METRICS_FILE = "metrics.jsonl"
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota on it
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write aside, fsync, rename: a reader sees the old file or the new one, never half of one."""
+    """Write aside, fsync, rename: a reader sees the old file or the new one, never half of one. A full disk is a
+    one-line error naming the file and the free space, and leaves no half-written file aside."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in NO_SPACE:
+            raise no_space(path, e.strerror) from None
+        raise
+
+
+def free_space(path: Path) -> str:
+    """`1.2 MiB free of 6.0 MiB` on the file system that holds `path` (or its nearest existing parent)."""
+    path = next((p for p in (Path(path), *Path(path).parents) if p.exists()), Path("/"))
+    usage = shutil.disk_usage(path)
+    return f"{_bytes(usage.free)} free of {_bytes(usage.total)}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def disk_full(folder: Path) -> Optional[str]:
+    """After a write failed in `folder`: whether its file system has no room left (or the quota is reached), told
+    by a probe of 1 MiB written and synced there: its error text (`No space left on device`), or None when the
+    probe fits. torch's own writer says only `unexpected pos 1211776 vs 1211664` or `iostream error` for that."""
+    folder = next((p for p in (Path(folder), *Path(folder).parents) if p.is_dir()), Path("/"))
+    probe = folder / f".diffllm-space-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(2**20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e.strerror if e.errno in NO_SPACE else None
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
+class NoSpace(UserError):
+    """A write into a run directory found no room: one line naming the file and the free space."""
+
+    def __init__(self, path: Path, why: str):
+        self.why = why
+        super().__init__(f"{path}: cannot write it: {why} ({free_space(path)}); free some space and relaunch")
+
+
+def no_space(path: Path, why: str = "No space left on device") -> NoSpace:
+    return NoSpace(path, why)
 
 
 def exception_line(e: BaseException, limit: int = 240) -> str:
@@ -40,8 +100,109 @@ def exception_line(e: BaseException, limit: int = 240) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+# What checkpoints hold beside tensors and plain containers, by the name their pickles give it -> where it is imported
+# from (the first that exists): numpy arrays (the RNG states diffllm saves), and DeepSpeed's loss scaler, ZeRO stage
+# and fragment addresses (its optimizer states). Nothing else is unpickled: torch.load(weights_only=True) builds only
+# tensors, containers, numbers, strings and these; a pickle that names anything else (os.system, a class whose
+# constructor runs code) is refused before any of it runs.
+_RECONSTRUCT = ("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct")  # numpy 2, numpy 1
+SAFE_GLOBALS = {
+    "numpy._core.multiarray._reconstruct": _RECONSTRUCT,
+    "numpy.core.multiarray._reconstruct": _RECONSTRUCT,
+    "numpy.ndarray": ("numpy.ndarray",),
+    "numpy.dtype": ("numpy.dtype",),
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": ("deepspeed.runtime.fp16.loss_scaler.LossScaler",),
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": ("deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",),
+    "deepspeed.runtime.zero.config.ZeroStageEnum": ("deepspeed.runtime.zero.config.ZeroStageEnum",),
+    "deepspeed.utils.tensor_fragment.fragment_address": ("deepspeed.utils.tensor_fragment.fragment_address",),
+}
+REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _safe(names: Iterable[str]) -> list[tuple[Any, str]]:
+    """(object, name) pairs for torch's safe_globals: each of `names` (SAFE_GLOBALS keys) imported now."""
+    out = []
+    for name in names:
+        for where in SAFE_GLOBALS[name]:
+            module, _, attr = where.rpartition(".")
+            try:
+                out.append((getattr(importlib.import_module(module), attr), name))
+                break
+            except (ImportError, AttributeError):
+                continue
+    if "numpy.dtype" in names:  # an array's dtype is built from numpy.dtype, then given its state as its own class
+        import numpy.dtypes
+
+        out += [
+            (c, f"numpy.dtypes.{n}")
+            for n, c in vars(numpy.dtypes).items()
+            if isinstance(c, type) and n.endswith("DType")
+        ]
+    return out
+
+
+class Refused(UserError):
+    """A checkpoint file whose pickle names something no checkpoint holds: not loaded, nothing of it run."""
+
+    def __init__(self, path: Path, names: list[str]):
+        super().__init__(
+            f"{path}: refused: its pickle calls {', '.join(names[:3])}, which no checkpoint of diffllm or DeepSpeed "
+            f"holds (loading it could run code; nothing of it was run): a run directory from elsewhere may carry "
+            f"code; use one you trust"
+        )
+
+
+def refused(path: Path, e: BaseException) -> Optional[Refused]:
+    """The refusal for a weights-only load that met a global outside the allow-list (torch's UnpicklingError), or
+    None for any other error."""
+    if not (isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e)):
+        return None
+    return Refused(path, REFUSED_GLOBAL.findall(str(e)) or ["an object outside the allow-list"])
+
+
+def load_states(path: Path, mmap: bool = False) -> Any:
+    """A checkpoint file read with torch.load(weights_only=True) and SAFE_GLOBALS: the globals its pickle names are
+    listed first without running any (torch's get_unsafe_globals_in_checkpoint), so a planted one is refused naming
+    it, and DeepSpeed's classes are imported only when a file names them."""
+    import torch
+
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    unknown = [n for n in names if n not in SAFE_GLOBALS]
+    if unknown:
+        raise Refused(path, unknown)
+    with torch.serialization.safe_globals(_safe(names)):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as e:
+            raise (refused(path, e) or e) from None
+
+
+@contextlib.contextmanager
+def weights_only() -> Iterator[None]:
+    """For DeepSpeed's own loaders (engine.load_checkpoint, zero_to_fp32, ds_to_universal), which call
+    torch.load(weights_only=False): every torch.load in the block is made weights-only (TORCH_FORCE_WEIGHTS_ONLY_LOAD,
+    which torch reads at each call and which overrides the caller's argument), with SAFE_GLOBALS allowed. A planted
+    pickle fails with torch's UnpicklingError, which `refused` turns into one line."""
+    import torch
+
+    key, before = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ[key] = "1"
+    try:
+        with torch.serialization.safe_globals(_safe(SAFE_GLOBALS)):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def damaged_checkpoint(path: Path, e: BaseException) -> UserError:
-    """The one-line error for a checkpoint that torch or DeepSpeed cannot read."""
+    """The one-line error for a checkpoint that torch or DeepSpeed cannot read (or refused: `refused`)."""
+    if isinstance(e, UserError):
+        return e
+    if (refusal := refused(path, e)) is not None:
+        return refusal
     return UserError(
         f"{path}: cannot load this checkpoint ({exception_line(e)}); the checkpoint is damaged: resume "
         f"an earlier one with trainer.resume=<its step folder>"
@@ -109,22 +270,37 @@ class Checkpoint:
     def zero_stage(self) -> int:
         return int(self.meta.get("zero_stage", 0))
 
+    def check_pickles(self) -> None:
+        """Refuse (Refused, one line naming the file) a checkpoint with a file whose pickle names anything outside
+        SAFE_GLOBALS: every .pt file of its folder and of its universal conversion, if any. Reads only the pickles
+        (torch's get_unsafe_globals_in_checkpoint runs none of them, nor reads a tensor), so every rank reaches the
+        same verdict before DeepSpeed, which reads some files on some ranks only, loads anything."""
+        import torch
+
+        for folder in (self.path, self.dir / f"{self.tag}_universal"):
+            for f in sorted(folder.rglob("*.pt")) if folder.is_dir() else []:
+                try:
+                    names = torch.serialization.get_unsafe_globals_in_checkpoint(f)
+                except Exception:  # noqa: BLE001 - a damaged file: its load says so
+                    continue
+                if unknown := [n for n in names if n not in SAFE_GLOBALS]:
+                    raise Refused(f, unknown)
+
     def client_state(self) -> dict:
         """What was saved beside the weights in rank 0's DeepSpeed model-states file (the trainer's resumable state
         is under "diffllm"; a `diffllm import` checkpoint has none), read before any engine exists and without
         reading the weights (memory-mapped); a damaged file is a one-line ValueError."""
-        import torch
 
         states = self.path / (MODEL_STATES if self.zero_stage < 3 else f"zero_pp_rank_0_{MODEL_STATES}")
         if not states.is_file():
             raise UserError(f"{self.path}: no {states.name} (an incomplete or foreign checkpoint)")
         try:
             try:
-                state = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
+                state = load_states(states, mmap=True)
             except RuntimeError as e:
                 if "mmap" not in str(e):
                     raise
-                state = torch.load(states, map_location="cpu", weights_only=False)  # not a zip file: the real error
+                state = load_states(states)  # not a zip file: the real error
         except Exception as e:  # noqa: BLE001 - torch raises many types for a damaged file
             raise damaged_checkpoint(self.path, e) from None
         return {k: v for k, v in state.items() if k not in ("module", "optimizer")} if isinstance(state, dict) else {}

@@ -34,16 +34,21 @@ from .errors import UserError
 from .runfiles import (  # noqa: F401 - the run directory's file layer, imported from here too
     METRICS_FILE,
     MODEL_STATES,
+    NO_SPACE,
     TAG,
     Checkpoint,
     config_hash,
     damaged_checkpoint,
     exception_line,
     find_checkpoint,
+    load_states,
+    no_space,
     parse_metrics,
     read_json,
     read_meta,
     read_metrics,
+    refused,
+    weights_only,
     write_atomic,
 )
 
@@ -162,9 +167,15 @@ class Run:
         self.remove_partial()
 
     def append_metrics(self, rec: dict) -> None:
-        """One record appended to metrics.jsonl (rank 0); a kill mid-line is tolerated by `parse_metrics`."""
-        with open(self.dir / METRICS_FILE, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        """One record appended to metrics.jsonl (rank 0); a kill mid-line is tolerated by `parse_metrics`; a full disk
+        is one line naming the file and the free space."""
+        try:
+            with open(self.dir / METRICS_FILE, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            if e.errno in NO_SPACE:
+                raise no_space(self.dir / METRICS_FILE, e.strerror) from None
+            raise
 
     def truncate_metrics(self, step: int) -> int:
         """On resume: drop the records of steps after the checkpoint (they are recomputed). Returns how many."""
@@ -401,23 +412,28 @@ def checkpoint_identity(ckpt: Checkpoint) -> dict:
 
 def consolidated_state_dict(ckpt: Checkpoint) -> dict:
     """fp32 weights of a checkpoint of any ZeRO stage and world size: ZeRO-0 keeps whole weights in its model-states
-    file; ZeRO 1-3 are gathered from their fp32 optimizer shards by DeepSpeed's zero_to_fp32."""
-    import torch
-
+    file; ZeRO 1-3 are gathered from their fp32 optimizer shards by DeepSpeed's zero_to_fp32. Every file is read
+    weights-only (runfiles.load_states, runfiles.weights_only): a pickle that would run code is refused in one line."""
     states = ckpt.path / MODEL_STATES  # ZeRO-3 names it zero_pp_rank_<r>_mp_rank_00_model_states.pt, one per rank
     if not (states.is_file() or any(ckpt.path.glob(f"*_{MODEL_STATES}"))):
         raise UserError(f"{ckpt.path}: no {MODEL_STATES} (an incomplete or foreign checkpoint)")
+    ckpt.check_pickles()  # names the file; zero_to_fp32 below reads weights-only anyway
     try:
         if ckpt.zero_stage == 0:
-            module = torch.load(states, map_location="cpu", weights_only=False)["module"]
+            module = load_states(states)["module"]
             return {k: v.float() for k, v in module.items()}
         # DeepSpeed's import logs ("Setting accelerator to CPU") and its progress lines go to stderr: stdout is the
         # caller's (generate's text, export's summary)
         with contextlib.redirect_stdout(sys.stderr):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
+            with weights_only():
+                return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt.dir), tag=ckpt.tag))
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
+        if (refusal := refused(ckpt.path, e)) is not None:
+            raise refusal from None
         raise UserError(
             f"{ckpt.path}: cannot read its weights ({exception_line(e)}); the checkpoint is damaged: use "
             f"an earlier step"

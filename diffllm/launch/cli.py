@@ -9,21 +9,26 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
 from omegaconf import OmegaConf
 
 from ..config import build, find_config, group_options, load_group
 from ..errors import UserError
+from ..lifeline import LAUNCHER_ENV, identity, preexec
 from .argv import LaunchConfig, deepspeed_argv, shell, tool, torchrun_argv
 from .checks import check_hosts_reachable, check_memory, check_train_overrides, local_gpu, needs_ssh
 from .help import usage
 from .hostfile import read_hostfile
+from .relay import Relay
 from .remote_env import remote_env, write_env_file
 from .slurm import sbatch_script
 
 _USER_CPP_LOG_LEVEL = os.environ.get("TORCH_CPP_LOG_LEVEL")  # main() quiets c10d here; children get this back
 EXIT_STOPPED = 3  # Ctrl-C (or SIGTERM) under `diffllm launch`: the workers saved a checkpoint; relaunch to continue
+EXIT_BAD_INPUT = 2  # the ranks' own: their one line said it
 
 _LISTS = {"setup", "env"}  # repeatable: --setup "module load cuda" --env NCCL_DEBUG=WARN
 
@@ -149,8 +154,20 @@ def run(cfg: LaunchConfig, overrides: list[str]) -> int:
 def supervise(argv: list[str], env: dict) -> int:
     """Run the launcher in its own session, so that a terminal's Ctrl-C reaches only us; pass Ctrl-C or SIGTERM on
     once (torchrun forwards it to the workers, which finish the step and save) and wait, then exit 3. A second
-    Ctrl-C is passed on too: the trainer then stops without saving."""
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    Ctrl-C is passed on too: the trainer then stops without saving. The launcher dies with this process and the ranks
+    with both (diffllm/lifeline.py: kill -9 of `diffllm launch` leaves no rank training); its stderr is relayed
+    (relay.py: what the ranks say, once; torchrun's report of their failure is read, not shown), and the exit code is
+    the ranks' (torchrun's own is 1 whatever they said)."""
+    proc = subprocess.Popen(
+        argv,
+        env={**env, LAUNCHER_ENV: identity()},
+        start_new_session=True,
+        preexec_fn=preexec(),
+        stderr=subprocess.PIPE,
+    )
+    relay = Relay(proc.pid, argv[0], sys.stderr)
+    reader = threading.Thread(target=_relay_lines, args=(proc.stderr, relay), name="diffllm-relay", daemon=True)
+    reader.start()
     stopped: list[int] = []
 
     def on_signal(signum: int, frame) -> None:
@@ -170,9 +187,11 @@ def supervise(argv: list[str], env: dict) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = proc.wait()
+        reader.join(timeout=60)  # the pipe ends when the ranks' last child (a data worker) has gone: moments
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    report = relay.close()
     if stopped and code != 0:
         print(
             f"diffllm launch: stopped by {signal.Signals(stopped[0]).name} (launcher exit code {code}); "
@@ -180,7 +199,20 @@ def supervise(argv: list[str], env: dict) -> int:
             file=sys.stderr,
         )
         return EXIT_STOPPED
-    return code
+    ranks = report.exit_code()
+    if ranks is None and code < 0:  # the launcher itself was killed (its ranks died with it)
+        print(f"diffllm launch: {Path(argv[0]).name} was killed by {signal.Signals(-code).name}", file=sys.stderr)
+        return 128 - code
+    if ranks is None:
+        return code
+    if ranks != EXIT_BAD_INPUT:
+        print(f"diffllm launch: {report.describe()} (exit code {ranks})", file=sys.stderr, flush=True)
+    return ranks
+
+
+def _relay_lines(stream: IO[bytes], relay: Relay) -> None:
+    for raw in iter(stream.readline, b""):
+        relay.feed(raw.decode(errors="replace"))
 
 
 def _has_cuda() -> bool:

@@ -75,5 +75,8 @@ def usage() -> str:
         "Builds the command for torchrun, DeepSpeed's runner or SLURM and runs (or submits) it; every argument that\n"
         "is not an option is a `diffllm train` override, checked before anything starts. Exit codes: 0 finished,\n"
         "2 bad input (one line), 3 stopped by a signal after the workers saved (relaunch to continue), else the\n"
-        "launcher's own.\n\noptions:\n" + "\n".join(rows) + "\n  -h, --help             this text\n\n" + EXAMPLES
+        "ranks' own (`diffllm train`'s: said once, with the failed ranks) or the launcher's.\n\noptions:\n"
+        + "\n".join(rows)
+        + "\n  -h, --help             this text\n\n"
+        + EXAMPLES
     )

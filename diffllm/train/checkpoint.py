@@ -15,13 +15,28 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from ..runfiles import (
+    NO_SPACE,
+    REFUSED_GLOBAL,
+    NoSpace,
+    Refused,
+    disk_full,
+    exception_line,
+    free_space,
+    weights_only,
+)
 from ..runs import Checkpoint, Run, damaged_checkpoint
 from .dist import barrier, rank
+
+# What torch's checkpoint writer raises when a write fails. It names no errno: a full disk reads "[enforce fail at
+# inline_container.cc:672] . unexpected pos 1211776 vs 1211664" (torch 2.13), or "basic_ios::clear: iostream error".
+WRITE_FAILED = ("inline_container", "PytorchStreamWriter", "iostream error", "file write failed")
 
 
 class CheckpointManager:
@@ -33,22 +48,40 @@ class CheckpointManager:
         self.keep_last, self.pinned = keep_last, pinned  # pinned: tags never pruned (a WSD run's branch points)
 
     def save(self, engine, step: int, client_state: dict, meta: dict) -> str:
-        """Collective. Every rank writes its shards into tmp-step<N>; rank 0 then publishes and prunes."""
+        """Collective. Every rank writes its shards into tmp-step<N>; rank 0 then publishes and prunes. Whatever stops
+        a save, rank 0 removes tmp-step<N> and `latest` names the last complete checkpoint still; a write that fails (a
+        full disk, a quota) is one line naming the folder and the free space (UserError: exit 2)."""
         tag, tmp = f"step{step}", f"tmp-step{step}"
-        engine.save_checkpoint(str(self.dir), tag=tmp, client_state=client_state, save_latest=False)
-        barrier()
-        if rank() == 0:
-            self.run.publish(tmp, tag, meta)
-            self.run.prune(self.keep_last, keep=tag, pinned=self.pinned)
+        try:
+            engine.save_checkpoint(str(self.dir), tag=tmp, client_state=client_state, save_latest=False)
+            barrier()
+            if rank() == 0:
+                self.run.publish(tmp, tag, meta)
+                self.run.prune(self.keep_last, keep=tag, pinned=self.pinned)
+        except BaseException as e:
+            why = write_failure(e, self.dir / tmp)
+            space = free_space(self.dir)  # as the save found it, before its partial files are removed
+            if rank() == 0:
+                shutil.rmtree(self.dir / tmp, ignore_errors=True)
+            if why is None:
+                raise
+            last = self.run.latest()
+            raise UserError(
+                f"checkpoint: cannot save step {step} in {self.dir / tmp}: {why} ({space}); removed it, and the last "
+                f"checkpoint {last.path if last else '(none)'} is intact: free some space and relaunch the same "
+                f"command to continue from it"
+            ) from None
         barrier()
         return tag
 
     def load(self, engine, res: Checkpoint, universal: bool) -> tuple[dict, str]:
         """Collective. DeepSpeed loads `res` (through its universal conversion when `universal`) -> (client state,
-        tag); a damaged checkpoint is a one-line ValueError naming it."""
+        tag); a damaged checkpoint is a one-line ValueError naming it. DeepSpeed's loader reads every file
+        weights-only (runfiles.weights_only): one whose pickle would run code is refused in one line."""
         tag = self.to_universal(res) if universal else res.tag
         try:
-            path, client = engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
+            with weights_only():
+                path, client = engine.load_checkpoint(str(res.dir), tag=tag, load_lr_scheduler_states=False)
         except Exception as e:  # noqa: BLE001 - torch/DeepSpeed raise many types for a damaged file
             raise damaged_checkpoint(res.dir / tag, e) from None
         if path is None:
@@ -65,7 +98,7 @@ class CheckpointManager:
             cmd = [
                 sys.executable,
                 "-m",
-                "deepspeed.checkpoint.ds_to_universal",
+                "diffllm.train.universal",  # DeepSpeed's ds_to_universal, reading weights-only
                 "--inject_missing_state",
                 "--num_extract_workers",
                 "1",
@@ -80,6 +113,8 @@ class CheckpointManager:
                 f"checkpoint: converting {res.dir / res.tag} to a universal checkpoint (world size changed)", flush=True
             )
             done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode and "Weights only load failed" in done.stderr:
+                raise Refused(res.path, REFUSED_GLOBAL.findall(done.stderr) or ["an object outside the allow-list"])
             if done.returncode:
                 raise RuntimeError(
                     f"ds_to_universal failed on {res.dir / res.tag}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
@@ -87,6 +122,20 @@ class CheckpointManager:
             Run(res.dir.parent).publish_universal(res, tmp)
         barrier()
         return out
+
+
+def write_failure(e: BaseException, folder: Path) -> Optional[str]:
+    """Why a save failed when it was a write that failed (None for anything else: a lost peer, a bug, Ctrl-C): a full
+    file system or quota (`No space left on device`: errno, or a probe in `folder` when torch's writer names none),
+    else the write's own error."""
+    if isinstance(e, NoSpace):
+        return e.why
+    if isinstance(e, OSError) and e.errno in NO_SPACE:
+        return e.strerror
+    wrote = isinstance(e, OSError) and not isinstance(e, ConnectionError)  # a socket's error is a lost peer's
+    if wrote or (isinstance(e, RuntimeError) and any(s in str(e) for s in WRITE_FAILED)):
+        return disk_full(folder) or f"a write failed ({exception_line(e)})"
+    return None
 
 
 def rng_state() -> dict:

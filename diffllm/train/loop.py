@@ -24,6 +24,7 @@ from .eval_hook import eval_hooks
 from .faults import fault_hooks
 from .final_val import FinalValidation
 from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation, View, val_losses_record
+from .lock import hold_run_dir
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
 from .resume import ResumePlan, plan_resume
@@ -69,7 +70,7 @@ class Trainer:
         self.saved_step = -1
         self.extra_hooks = list(hooks or [])
         self.hooks: Optional[Hooks] = None
-        self.loader = self.writer = None
+        self.loader = self.writer = self.lock = None
 
     @property
     def failing(self) -> bool:
@@ -88,6 +89,7 @@ class Trainer:
         cfg = self.cfg = plan.config  # what is trained: config.yaml and the checkpoints record this one
         if plan.finished:  # its result is final: nothing is built, converted, loaded or rewritten
             self.state = TrainState.from_dict(plan.saved["train_state"])
+            hold_run_dir(self.run_obj, self.rank, take=False)  # refused while another job writes the run
             if self.rank == 0:
                 self.run_obj.remove_partial()  # saves that never completed (never published) are no part of it
             say(
@@ -120,6 +122,7 @@ class Trainer:
         self.evals = eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved)
         for hook in self.evals:
             hook.prepare(cfg.model.max_seq_len)  # its windows and prompts: ones that cannot be built fail here
+        self.lock = hold_run_dir(self.run_obj, self.rank)  # one job per run_dir (runlock.py), before its first write
         if self.rank == 0:
             self.begin(plan)
         barrier()
@@ -250,6 +253,8 @@ class Trainer:
                 self.hooks.call("close")
             if self.writer is not None:
                 self.writer.close()
+            if self.lock is not None:
+                self.lock.release()
 
     def validate(self, record: bool = True) -> None:
         """A validation; a recorded one is logged and told to the hooks (on_validate)."""

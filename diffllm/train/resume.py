@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..model import ModelConfig
 from ..runs import Checkpoint, Run, choose_tokenizer, config_hash, find_checkpoint
 from .branch import BranchPlan
-from .dist import barrier
+from .dist import all_gather_object, barrier
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -83,6 +83,20 @@ def check_model(ckpt: Checkpoint, model_cfg: ModelConfig) -> None:
                 f"model.{key}: the checkpoint {ckpt.path} has {saved.get(key)!r}, this run "
                 f"{ours.get(key)!r}; use another run_dir, or trainer.resume=none to start afresh"
             )
+
+
+def check_pickles(ckpt: Checkpoint, rank: int) -> None:
+    """Collective. Rank 0 scans the checkpoint's files for a pickle that would run code (Checkpoint.check_pickles:
+    one read of each pickle, not of every file by every rank); its refusal is raised on every rank alike."""
+    refusal = None
+    if rank == 0:
+        try:
+            ckpt.check_pickles()
+        except UserError as e:
+            refusal = str(e)
+    refusal = all_gather_object(refusal)[0]
+    if refusal is not None:
+        raise UserError(refusal)
 
 
 def needs_universal(ckpt: Checkpoint, world_size: int, zero_stage: int) -> bool:
@@ -332,6 +346,7 @@ def plan_resume(
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
+    check_pickles(ckpt, rank)  # a file that would run code when loaded: refused on every rank before DeepSpeed loads
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
         raise UserError(

@@ -1,11 +1,14 @@
 """Preemption: SIGTERM/SIGINT/SIGUSR1 (what SLURM and Ctrl-C send) only raise a flag; the loop finishes its step,
-saves a checkpoint and exits with EXIT_PREEMPTED. A second Ctrl-C stops at once."""
+saves a checkpoint and exits with EXIT_PREEMPTED. A second Ctrl-C stops at once. The launcher's death is no signal to
+wait for: a rank started by one dies with it (diffllm/lifeline.py, tied when the flag is installed)."""
 
 from __future__ import annotations
 
 import os
 import signal
 from typing import Optional
+
+from ..lifeline import tie_rank
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -16,6 +19,7 @@ class StopFlag:
         self._previous: dict = {}
 
     def install(self) -> StopFlag:
+        tie_rank()  # kill -9 of torchrun or `diffllm launch` leaves no rank training on
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
