@@ -214,7 +214,8 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); the file is damaged") from None
+        where = f"line {e.lineno} column {e.colno}"
+        raise UserError(f"{path}: not valid JSON ({e.msg}: {where}); the file is damaged") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text file; the file is damaged") from None
 

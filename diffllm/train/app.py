@@ -81,7 +81,9 @@ def main() -> None:
     progress for trainer.stall_timeout_s (EXIT_STALLED: the one-line error names the stalled phase; relaunch), 6 a
     collective failed because another rank ended or stopped answering (EXIT_PEER_LOST; the other rank's log says
     why), 7 a loss or grad-norm spike with trainer.spikes.action=stop, or trainer.spikes.max_consecutive_skips
-    skipped in a row, after saving a checkpoint (EXIT_SPIKES); diffllm/train/loop.py defines them."""
+    skipped in a row, after saving a checkpoint (EXIT_SPIKES), 8 another job took over the run directory's lock after
+    this job's heartbeat stalled for 120 s: stopped at once without saving (EXIT_LOCK_LOST, diffllm/train/lock.py);
+    diffllm/train/loop.py defines the others."""
     if any(a == "--local_rank" or a.startswith("--local_rank=") for a in sys.argv[1:]):
         from .dist import strip_local_rank  # imports torch: only for the deepspeed launcher's argument
 

@@ -96,6 +96,9 @@ def test_paths_that_are_not_runs(tmp_path):
     (tmp_path / "summary.json").write_text("[1,")
     with pytest.raises(ValueError, match=r"summary.json: not valid JSON"):
         Run(tmp_path).summary()
+    (tmp_path / "summary.json").write_text('{"a": "b\x01"}')  # json's message ends in "at": said once
+    with pytest.raises(ValueError, match=r"not valid JSON \(Invalid control character at: line 1 column 9\)"):
+        Run(tmp_path).summary()
 
 
 def test_choose_tokenizer_is_the_one_decision_in_its_order(tmp_path):
