@@ -89,7 +89,7 @@ def test_help_meanings_come_from_yaml_and_dataclass_comments(diffllm):
     )
     assert line["data.tokenizer.train_chars=200000000"].endswith("training sources")
     # the config groups and their options
-    assert "  model=diff-tiny   (" in out and "transformer-830m" in out and "  trainer=cpu   (3 options)" in out
+    assert "  model=diff-tiny   (" in out and "transformer-830m" in out and "  trainer=cpu   (8 options)" in out
 
 
 def test_two_word_commands_and_help_help(diffllm):
