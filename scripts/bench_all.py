@@ -1,14 +1,16 @@
 """`make bench`: the CPU benchmarks in one run and one summary table of the ratios diffllm tracks, with the machine and
 the command in its header. Each benchmark runs as its own process (scripts/bench_data.py, bench_train.py,
-bench_eval.py: their full tables are printed as they finish) and hands its figures over in a JSON file.
+bench_eval.py, bench_counts.py: their full tables are printed as they finish) and hands its figures over in a JSON
+file.
 
     .venv/bin/python scripts/bench_all.py            # the full benchmarks (about 10-15 min on 2 cores)
     .venv/bin/python scripts/bench_all.py --smoke    # the same code on tiny settings, in about a minute (the test)
 
-The ratios: diffllm's training step over a bare PyTorch loop on the same model and batches (ZeRO-0, ZeRO-2); each
-arch's step time relative to the Transformer divided by its FLOP ratio (1.0: as fast per FLOP); `eval ppl` tokens/s
-over the training step's; the data pipeline over the raw tokenizer (wall clock, 1 and 2 processes) and over what a
-training step consumes.
+The counts (bench_counts.py): host syncs and collectives per plain and per logged step, 2 ranks, ZeRO-2, 2 and 8
+layers, each trainer.diagnostics level. The ratios: diffllm's training step over a bare PyTorch loop on the same
+model and batches (ZeRO-0, ZeRO-2); each arch's step time relative to the Transformer divided by its FLOP ratio (1.0:
+as fast per FLOP); `eval ppl` tokens/s over the training step's; the data pipeline over the raw tokenizer (wall
+clock, 1 and 2 processes) and over what a training step consumes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ BENCHES = {
         [],
         ["--model", "diff-micro-1", "--rounds", "1", "--seq-len", "64", "--batch", "4", "--train-batch", "2"],
     ),
+    "bench_counts.py": ([], ["--layers", "2", "--levels", "off", "cheap"]),
 }
 
 
@@ -88,9 +91,31 @@ def run(script: str, args: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def summary(data: dict, train: dict, evals: dict) -> list[tuple[str, str, str]]:
-    """(ratio, value, what it measures) rows of the summary table."""
+def count_rows(counts: dict) -> list[tuple[str, str, str]]:
+    """Host syncs and collectives per plain and per logged step, by depth and diagnostics level (bench_counts.py)."""
+    where = f"ZeRO-{counts['stage']}, {counts['world_size']} ranks"
     rows = []
+    for kind in ("syncs", "collectives"):
+        for step in ("plain", "logged"):
+            by_depth: dict = {}
+            for r in counts["rows"]:
+                by_depth.setdefault(r["layers"], []).append(f"{r['diagnostics']} {r[f'{step}_{kind}']}")
+            rows.append(
+                (
+                    f"host {kind} per {step} step, {where}",
+                    "; ".join(f"{n} layers: {', '.join(v)}" for n, v in by_depth.items()),
+                    "counted on CPU (tests/train/counting.py) per trainer.diagnostics level; the same at 2 and 8 "
+                    "layers = independent of depth"
+                    if kind == "syncs"
+                    else "all-reduces, all-gathers, ... of diffllm and DeepSpeed (scripts/bench_counts.py)",
+                )
+            )
+    return rows
+
+
+def summary(data: dict, train: dict, evals: dict, counts: dict) -> list[tuple[str, str, str]]:
+    """(ratio, value, what it measures) rows of the summary table."""
+    rows = count_rows(counts)
     for stage in (0, 2):
         vals = {k.split(" | ")[0]: v for k, v in train["vs_bare"].items() if k.endswith(f"diffllm ZeRO-{stage}")}
         if vals:
@@ -154,7 +179,9 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}, {time.time() - t0:.0f} s\n"
     )
     print("| ratio | value | what |\n|---|---|---|")
-    for row in summary(figures["bench_data.py"], figures["bench_train.py"], figures["bench_eval.py"]):
+    for row in summary(
+        figures["bench_data.py"], figures["bench_train.py"], figures["bench_eval.py"], figures["bench_counts.py"]
+    ):
         print("| " + " | ".join(row) + " |")
 
 

@@ -82,9 +82,20 @@ class _Slots(torch.utils.data.IterableDataset):
 
 class TrainLoader:
     """Micro-batches (a Batch of micro_batch_size windows of seq_len + 1 tokens, with the document ids and loss mask
-    the data config asks for) of this rank, forever; `state_dict`/`load_state_dict` resume it."""
+    the data config asks for) of this rank, forever; `state_dict`/`load_state_dict` resume it. pin_memory: each
+    Batch in pinned host memory, for a CUDA device to copy without the host waiting (only where CUDA is there:
+    pinning raises on a CPU-only build). The batch is pinned here as it is built, not by DataLoader(pin_memory=True):
+    workers send numpy arrays by value (workers.as_is), which DataLoader's pin thread would leave unpinned."""
 
-    def __init__(self, cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        tok: Tokenizer,
+        rank: int,
+        world_size: int,
+        micro_batch_size: int,
+        pin_memory: bool = False,
+    ):
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} is outside world_size {world_size}")
         if micro_batch_size < 1:
@@ -108,6 +119,7 @@ class TrainLoader:
                 f"data.num_streams={self.n_streams} must be a multiple of world_size x workers = "
                 f"{world_size} x {self.workers} = {self.n_slots}"
             )
+        self.pin_memory = pin_memory
         self.stream_states: dict[int, Optional[dict]] = {}
         self.turns: dict[int, int] = {}
         self.next_worker = 0  # which of this rank's slots delivers the next micro-batch
@@ -147,7 +159,7 @@ class TrainLoader:
         self.turns[g] = update["turn"]
         self.next_worker = (g - self.rank * self.workers + 1) % self.workers
         self.batches += 1
-        return Batch.from_windows(batch, self.cfg)
+        return Batch.from_windows(batch, self.cfg, pin=self.pin_memory)
 
     def _start(self) -> Iterator:
         mine = self.slots()
@@ -281,9 +293,9 @@ def check_states(states: list[dict], loader: TrainLoader) -> None:
 
 
 def build_train_loader(
-    cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int
+    cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int, pin_memory: bool = False
 ) -> TrainLoader:
-    return TrainLoader(cfg, tok, rank, world_size, micro_batch_size)
+    return TrainLoader(cfg, tok, rank, world_size, micro_batch_size, pin_memory)
 
 
 def build_val_batches(

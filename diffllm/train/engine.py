@@ -47,8 +47,8 @@ def deepspeed_config(
         "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": False},
-        "zero_allow_untested_optimizer": True,  # our torch AdamW: no JIT-compiled FusedAdam/CPUAdam
-        "zero_force_ds_cpu_optimizer": False,
+        "zero_allow_untested_optimizer": True,  # ours: torch AdamW (fused on CUDA) is not on DeepSpeed's list
+        "zero_force_ds_cpu_optimizer": True,  # offload runs DeepSpeed's CPU Adam (optim.build_optimizer gives it)
         "checkpoint": {"load_universal": load_universal},
         "steps_per_print": 2**31 - 1,  # the trainer prints its own progress lines
         "wall_clock_breakdown": False,
@@ -91,8 +91,8 @@ def build_engine(
     gate: UpdateGate,
     weights: Optional[dict] = None,
 ):
-    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it, which asks
-    `gate` whether to drop each update."""
+    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our optimizer underneath it (torch AdamW, fused
+    on CUDA; DeepSpeed's CPU Adam under trainer.offload_optimizer), which asks `gate` whether to drop each update."""
     import deepspeed
 
     model = build_model(cfg, ds_config, seed, weights)
@@ -101,7 +101,7 @@ def build_engine(
     if trainer.compile:
         for block in model.layers:
             block.compile()
-    optimizer = build_optimizer(model, opt, gate)
+    optimizer = build_optimizer(model, opt, gate, cuda=on_gpu(), offload=trainer.offload_optimizer)
     # bf16 without ZeRO wraps the optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose constructor runs one step
     # with zero gradients to create the optimizer state: AdamW would count it (its bias correction then lags, the
     # first real update being 0.735x an fp32 run's) and apply weight decay once. That step is skipped.

@@ -17,7 +17,7 @@ from ..model.accounting import model_stats
 from ..runs import Run
 from .checkpoint import CheckpointManager
 from .config import TrainConfig, plan_budget
-from .diagnostics import DiagnosticsHook
+from .diagnostics import diagnostics_hooks
 from .dist import all_gather_object, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
 from .eval_hook import eval_hooks
@@ -99,7 +99,9 @@ class Trainer:
         tok, data, trainer = plan.tokenizer, cfg.data, cfg.trainer
         self.stats = model_stats(cfg.model, data.seq_len)
         self.precision = resolve_precision(trainer)
-        self.loader = build_train_loader(data, tok, self.rank, self.ws, self.budget.micro_batch_size)
+        self.loader = build_train_loader(
+            data, tok, self.rank, self.ws, self.budget.micro_batch_size, pin_memory=self.device.type == "cuda"
+        )
         batch, n_val = trainer.val_batch_size or self.budget.micro_batch_size, trainer.val_batches
         # several held-out sources: a loss for each as well
         sets = validation_sets(data, tok, batch, n_val, trainer.val_tokens, MAIN_VAL)
@@ -135,7 +137,6 @@ class Trainer:
             self.spikes,
             self.budget,
             cfg.optim,
-            trainer.zero_stage,
             self.device,
             self.watchdog,
         )
@@ -165,7 +166,7 @@ class Trainer:
         built_in = [
             Summary(),
             StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
-            DiagnosticsHook(trainer.log_every),
+            *diagnostics_hooks(trainer.diagnostics, trainer.log_every),
             *self.evals,
             *fault_hooks(trainer.faults),
             Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
