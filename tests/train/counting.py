@@ -12,7 +12,9 @@ with a bool tensor (a data-dependent shape). Not counted: torch.optim's `_get_va
 torch keeps on the host (unless capturable/fused) precisely so that reading them is no sync. A blocking copy: a
 `Batch.to(device)` without `non_blocking=True` (a pageable host-to-device copy that waits). A collective: a call of
 `torch.distributed.X` or `torch.distributed.distributed_c10d.X` (DeepSpeed's comm layer calls them by attribute) for X
-in COLLECTIVES; a collective called inside another one (all_gather_object's all_gather) is not counted twice.
+in COLLECTIVES, and of the all-gather and reduce-scatter functions DeepSpeed's comm backend looked up when it was
+created (`cdb.all_gather_function`, `cdb.reduce_scatter_function`: the ZeRO parameter all-gathers and gradient
+reduce-scatters); a collective called inside another one (all_gather_object's all_gather) is not counted twice.
 
 The owner of an event is the package of the innermost calling frame that is diffllm's or DeepSpeed's (torch's own
 frames in between are looked through: a sync inside `torch.nn.utils` called by DeepSpeed is DeepSpeed's); "torch" when
@@ -25,6 +27,7 @@ process (one `run_distributed` launch serves a whole table)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import sys
 import threading
@@ -160,7 +163,7 @@ class Counter:
         self.steps: dict[int, StepCount] = {}
         self._undo: list[Callable[[], None]] = []
         self._inside = threading.local()
-        self.host = HostTensors()
+        self.host, self.tracking = HostTensors(), False
 
     # ----- attribution ------------------------------------------------------------------------------------------
     def owner(self) -> Optional[tuple[str, str]]:
@@ -207,15 +210,20 @@ class Counter:
 
     # ----- the window -------------------------------------------------------------------------------------------
     def start(self, step: int) -> None:
-        self.current = self.steps.setdefault(step, StepCount(step))
-        if not self.on:
-            self.host.__enter__()
-        self.on = True
+        self.current, self.on = self.steps.setdefault(step, StepCount(step)), True
 
     def stop(self) -> None:
-        if self.on:
+        if self.tracking:
             self.host.__exit__(None, None, None)
-        self.on, self.current = False, None
+        self.on, self.current, self.tracking = False, None, False
+
+    def read_back(self, t) -> None:
+        """`t` was read back to the host: track what is computed from it (the mode goes on at the first readback of
+        a window: before it, no tensor is the host's, and the forward runs without the mode's cost)."""
+        if not self.tracking:
+            self.host.__enter__()
+            self.tracking = True
+        self.host.add(t)
 
     # ----- the patches ------------------------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
@@ -236,7 +244,7 @@ class Counter:
                             counter.record("sync", name)
                         out = original(self, *args, **kwargs)
                     if counter.on and name == "cpu":
-                        counter.host.add(out)
+                        counter.read_back(out)
                     return out
 
                 return wrapper
@@ -300,6 +308,13 @@ class Counter:
             for module in {dist, c10d}:
                 if hasattr(module, name):
                     self._patch(module, name, collective(name))
+        backend = getattr(sys.modules.get("deepspeed.comm.comm"), "cdb", None)  # DeepSpeed's comm backend keeps
+        for attr, name in (
+            ("all_gather_function", "all_gather_into_tensor"),
+            ("reduce_scatter_function", "reduce_scatter_tensor"),
+        ):
+            if getattr(backend, attr, None) is not None:  # the functions it looked up when it was created
+                self._patch(backend, attr, collective(name))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -370,6 +385,7 @@ class Spec:
 
 
 FIRST, LAST = 3, 4
+TIMINGS = ("step_time_s", "time", "elapsed_s", "tokens_per_s", "mfu")  # left out of the records returned
 
 
 class _NanGrad(torch.autograd.Function):
@@ -439,7 +455,8 @@ def count_steps(spec: Spec, world_size: int) -> dict:
     """Train spec.steps steps of a real engine (this process group) with the trainer's Step and its built-in per-step
     hooks (the diagnostics at spec.diagnostics), counting steps FIRST..LAST: {"plain": [summary of each plain step],
     "logged": [...], "sites": {step: sites}, "records": {step: its record}, "kept": whether nan_grad_at's update was
-    dropped on this rank, "reference": WeightNorms' after step LAST, "optimizer": the optimizer's class names}."""
+    dropped on this rank, "reference": WeightNorms' after step LAST, "optimizer": the optimizer's class names,
+    "parameters": the model's parameter tensors, "persistent": ZeRO-3's persistent ones}."""
     import tempfile
 
     from diffllm.budget import plan_budget
@@ -502,7 +519,7 @@ def count_steps(spec: Spec, world_size: int) -> dict:
             record, _ = step(view.state, hooks, asks)
             record = hooks.step_end(record)
             kinds[record["step"]] = "logged" if logged(record, spec.log_every, budget.steps) else "plain"
-            records[record["step"]] = {k: v for k, v in record.items() if k not in ("step_time_s", "time")}
+            records[record["step"]] = {k: v for k, v in record.items() if k not in TIMINGS}
             asks.save = False
         counter.stop()
     out: dict = {
@@ -513,6 +530,8 @@ def count_steps(spec: Spec, world_size: int) -> dict:
         "kept": nan.kept(),
         "reference": reference.norms,
         "optimizer": [c.__name__ for c in type(optimizer).__mro__],
+        "parameters": len(list(engine.module.parameters())),
+        "persistent": len(getattr(engine.optimizer, "persistent_parameters", None) or ()),  # ZeRO-3's
     }
     for s in range(FIRST, LAST + 1):
         out[kinds[s]].append(counter.steps[s].summary())
@@ -527,6 +546,7 @@ def count_all(specs: list[Spec]) -> dict[str, dict]:
     from diffllm.train.dist import skip_shm_op
 
     skip_shm_op()
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)  # its "untested optimizer" line, once per engine
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)")
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
     with contextlib.redirect_stdout(sys.stderr):
