@@ -95,19 +95,19 @@ def count_rows(counts: dict) -> list[tuple[str, str, str]]:
     """Host syncs and collectives per plain and per logged step, by depth and diagnostics level (bench_counts.py)."""
     where = f"ZeRO-{counts['stage']}, {counts['world_size']} ranks"
     rows = []
-    for kind in ("syncs", "collectives"):
+    for kind in ("syncs", "collectives"):  # syncs: values the host waits for (a blocking copy included)
         for step in ("plain", "logged"):
             by_depth: dict = {}
             for r in counts["rows"]:
                 by_depth.setdefault(r["layers"], []).append(f"{r['diagnostics']} {r[f'{step}_{kind}']}")
             rows.append(
                 (
-                    f"host {kind} per {step} step, {where}",
+                    f"{'host syncs' if kind == 'syncs' else 'collectives'} per {step} step, {where}",
                     "; ".join(f"{n} layers: {', '.join(v)}" for n, v in by_depth.items()),
-                    "counted on CPU (tests/train/counting.py) per trainer.diagnostics level; the same at 2 and 8 "
-                    "layers = independent of depth"
+                    "per trainer.diagnostics level, counted on CPU (scripts/bench_counts.py); the same at 2 and 8 "
+                    "layers: independent of depth"
                     if kind == "syncs"
-                    else "all-reduces, all-gathers, ... of diffllm and DeepSpeed (scripts/bench_counts.py)",
+                    else "all-reduces, all-gathers and reduce-scatters of diffllm and DeepSpeed, per diagnostics level",
                 )
             )
     return rows
