@@ -36,7 +36,7 @@ def owners(d: dict) -> str:
 def main() -> None:
     args = parse()
     from tests.distributed import run_distributed
-    from tests.train.counting import Spec, count_all
+    from tests.train.counted_step import Spec, count_all
 
     specs = [
         Spec(stage=args.stage, precision=args.precision, layers=n, diagnostics=level)

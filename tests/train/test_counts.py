@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.distributed import run_distributed
-from tests.train.counting import Spec, count_all
+from tests.train.counted_step import Spec, count_all
 
 STAGES, PRECISIONS = (0, 1, 2, 3), ("fp32", "bf16")
 SHAPES = {"base": dict(nan_grad_at=1), "deep": dict(layers=8), "long": dict(accum=8)}
@@ -217,3 +217,61 @@ def test_one_rank_zero2_counts_fast():
     for spec in specs:
         [plain], [logged] = r[spec.name]["plain"], r[spec.name]["logged"]
         assert (logged["syncs"], logged["collectives"]) == (plain["syncs"] + 1, plain["collectives"] + 1)
+
+
+def test_the_harness_counts_what_it_claims_and_attributes_it(monkeypatch):
+    """In this process, a world of one: each kind of sync once, a blocking batch copy (not a non-blocking one), an
+    upload, collectives by either name (one inside another counted once); a value computed on the host from a readback
+    is no sync, nor are torch.optim's step counters; owners: diffllm's code, torch's called from elsewhere, a test's."""
+    import torch
+    import torch.distributed as dist
+
+    from diffllm.data.batch import Batch
+    from diffllm.train.dist import all_reduce_sum, set_env_defaults
+    from tests.train.counting import Counter
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    set_env_defaults()
+    dist.init_process_group("gloo")
+    try:
+        t, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.AdamW([w], lr=0.1)
+        w.grad = torch.ones(3)
+        with Counter() as counter:
+            counter.start(1)
+            t.sum().item(), t.tolist(), bool(t[0]), float(t[1]), int(t[2]), t.nonzero(), t[mask]
+            host = t.cpu()
+            float(host.sum() * 2)  # computed on the host from a readback: no sync
+            Batch(tokens=torch.zeros(1, 3, dtype=torch.long)).to("cpu")
+            Batch(tokens=torch.zeros(1, 3, dtype=torch.long)).to("cpu", non_blocking=True)
+            torch.tensor([1.0], device="cpu")
+            dist.all_reduce(t.clone()), dist.distributed_c10d.all_reduce(t.clone())
+            dist.all_gather_object([None], 1)  # its own inner collectives are not counted again
+            all_reduce_sum([1.0])  # diffllm's: an upload, a collective, a readback
+            torch.nn.utils.clip_grad_norm_([w], 1.0, error_if_nonfinite=True)  # torch's own check, called from here
+            opt.step()  # torch.optim reads its step counter (a host tensor unless capturable/fused): no sync
+            counter.stop()
+    finally:
+        dist.destroy_process_group()
+    sites = counter.steps[1].sites()
+    mine = {k.split(" ", 1)[1].split(" ")[0]: n for k, n in sites.items() if k.startswith("other ")}
+    assert mine == {
+        "sync:item": 1,
+        "sync:tolist": 1,
+        "sync:__bool__": 1,
+        "sync:__float__": 1,
+        "sync:__int__": 1,
+        "sync:nonzero": 1,
+        "sync:getitem[bool]": 1,
+        "sync:cpu": 1,
+        "copy:Batch.to": 1,
+        "copy:torch.tensor(device=)": 1,
+        "collective:all_reduce": 2,
+        "collective:all_gather_object": 1,
+    }, sites
+    ours = {k.split(" ")[1]: n for k, n in sites.items() if k.startswith("diffllm ")}
+    assert ours == {"copy:torch.tensor(device=)": 1, "collective:all_reduce": 1, "sync:tolist": 1}, sites
+    assert any(k.startswith("torch sync:") and "clip_grad" in k for k in sites), sites
+    assert sum(n for k, n in sites.items() if "optim" in k) == 0, sites
