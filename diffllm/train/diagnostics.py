@@ -383,13 +383,13 @@ class CheapDiagnostics(Diagnostics):
         sums = lambda t: t[0] if self.pieces.replicated else t.sum(0)  # noqa: E731 - replicated: one rank's is all
         reduced = [every[0].sum(0) / world_size(), sums(every[1]).sqrt(), sums(every[2]).sqrt(), every[3].amax(0)]
         out = torch.cat([*reduced, every[4].flatten()]).cpu()  # the readback
-        k = sum(len(t) for t in reduced)
-        values = iter(out[:k].tolist())
+        split = sum(len(t) for t in reduced)  # then the own parameters, (world_size, pieces) flattened
+        values = iter(out[:split].tolist())
         rec = {k: finite_or_none(next(values)) for k in mean_keys}
         rec.update({f"grad_norm/{i}": finite_or_none(next(values)) for i in range(n) if grads.numel()})
         rec.update({f"weight_norm/{i}": finite_or_none(next(values)) for i in range(n)})
         rec.update({k: finite_or_none(next(values)) for k in max_keys})
-        rec = {**self.report_record(step, self.host_reports(out[k:].view(len(every[4]), -1), where)), **rec}
+        rec = {**self.report_record(step, self.host_reports(out[split:].view(len(every[4]), -1), where)), **rec}
         self.sums, self.counts, self.maxes, self.grad_sq, self.due = {}, {}, {}, None, False
         return rec
 
