@@ -253,9 +253,10 @@ class Counter:
 
         def getitem(original):
             def wrapper(self, index):
-                if counter.on and _bool_index(index) and self not in counter.host:
-                    counter.record("sync", "getitem[bool]")
-                return original(self, index)
+                with counter.once() as first:
+                    if first and counter.on and _bool_index(index) and self not in counter.host:
+                        counter.record("sync", "getitem[bool]")
+                    return original(self, index)
 
             return wrapper
 
