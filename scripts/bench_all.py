@@ -1,14 +1,17 @@
 """`make bench`: the CPU benchmarks in one run and one summary table of the ratios diffllm tracks, with the machine and
 the command in its header. Each benchmark runs as its own process (scripts/bench_data.py, bench_train.py,
-bench_eval.py: their full tables are printed as they finish) and hands its figures over in a JSON file.
+bench_eval.py, bench_counts.py, bench_loss_head.py: their full tables are printed as they finish) and hands its
+figures over in a JSON file.
 
     .venv/bin/python scripts/bench_all.py            # the full benchmarks (about 10-15 min on 2 cores)
     .venv/bin/python scripts/bench_all.py --smoke    # the same code on tiny settings, in about a minute (the test)
 
-The ratios: diffllm's training step over a bare PyTorch loop on the same model and batches (ZeRO-0, ZeRO-2); each
-arch's step time relative to the Transformer divided by its FLOP ratio (1.0: as fast per FLOP); `eval ppl` tokens/s
-over the training step's; the data pipeline over the raw tokenizer (wall clock, 1 and 2 processes) and over what a
-training step consumes.
+The counts (bench_counts.py): host syncs and collectives per plain and per logged step, 2 ranks, ZeRO-2, 2 and 8 layers,
+each trainer.diagnostics level. The loss head (bench_loss_head.py): its saved-for-backward and peak bytes, chunked over
+the full-logits path, at seq 2048 x micro-batch 8 (meta device). The ratios: diffllm's training step over a bare PyTorch
+loop on the same model and batches (ZeRO-0, ZeRO-2); each arch's step time relative to the Transformer divided by its
+FLOP ratio (1.0: as fast per FLOP); `eval ppl` tokens/s over the training step's; the data pipeline over the raw
+tokenizer (wall clock, 1 and 2 processes) and over what a training step consumes.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ BENCHES = {
         [],
         ["--model", "diff-micro-1", "--rounds", "1", "--seq-len", "64", "--batch", "4", "--train-batch", "2"],
     ),
+    "bench_counts.py": ([], ["--layers", "2", "--levels", "off", "cheap"]),
+    "bench_loss_head.py": (["--vocab", "50304", "100288"], ["--vocab", "50304", "--d-model", "5120"]),
 }
 
 
@@ -88,9 +93,49 @@ def run(script: str, args: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def summary(data: dict, train: dict, evals: dict) -> list[tuple[str, str, str]]:
-    """(ratio, value, what it measures) rows of the summary table."""
+def count_rows(counts: dict) -> list[tuple[str, str, str]]:
+    """Host syncs and collectives per plain and per logged step, by depth and diagnostics level (bench_counts.py)."""
+    where = f"ZeRO-{counts['stage']}, {counts['world_size']} ranks"
     rows = []
+    for kind in ("syncs", "collectives"):  # syncs: values the host waits for (a blocking copy included)
+        for step in ("plain", "logged"):
+            by_depth: dict = {}
+            for r in counts["rows"]:
+                by_depth.setdefault(r["layers"], []).append(f"{r['diagnostics']} {r[f'{step}_{kind}']}")
+            rows.append(
+                (
+                    f"{'host syncs' if kind == 'syncs' else 'collectives'} per {step} step, {where}",
+                    "; ".join(f"{n} layers: {', '.join(v)}" for n, v in by_depth.items()),
+                    "per trainer.diagnostics level, counted on CPU (scripts/bench_counts.py); the same at 2 and 8 "
+                    "layers: independent of depth"
+                    if kind == "syncs"
+                    else "all-reduces, all-gathers and reduce-scatters of diffllm and DeepSpeed, per diagnostics level",
+                )
+            )
+    return rows
+
+
+def head_rows(head: dict) -> list[tuple[str, str, str]]:
+    """The chunked loss head's saved and peak bytes over the full-logits path's (bench_loss_head.py)."""
+    rows = []
+    for kind in ("saved", "peak"):
+        rows.append(
+            (
+                f"loss head {kind} bytes, chunked / full logits",
+                "; ".join(
+                    f"V {r['vocab']:,} E {r['d_model']}: {r[f'{kind}_chunked'] / r[f'{kind}_full']:.3f}"
+                    for r in head["rows"]
+                ),
+                f"{'saved-for-backward' if kind == 'saved' else 'peak'} bytes of the loss head, "
+                f"{head['tokens']:,} tokens, bf16 (meta device; issue target for saved: <= 0.25)",
+            )
+        )
+    return rows
+
+
+def summary(data: dict, train: dict, evals: dict, counts: dict, head: dict) -> list[tuple[str, str, str]]:
+    """(ratio, value, what it measures) rows of the summary table."""
+    rows = count_rows(counts) + head_rows(head)
     for stage in (0, 2):
         vals = {k.split(" | ")[0]: v for k, v in train["vs_bare"].items() if k.endswith(f"diffllm ZeRO-{stage}")}
         if vals:
@@ -154,7 +199,13 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}, {time.time() - t0:.0f} s\n"
     )
     print("| ratio | value | what |\n|---|---|---|")
-    for row in summary(figures["bench_data.py"], figures["bench_train.py"], figures["bench_eval.py"]):
+    for row in summary(
+        figures["bench_data.py"],
+        figures["bench_train.py"],
+        figures["bench_eval.py"],
+        figures["bench_counts.py"],
+        figures["bench_loss_head.py"],
+    ):
         print("| " + " | ".join(row) + " |")
 
 

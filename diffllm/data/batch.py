@@ -51,9 +51,20 @@ class Batch:
     restart_positions: bool = False
 
     @classmethod
-    def from_windows(cls, windows: np.ndarray, cfg) -> Batch:
-        """windows (B, 3, T+1) int32 packed windows -> the Batch that data config `cfg` asks for."""
-        w = torch.from_numpy(np.ascontiguousarray(windows)).long()
+    def from_windows(cls, windows: np.ndarray, cfg, pin: bool = False) -> Batch:
+        """windows (B, 3, T+1) int32 packed windows -> the Batch that data config `cfg` asks for. pin: its tensors in
+        pinned (page-locked) host memory, which a CUDA device copies from without the host waiting (`to(device,
+        non_blocking=True)`); only where CUDA is there (pinning needs it)."""
+        w = torch.from_numpy(np.ascontiguousarray(windows))
+        if pin:  # each field written once, straight into pinned memory
+            field = lambda row, dtype: torch.empty(w[:, row].shape, dtype=dtype, pin_memory=True).copy_(w[:, row])  # noqa: E731
+            return cls(
+                tokens=field(TOKENS, torch.long),
+                doc_ids=field(DOCS, torch.long) if cfg.doc_mask else None,
+                loss_mask=field(MARKS, torch.bool) if cfg.loss_on == "marked" else None,
+                restart_positions=cfg.restart_positions,
+            )
+        w = w.long()
         return cls(
             tokens=w[:, TOKENS].contiguous(),
             doc_ids=w[:, DOCS].contiguous() if cfg.doc_mask else None,
@@ -61,8 +72,10 @@ class Batch:
             restart_positions=cfg.restart_positions,
         )
 
-    def to(self, device) -> Batch:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    def to(self, device, non_blocking: bool = False) -> Batch:
+        """The Batch on `device`. non_blocking: the host does not wait for the copy (from pinned memory; the device
+        orders it before the kernels that read it)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Batch(move(self.tokens), move(self.doc_ids), move(self.loss_mask), self.restart_positions)
 
     def __len__(self) -> int:
@@ -88,6 +101,12 @@ class Batch:
         return {"doc_ids": self.doc_ids[:, :-1], "restart_positions": self.restart_positions}
 
     def loss_tokens(self) -> int:
-        """Targets that count in the loss."""
+        """Targets that count in the loss (with a loss mask on a device, reading it waits for the device: the
+        training step adds `loss_token_count()` up on the device instead)."""
+        return int(self.loss_token_count())
+
+    def loss_token_count(self) -> torch.Tensor | int:
+        """Targets that count in the loss, without a host sync: a 0-dim tensor on the batch's device when a loss mask
+        decides, else the host's count of targets."""
         mask = self.target_mask
-        return int(self.targets.numel() if mask is None else mask.sum())
+        return self.targets.numel() if mask is None else mask.sum()

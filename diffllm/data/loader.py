@@ -82,9 +82,20 @@ class _Slots(torch.utils.data.IterableDataset):
 
 class TrainLoader:
     """Micro-batches (a Batch of micro_batch_size windows of seq_len + 1 tokens, with the document ids and loss mask
-    the data config asks for) of this rank, forever; `state_dict`/`load_state_dict` resume it."""
+    the data config asks for) of this rank, forever; `state_dict`/`load_state_dict` resume it. pin_memory: each
+    Batch in pinned host memory, for a CUDA device to copy without the host waiting (only where CUDA is there:
+    pinning raises on a CPU-only build). The batch is pinned here as it is built, not by DataLoader(pin_memory=True):
+    workers send numpy arrays by value (workers.as_is), which DataLoader's pin thread would leave unpinned."""
 
-    def __init__(self, cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        tok: Tokenizer,
+        rank: int,
+        world_size: int,
+        micro_batch_size: int,
+        pin_memory: bool = False,
+    ):
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} is outside world_size {world_size}")
         if micro_batch_size < 1:
@@ -108,6 +119,7 @@ class TrainLoader:
                 f"data.num_streams={self.n_streams} must be a multiple of world_size x workers = "
                 f"{world_size} x {self.workers} = {self.n_slots}"
             )
+        self.pin_memory = pin_memory
         self.stream_states: dict[int, Optional[dict]] = {}
         self.turns: dict[int, int] = {}
         self.next_worker = 0  # which of this rank's slots delivers the next micro-batch
@@ -147,7 +159,7 @@ class TrainLoader:
         self.turns[g] = update["turn"]
         self.next_worker = (g - self.rank * self.workers + 1) % self.workers
         self.batches += 1
-        return Batch.from_windows(batch, self.cfg)
+        return Batch.from_windows(batch, self.cfg, pin=self.pin_memory)
 
     def _start(self) -> Iterator:
         mine = self.slots()
@@ -182,6 +194,11 @@ class TrainLoader:
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
+            # what the fingerprint hashes, so that a refusal can say what changed
+            "source_fingerprints": {
+                src.name: {"fingerprint": src.fingerprint, "files": list(src.files)} for src in self.sources
+            },
+            "tokenizer_fingerprint": self.tok.fingerprint,
             "seed": self.cfg.seed,
             "num_streams": self.n_streams,
             "world_size": self.world_size,
@@ -232,6 +249,41 @@ class TrainLoader:
         self.close()
 
 
+def _what_changed(saved: dict, loader: TrainLoader) -> str:
+    """The sources (with their added and removed files) and the tokenizer whose fingerprints differ from a saved
+    state's; states written before these were saved get the general phrase."""
+    old = saved.get("source_fingerprints")
+    if old is None:
+        return "the sources or the tokenizer changed"
+    said = []
+    now = {src.name: src for src in loader.sources}
+    for name in sorted(set(old) - set(now)):
+        said.append(f"source {name!r} is gone")
+    for name in sorted(set(now) - set(old)):
+        said.append(f"source {name!r} is new")
+    for name in sorted(set(old) & set(now)):
+        src, before = now[name], old[name]
+        if src.fingerprint == before["fingerprint"]:
+            continue
+        added = [f for f in src.files if f not in set(before["files"])]
+        removed = [f for f in before["files"] if f not in set(src.files)]
+        parts = [f"{w} {_some(fs)}" for w, fs in (("added", added), ("removed", removed)) if fs]
+        said.append(
+            f"source {name!r} changed ({'; '.join(parts)})"
+            if parts
+            else f"source {name!r} changed (same files, new contents or reading settings: {_some(src.files)})"
+        )
+    if saved.get("tokenizer_fingerprint") != loader.tok.fingerprint:
+        said.append("the tokenizer changed")
+    return ", ".join(said) or "the held-out split changed (data.val_fraction)"
+
+
+def _some(files: list, n: int = 3) -> str:
+    """The first n file names and how many more."""
+    more = f" and {len(files) - n} more" if len(files) > n else ""
+    return ", ".join(str(f) for f in files[:n]) + more
+
+
 def check_states(states: list[dict], loader: TrainLoader) -> None:
     """One-line errors for every way a saved data state cannot be restored exactly."""
     cfg = loader.cfg
@@ -246,8 +298,8 @@ def check_states(states: list[dict], loader: TrainLoader) -> None:
     if first["fingerprint"] != loader.fingerprint:
         if not cfg.ignore_fingerprint:
             raise DataError(
-                f"data state: fingerprint {first['fingerprint']} != {loader.fingerprint}: the sources or the "
-                "tokenizer changed since it was saved; set data.ignore_fingerprint=true to resume anyway"
+                f"data state: fingerprint {first['fingerprint']} != {loader.fingerprint}: "
+                f"{_what_changed(first, loader)} since it was saved; set data.ignore_fingerprint=true to resume anyway"
             )
         say(
             f"fingerprint changed ({first['fingerprint']} -> {loader.fingerprint}); resuming anyway "
@@ -281,9 +333,9 @@ def check_states(states: list[dict], loader: TrainLoader) -> None:
 
 
 def build_train_loader(
-    cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int
+    cfg: DataConfig, tok: Tokenizer, rank: int, world_size: int, micro_batch_size: int, pin_memory: bool = False
 ) -> TrainLoader:
-    return TrainLoader(cfg, tok, rank, world_size, micro_batch_size)
+    return TrainLoader(cfg, tok, rank, world_size, micro_batch_size, pin_memory)
 
 
 def build_val_batches(

@@ -204,7 +204,7 @@ class TrainerConfig:
     offload_params: bool = branch_free(False)  # ZeRO-3 only: parameters in CPU memory
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     activation_checkpointing: bool = operational(False)  # recompute each block in the backward pass
-    compile: bool = operational(False)  # torch.compile each block
+    compile: bool = operational(False)  # torch.compile the whole model and its loss (DeepSpeed's engine.compile())
     log_every: int = operational(8)  # steps between progress lines / metrics.jsonl records
     # what each logged step measures beside the loss (diffllm/train/diagnostics.py): off | cheap | full
     diagnostics: str = operational("full")

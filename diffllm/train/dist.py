@@ -97,6 +97,22 @@ def all_reduce_maxes(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_(t: torch.Tensor) -> torch.Tensor:
+    """Sum `t` over ranks in place, on its device (no readback: the host does not wait); `t` itself."""
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+def all_gather_into(t: torch.Tensor) -> torch.Tensor:
+    """(world_size, *t.shape): every rank's `t` in rank order, on t's device (no readback: the host does not wait)."""
+    if not dist.is_initialized():
+        return t.unsqueeze(0)
+    out = torch.empty(dist.get_world_size() * t.numel(), dtype=t.dtype, device=t.device)  # gloo: the flat form
+    dist.all_gather_into_tensor(out, t.contiguous().flatten())
+    return out.view(-1, *t.shape)
+
+
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Element-wise sum over ranks, in float64."""
     if not dist.is_initialized():

@@ -54,8 +54,8 @@ def deepspeed_config(
         "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": False},
-        "zero_allow_untested_optimizer": True,  # our torch AdamW: no JIT-compiled FusedAdam/CPUAdam
-        "zero_force_ds_cpu_optimizer": False,
+        "zero_allow_untested_optimizer": True,  # ours: torch AdamW (fused on CUDA) is not on DeepSpeed's list
+        "zero_force_ds_cpu_optimizer": True,  # offload runs DeepSpeed's CPU Adam (optim.build_optimizer gives it)
         "checkpoint": {"load_universal": load_universal},
         "steps_per_print": 2**31 - 1,  # the trainer prints its own progress lines
         "wall_clock_breakdown": False,
@@ -104,18 +104,19 @@ def build_engine(
     gate: UpdateGate,
     weights: Optional[dict] = None,
 ):
-    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our SkipStepAdamW underneath it, which asks
-    `gate` whether to drop each update. `ds_config` runs with the ZeRO knobs of the model's width (with_zero_knobs).
-    trainer.compile: the whole DecoderLM, its loss head included, compiled as one graph by DeepSpeed's
-    `engine.compile()` (inductor; under ZeRO-3 DeepSpeed's parameter hooks break the graph per module unless
-    trainer.deepspeed sets compile.deepcompile on CUDA: docs/training.md "At scale")."""
+    """(engine, optimizer): the DeepSpeed engine around DecoderLM and our optimizer underneath it (torch AdamW, fused
+    on CUDA; DeepSpeed's CPU Adam under trainer.offload_optimizer), which asks `gate` whether to drop each update.
+    `ds_config` runs with the ZeRO knobs of the model's width (with_zero_knobs). trainer.compile: the whole DecoderLM,
+    its loss head included, compiled as one graph by DeepSpeed's `engine.compile()` (inductor; under ZeRO-3
+    DeepSpeed's parameter hooks break the graph per module unless trainer.deepspeed sets compile.deepcompile on CUDA:
+    docs/training.md "At scale")."""
     import deepspeed
 
     ds_config = with_zero_knobs(ds_config, cfg.d_model)
     model = build_model(cfg, ds_config, seed, weights)
     if trainer.activation_checkpointing:
         apply_activation_checkpointing(model)
-    optimizer = build_optimizer(model, opt, gate)
+    optimizer = build_optimizer(model, opt, gate, cuda=on_gpu(), offload=trainer.offload_optimizer)
     # bf16 without ZeRO wraps the optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose constructor runs one step
     # with zero gradients to create the optimizer state: AdamW would count it (its bias correction then lags, the
     # first real update being 0.735x an fp32 run's) and apply weight decay once. That step is skipped.

@@ -17,7 +17,7 @@ from ..model.accounting import model_stats
 from ..runs import Run
 from .checkpoint import CheckpointManager
 from .config import TrainConfig, plan_budget
-from .diagnostics import DiagnosticsHook
+from .diagnostics import diagnostics_hooks
 from .dist import all_gather_object, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
 from .eval_hook import eval_hooks
@@ -101,7 +101,9 @@ class Trainer:
         tok, data, trainer = plan.tokenizer, cfg.data, cfg.trainer
         self.stats = model_stats(cfg.model, data.seq_len)
         self.precision = resolve_precision(trainer)
-        self.loader = build_train_loader(data, tok, self.rank, self.ws, self.budget.micro_batch_size)
+        self.loader = build_train_loader(
+            data, tok, self.rank, self.ws, self.budget.micro_batch_size, pin_memory=self.device.type == "cuda"
+        )
         batch, n_val = trainer.val_batch_size or self.budget.micro_batch_size, trainer.val_batches
         # several held-out sources: a loss for each as well
         sets = validation_sets(data, tok, batch, n_val, trainer.val_tokens, MAIN_VAL)
@@ -118,7 +120,10 @@ class Trainer:
             self.budget.steps,
         )
         if plan.saved is not None:
-            self.resumable.check(plan.saved)  # e.g. a world size its data streams cannot take: before any write
+            try:  # e.g. a world size its data streams cannot take, or changed sources: before any write
+                self.resumable.check(plan.saved)
+            except UserError as e:
+                raise UserError(f"{plan.checkpoint.path}: {e}") from None
         self.evals = eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved)
         for hook in self.evals:
             hook.prepare(cfg.model.max_seq_len)  # its windows and prompts: ones that cannot be built fail here
@@ -138,7 +143,6 @@ class Trainer:
             self.spikes,
             self.budget,
             cfg.optim,
-            trainer.zero_stage,
             self.device,
             self.watchdog,
         )
@@ -168,7 +172,7 @@ class Trainer:
         built_in = [
             Summary(),
             StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
-            DiagnosticsHook(trainer.log_every),
+            *diagnostics_hooks(trainer.diagnostics, trainer.log_every),
             *self.evals,
             *fault_hooks(trainer.faults),
             Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),

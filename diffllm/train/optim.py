@@ -1,17 +1,19 @@
-"""AdamW with decay/no-decay parameter groups, and a step that is skipped on every rank when gradients are non-finite
-or its UpdateGate drops the update (a non-finite loss, a spike)."""
+"""The optimizer under DeepSpeed: AdamW with decay/no-decay parameter groups (torch's, fused on CUDA; DeepSpeed's CPU
+Adam when the optimizer state is offloaded), and a step that is skipped on every rank when its UpdateGate drops the
+update (a non-finite loss or gradient, a spike): one decision per step, from values every rank shares."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..model.parametrization import lr_mult, treatments, width_mult
 from .config import OptimConfig
-from .dist import all_reduce_max
 
 
 def no_decay(name: str, p: nn.Parameter) -> bool:
@@ -47,62 +49,108 @@ def mup_groups(model: nn.Module, label: str, params: list, weight_decay: float) 
 
 
 class UpdateGate:
-    """Whether this step's update is dropped, on every rank alike: the one decision that crosses into DeepSpeed's
-    optimizer step, handed to SkipStepAdamW when it is built. Per step:
+    """Whether this step's update is dropped, on every rank alike: the step's one decision, which crosses into
+    DeepSpeed's optimizer step through the optimizer it was built with (`GatedStep`). Per step:
 
-        gate.arm(nonfinite_loss, judge)   # before engine.step(): a non-finite loss drops it; `judge()` (a spike
-        engine.step()                     #   test that needs the grad norm) is asked inside the optimizer step
-        skipped = gate.disarm()           # whether the optimizer dropped the update
+        gate.arm(force, norm, judge)   # before engine.step(): `force` drops it (a non-finite loss or, where the
+        engine.step()                  #   norm was agreed before, gradient); decided at the optimizer's first call
+        skipped = gate.disarm()        # whether the optimizer dropped the update
+
+    The decision, made once per step when DeepSpeed first calls the optimizer (after it computed the global grad
+    norm, before any update; it then calls it once per parameter group, which gets the same answer): drop when
+    `force`, when `norm()` (the step's pre-clip global grad norm, the same on every rank) is not a finite number
+    >= 0 (inf/NaN whenever any gradient is), or when `judge()` (a spike test) says so. Every input is one that
+    every rank shares, so every rank decides alike without a collective.
 
     `closed()`: every update in the block is dropped (DeepSpeed's bf16 initialisation step)."""
 
     def __init__(self) -> None:
         self.force = False
+        self.norm: Callable[[], Optional[float]] = lambda: None
         self.judge: Optional[Callable[[], bool]] = None
+        self.decision: Optional[bool] = None
         self.skipped = False
 
-    def arm(self, nonfinite_loss: bool, judge: Optional[Callable[[], bool]] = None) -> None:
-        self.force, self.judge, self.skipped = nonfinite_loss, judge, False
+    def arm(
+        self,
+        force: bool,
+        norm: Callable[[], Optional[float]] = lambda: None,
+        judge: Optional[Callable[[], bool]] = None,
+    ) -> None:
+        self.force, self.norm, self.judge, self.decision, self.skipped = force, norm, judge, None, False
 
     def drops(self) -> bool:
-        """This rank's wish to drop the update (the optimizer agrees it across ranks with the gradient check)."""
-        return self.force or (self.judge is not None and self.judge())
+        """The step's decision (made at the first call, then kept)."""
+        if self.decision is None:
+            norm = None if self.force else self.norm()
+            invalid = norm is not None and not 0.0 <= norm < math.inf  # NaN fails both comparisons
+            self.decision = self.force or invalid or (self.judge is not None and self.judge())
+        return self.decision
 
     def disarm(self) -> bool:
-        skipped, self.force, self.judge = self.skipped, False, None
+        skipped = self.skipped
+        self.force, self.norm, self.judge, self.decision = False, lambda: None, None, None
         return skipped
 
     @contextlib.contextmanager
     def closed(self) -> Iterator[None]:
-        self.force = True
+        self.force, self.decision = True, None
         try:
             yield
         finally:
-            self.force = False
+            self.force, self.decision = False, None
 
 
-class SkipStepAdamW(torch.optim.AdamW):
-    """torch AdamW whose `step` does nothing, on all ranks alike, when any rank sees a non-finite gradient or its
-    `gate` (UpdateGate) drops the update (a non-finite loss; a spike: diffllm/train/spikes.py). Under ZeRO, DeepSpeed
-    calls this on every rank with that rank's (clipped, averaged) fp32 gradient partition, once per parameter group
-    (or sub-group), after it computed the global grad norm, so the check covers the whole model and the gate's judge
-    can read that norm. Adam's moments and step count stay untouched by a skipped step."""
+class GatedStep:
+    """An optimizer (mixed in before it) whose `step` does nothing when its `gate` (UpdateGate) drops the update: a
+    non-finite loss or gradient, a spike (diffllm/train/spikes.py). Under ZeRO, DeepSpeed calls it on every rank with
+    that rank's (clipped, averaged) fp32 partition, once per parameter group (or sub-group), after it computed the
+    global grad norm. The moments and step count stay untouched by a skipped step."""
 
     def __init__(self, params, gate: Optional[UpdateGate] = None, **kwargs):
         super().__init__(params, **kwargs)
         self.gate = gate or UpdateGate()
 
     @torch.no_grad()
-    def step(self, closure=None):
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        # one sum per gradient tensor (NaN and inf survive a sum; a finite fp32 gradient does not overflow it)
-        bad = self.gate.drops() or (bool(grads) and not bool(torch.stack([g.sum() for g in grads]).isfinite().all()))
-        self.gate.skipped = all_reduce_max(bad)
+    def step(self, closure=None, **kwargs):
+        self.gate.skipped = self.gate.drops()
         if self.gate.skipped:
             return None
-        return super().step(closure)
+        return super().step(closure, **kwargs)
 
 
-def build_optimizer(model: nn.Module, opt: OptimConfig, gate: UpdateGate) -> SkipStepAdamW:
-    """fused/foreach are left to torch's defaults; the lr is set by the trainer before every step."""
-    return SkipStepAdamW(param_groups(model, opt.weight_decay), gate, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+class SkipStepAdamW(GatedStep, torch.optim.AdamW):
+    """torch AdamW (fused=True on CUDA: one kernel for all tensors, the step count kept on the device) behind the
+    gate."""
+
+
+def cpu_adam(gate: UpdateGate, groups: list[dict], **kwargs) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU Adam (AdamW mode: a vectorised C++ op, JIT-built on first use with ninja and a C++ compiler)
+    behind the gate, for trainer.offload_optimizer: the update runs on the host where the fp32 partition lives."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    class SkipStepCPUAdam(GatedStep, DeepSpeedCPUAdam):
+        pass
+
+    try:
+        return SkipStepCPUAdam(groups, gate, adamw_mode=True, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a failed JIT build raises whatever the compiler chain raises
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"trainer.offload_optimizer: DeepSpeed's CPU Adam op could not be built or loaded ({why}); it JIT-builds "
+            "on first use with ninja and a C++ compiler (then it is cached in ~/.cache/torch_extensions)"
+        ) from None
+
+
+def build_optimizer(
+    model: nn.Module, opt: OptimConfig, gate: UpdateGate, cuda: bool = False, offload: bool = False
+) -> torch.optim.Optimizer:
+    """The optimizer under DeepSpeed, behind `gate`: DeepSpeed's CPU Adam when the optimizer state is offloaded to the
+    host (offload: trainer.offload_optimizer), else torch AdamW, fused when the parameters train on CUDA (`cuda`;
+    DeepSpeed moves them there after this), elsewhere torch's default kernels (whose numbers the golden files hold).
+    The lr is set by the trainer before every step."""
+    groups = param_groups(model, opt.weight_decay)
+    hyper = dict(lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+    if offload:
+        return cpu_adam(gate, groups, **hyper)
+    return SkipStepAdamW(groups, gate, fused=True if cuda else None, **hyper)

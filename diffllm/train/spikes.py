@@ -13,10 +13,10 @@ times). Non-finite steps are the non-finite check's (step.py, optim.py): they ar
 Everything here is plain float64 arithmetic on values that all ranks share, and `SpikeHistory` is checkpointed in
 TrainState, so a relaunch makes the same decisions as an uninterrupted run.
 
-When the grad norm is known: at ZeRO-0, before engine.step() (step.py's plain_grad_norm); at ZeRO-1/2/3 only inside
-DeepSpeed's step, after it computed the (all-reduced) norm and before it calls the optimizer on the first parameter
-group. The decision is therefore made inside the optimizer step, through the UpdateGate (optim.py) that SkipStepAdamW
-was built with, on every stage alike.
+When the grad norm is known: without ZeRO in fp32, before engine.step() (step.py's plain_grad_norm, read back in the
+step's agreement); under ZeRO (and bf16) only inside DeepSpeed's step, after it computed the (all-reduced) norm and
+before it calls the optimizer on the first parameter group. The decision is therefore made inside the optimizer step,
+once per step, through the UpdateGate (optim.py) the optimizer was built with, on every stage alike.
 """
 
 from __future__ import annotations

@@ -134,8 +134,17 @@ def test_changed_sources_are_refused_unless_ignored(tmp_path, tok):
     state = loader.state_dict()
     with open(tmp_path / "part-01.jsonl", "a") as f:
         f.write('{"text": "one more document"}\n')
-    with pytest.raises(DataError, match="fingerprint .* the sources or the tokenizer changed.*ignore_fingerprint=true"):
+    name = loader.sources[0].name
+    changed = rf"source '{name}' changed \(same files, new contents.*part-00\.jsonl, .*part-01\.jsonl\) since it"
+    with pytest.raises(DataError, match=rf"fingerprint .* {changed} was saved.*ignore_fingerprint=true"):
         build_train_loader(data, tok, 0, 1, 1).load_state_dict([state])
+    (tmp_path / "part-02.jsonl").write_text('{"text": "a new file"}\n')
+    with pytest.raises(DataError, match=rf"source '{name}' changed \(added .*part-02\.jsonl\) since"):
+        build_train_loader(data, tok, 0, 1, 1).load_state_dict([state])
+    (tmp_path / "part-02.jsonl").unlink()
+    old = {k: v for k, v in state.items() if k not in ("source_fingerprints", "tokenizer_fingerprint")}
+    with pytest.raises(DataError, match="the sources or the tokenizer changed since it was saved"):  # an older state
+        build_train_loader(data, tok, 0, 1, 1).load_state_dict([old])
     ignoring = build_train_loader(cfg([{"path": str(tmp_path / "*.jsonl")}], ignore_fingerprint=True), tok, 0, 1, 1)
     ignoring.load_state_dict([state])
     assert next(ignoring).tokens.shape == (1, 32)

@@ -238,3 +238,104 @@ def test_attn_logit_max_counts_only_the_logits_within_each_document(arch):
     assert any(plain[f"attn_logit_max/{i}"] > within[f"attn_logit_max/{i}"] for i in range(3))  # the test can fail
     for i in range(3):
         assert got[f"attn_logit_max/{i}"] == pytest.approx(within[f"attn_logit_max/{i}"], rel=1e-5), i
+
+
+# ----- trainer.diagnostics=cheap --------------------------------------------------------------------------------------
+def cheap_step(arch: str, layers: int = 3):
+    """A tiny model whose CheapDiagnostics were armed for two micro-batches (forward and backward) and kept the
+    block gradients before an update: (model, diagnostics, batches, gradients, counts of the collect)."""
+    from diffllm.train.diagnostics import CheapDiagnostics
+    from tests.train.counting import Counter
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch=arch, d_model=32, n_layers=layers, n_heads=4, vocab_size=100, max_seq_len=16)
+    model = DecoderLM(cfg).train()
+    diag = CheapDiagnostics(model, say=lambda msg, error=False: None)
+    batches = [torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    diag.arm()
+    for b in batches:
+        model(b).float().pow(2).mean().backward()
+    diag.keep_grad_norms()
+    grads = {i: [p.grad.double() for p in block.parameters()] for i, block in enumerate(model.layers)}
+    with torch.no_grad():  # an update: cheap reads the weights after it
+        for p in model.parameters():
+            p.sub_(0.01 * p.grad)
+    with Counter() as counter:
+        counter.start(1)
+        got = diag.collect(step=1)
+        counter.stop()
+    return model, got, batches, grads, counter.steps[1]
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+def test_cheap_values_against_float64_and_one_readback(arch):
+    """cheap on one process (every tensor whole): grad_norm/<i> before the update and weight_norm/<i> after it against
+    float64 norms, the reports (computed on the host from the parameters read back) equal to the model's own; the
+    collect reads back once and syncs nowhere else."""
+    model, got, batches, grads, count = cheap_step(arch)
+    for i, block in enumerate(model.layers):
+        assert got[f"grad_norm/{i}"] == pytest.approx(math.sqrt(sum(float((g * g).sum()) for g in grads[i])), rel=1e-6)
+        weights = math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in block.parameters()))
+        assert got[f"weight_norm/{i}"] == pytest.approx(weights, rel=1e-6)
+    assert count.syncs == 1 and count.sites() == {f"diffllm sync:cpu {count.events[0].site}": 1}, count.sites()
+    with torch.no_grad():
+        want = dict(Diagnostics(model, print).report_record(1))  # full's reports, read from the model itself
+    assert {k: got[k] for k in want} == want
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff2"])
+def test_cheap_forward_values_equal_full_on_the_same_forwards(arch):
+    """The forward-side values (weights unchanged between the two forwards): act_max and attn_logit_max of the first
+    sequence (batch 1: the whole micro-batch), attn_rms and the probes, as full computes them."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch=arch, d_model=32, n_layers=2, n_heads=4, vocab_size=100, max_seq_len=16)
+    model = DecoderLM(cfg).train()
+    from diffllm.train.diagnostics import CheapDiagnostics
+
+    batches = [torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    out = []
+    for diag in (Diagnostics(model, print), CheapDiagnostics(model, print)):
+        diag.arm()
+        for b in batches:
+            model(b).float().pow(2).mean().backward()
+        out.append(diag.collect(step=1))
+    full, cheap = out
+    for key, value in full.items():
+        assert cheap[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_cheap_samples_the_logits_of_a_prefix(monkeypatch):
+    """attn_logit_max at cheap: the first LOGIT_SAMPLE positions of the first sequence of the step's first
+    micro-batch, the causal logits of that prefix exactly (they do not depend on the tokens after it)."""
+    import diffllm.train.diagnostics as diagnostics
+
+    monkeypatch.setattr(diagnostics, "LOGIT_SAMPLE", 5)
+    model = tiny_model("diff").train()
+    diag = diagnostics.CheapDiagnostics(model, print)
+    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(4))
+    diag.arm()
+    model(tokens).float().pow(2).mean().backward()
+    got = diag.collect(step=1)
+    prefix = stability_reference(model, tokens[:1, :5])
+    for i in range(3):
+        assert got[f"attn_logit_max/{i}"] == pytest.approx(prefix[f"attn_logit_max/{i}"], rel=1e-5), i
+
+
+def test_cheap_collect_syncs_once_at_any_depth():
+    """One readback per logged step whatever the depth (3 or 6 layers), and no sync during the armed forwards."""
+    from tests.train.counting import Counter
+
+    for layers in (3, 6):
+        torch.manual_seed(0)
+        model = DecoderLM(ModelConfig(arch="diff", d_model=32, n_layers=layers, n_heads=4, vocab_size=100))
+        from diffllm.train.diagnostics import CheapDiagnostics
+
+        diag = CheapDiagnostics(model.train(), print)
+        diag.arm()
+        with Counter() as counter:
+            counter.start(1)
+            model(torch.randint(0, 100, (2, 12))).float().pow(2).mean().backward()
+            diag.keep_grad_norms()
+            rec = diag.collect(step=1)
+            counter.stop()
+        assert counter.steps[1].syncs == 1 and f"grad_norm/{layers - 1}" in rec and f"lambda/{layers - 1}" in rec

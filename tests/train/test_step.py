@@ -58,7 +58,7 @@ def _two_steps(run_dir: str) -> dict:
     view = make_view(run_dir, steps=budget.steps, request_save=asks.request_save)
     hooks = Hooks([NanAtStep2()], view)
     step = Step(
-        engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()), budget, opt, 0, torch.device("cpu"), Watchdog(0)
+        engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()), budget, opt, torch.device("cpu"), Watchdog(0)
     )
     weights = lambda: [p.detach().clone() for p in engine.module.parameters()]  # noqa: E731
     with torch.no_grad():
