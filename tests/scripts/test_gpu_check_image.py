@@ -4,7 +4,7 @@ scripts/gpu_check.sh` installs the folder `scripts/gpu_wheels.sh` built here, th
 every row of its one table: the trainer's step loop of every arch beside its bare loop, the checkpoint resume,
 agreement, document masks and Diff attention. Without that folder the check dies as issue 53 found it.
 
-Slow, and costly once: the simulated image is built once per machine (2-5 min, 4.7 GiB under ~/.cache/diffllm,
+Marked `image` (`make test-image`), in neither `make test` nor `make test-slow`; costly once: the simulated image is built once per machine (2-5 min, 4.7 GiB under ~/.cache/diffllm,
 then reused), the carried folder once per module (1-1.5 min, most of it pip's index look-ups), the blocker test
 ~40 s, the smoke run 2-3 min on 2 shared cores (measured: 312 s for the module with the image already built)."""
 
@@ -22,7 +22,7 @@ from diffllm.model.registry import variants
 from tests.scripts import image_sim
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.image  # `make test-image`, in neither suite
 
 
 @pytest.fixture(scope="module")
