@@ -123,3 +123,17 @@ def test_keep_refuses_a_path_outside_the_run_and_an_out_inside_the_sweep(tmp_pat
     inside = collect_cli(f"sweep_dir={sweep}", f"out={sweep / 'tables'}", "keep=[metrics.jsonl]")
     assert inside.returncode != 0 and "is inside sweep_dir=" in inside.stderr
     assert not (sweep / "tables").exists() and not (sweep / "runs.csv").exists()  # nothing written
+
+
+def test_the_committed_study_tables_name_no_absolute_path():
+    """Every CSV under results/ (the studies' committed runs) names its runs relative to its own folder, and the runs
+    a study kept beside its table (`keep=`: under the table's runs/ folder) are there, found from the table's place."""
+    tables = sorted((REPO / "results").rglob("*.csv"))
+    assert len(tables) >= 19  # the studies' runs.csv files: a glob that found none would pass below
+    absolute = [
+        f"{t.relative_to(REPO)}: {c}" for t in tables for row in csv.reader(open(t)) for c in row if c[:1] == "/"
+    ]
+    assert not absolute, "committed tables hold absolute paths:\n" + "\n".join(absolute[:5])
+    kept = [(t, r["run_dir"]) for t in tables if (t.parent / "runs").is_dir() for r in csv.DictReader(open(t))]
+    missing = [f"{t.relative_to(REPO)}: {d}" for t, d in kept if not (t.parent / d / "metrics.jsonl").is_file()]
+    assert len(kept) == 303 and not missing, missing[:5]  # 5 studies' kept runs, each with its metrics.jsonl
