@@ -85,12 +85,12 @@ def collect_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
 def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
     """`sweep collect keep=[...]` copies those files of each run under <out>/runs/ and points runs.csv there: with
     the sweep folder gone, a study still reads every run's metrics from the table's folder alone."""
-    sweep, out = tmp_path / "sweep", tmp_path / "docs" / "study"
+    sweep, out = tmp_path / "sweep", tmp_path / "results" / "study"
     runs = [fake_run(sweep, lr, 2000) for lr in (0.01, 0.02)]
     (runs[0] / "eval").mkdir()
     (runs[0] / "eval" / "recall.json").write_text('{"acc": 0.5}')
     keep = "keep=[metrics.jsonl,eval/recall.json]"
-    done = collect_cli("sweep_dir=sweep", "out=docs/study", "select=null", keep, cwd=tmp_path)  # relative, as typed
+    done = collect_cli("sweep_dir=sweep", "out=results/study", "select=null", keep, cwd=tmp_path)  # relative, as typed
     assert done.returncode == 0, done.stderr
     assert "warning: keep: 1 of 2 runs have no eval/recall.json (not copied)" in done.stderr
     kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.parent != out)
