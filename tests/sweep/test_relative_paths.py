@@ -131,9 +131,18 @@ def test_the_committed_study_tables_name_no_absolute_path():
     tables = sorted((REPO / "results").rglob("*.csv"))
     assert len(tables) >= 19  # the studies' runs.csv files: a glob that found none would pass below
     absolute = [
-        f"{t.relative_to(REPO)}: {c}" for t in tables for row in csv.reader(open(t)) for c in row if c[:1] == "/"
+        f"{t.relative_to(REPO)}: {c}"
+        for t in tables
+        for row in csv.reader(t.read_text().splitlines())
+        for c in row
+        if c[:1] == "/"
     ]
     assert not absolute, "committed tables hold absolute paths:\n" + "\n".join(absolute[:5])
-    kept = [(t, r["run_dir"]) for t in tables if (t.parent / "runs").is_dir() for r in csv.DictReader(open(t))]
+    kept = [
+        (t, r["run_dir"])
+        for t in tables
+        if (t.parent / "runs").is_dir()
+        for r in csv.DictReader(t.read_text().splitlines())
+    ]
     missing = [f"{t.relative_to(REPO)}: {d}" for t, d in kept if not (t.parent / d / "metrics.jsonl").is_file()]
-    assert len(kept) == 303 and not missing, missing[:5]  # 5 studies' kept runs, each with its metrics.jsonl
+    assert len(kept) >= 303 and not missing, missing[:5]  # 5 studies' kept runs, each with its metrics.jsonl
