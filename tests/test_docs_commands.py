@@ -170,7 +170,7 @@ def workspace(tmp_path_factory):
         (root / folder).mkdir(parents=True)
     (root / "scripts").mkdir()
     shutil.copy(REPO / "scripts/hostfile.example", root / "scripts")
-    for data in ("docs/micro-transfer/runs.csv",):  # committed sweep results that examples read (lr_from=)
+    for data in ("results/micro-transfer/runs.csv",):  # committed sweep results that examples read (lr_from=)
         (root / data).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / data, root / data)
     (root / "hf/gpt2").mkdir(parents=True)

@@ -1,6 +1,6 @@
-"""Every relative link in README.md and docs/**/*.md names a file or folder that is in the repository: it exists, and
-git does not ignore it (a link to a path .gitignore hides works in the work tree that wrote it and is dead in every
-clone: the per-run data of three studies was lost that way)."""
+"""Every relative link in README.md, docs/**/*.md and the studies' tables (results/**/*.md) names a file or folder
+that is in the repository: it exists, and git does not ignore it (a link to a path .gitignore hides works in the work
+tree that wrote it and is dead in every clone: the per-run data of three studies was lost that way)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "results").rglob("*.md"))]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target): markdown's inline links
 _CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.S | re.M)  # links inside code are examples, not links
 
@@ -70,5 +70,8 @@ def test_the_link_parser(tmp_path, text, links):
 def test_git_ignores_the_training_folder_and_not_a_studys_kept_runs():
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
-    probe = [REPO / "runs" / "diff-tiny" / "summary.json", REPO / "docs" / "a-new-study" / "runs" / "runs" / "x.jsonl"]
+    probe = [
+        REPO / "runs" / "diff-tiny" / "summary.json",
+        REPO / "results" / "a-new-study" / "runs" / "runs" / "x.jsonl",
+    ]
     assert ignored(probe) == {probe[0]}

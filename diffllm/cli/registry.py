@@ -360,21 +360,21 @@ _REGISTRY: dict[str, Command] = {
         "the attention family at equal size: val loss, recall accuracy and KV cache per token against MHA",
         schema=_root("diffllm.studies.attention:Config"),
         examples=(
-            "diffllm study attention lm=docs/micro-attention/lm/runs.csv recall=docs/micro-attention/recall/runs.csv "
-            "out=docs/micro-attention",
+            "diffllm study attention lm=results/micro-attention/lm/runs.csv "
+            "recall=results/micro-attention/recall/runs.csv out=results/micro-attention",
         ),
     ),
     "study claims": Command(
         _study("claims"),
         "eval ppl by_position and eval icl on a sweep's selected runs: NLL by position, ICL by k, order spread",
         schema=_root("diffllm.studies.claims:Config"),
-        examples=("diffllm study claims sweep_dir=docs/micro-claims/runs/runs.csv out=docs/micro-claims",),
+        examples=("diffllm study claims sweep_dir=results/micro-claims/runs/runs.csv out=results/micro-claims",),
     ),
     "study compare": Command(
         _study("compare"),
         "two collected sweeps on the points both trained: paired differences, spreads, rankings",
         schema=_root("diffllm.studies.compare:Config"),
-        examples=("diffllm study compare a=docs/micro-branch/runs.csv b=docs/micro-branch/control/runs.csv",),
+        examples=("diffllm study compare a=results/micro-branch/runs.csv b=results/micro-branch/control/runs.csv",),
     ),
     "study needle": Command(
         _study("needle"),
@@ -386,25 +386,25 @@ _REGISTRY: dict[str, Command] = {
         _study("outliers"),
         "eval outliers on a sweep's selected runs: top-1 logit and hidden state, loss and accuracy by logit bits",
         schema=_root("diffllm.studies.outliers:Config"),
-        examples=("diffllm study outliers sweep_dir=runs/sweep/micro-branch out=docs/micro-outliers",),
+        examples=("diffllm study outliers sweep_dir=runs/sweep/micro-branch out=results/micro-outliers",),
     ),
     "study recall": Command(
         _study("recall"),
         "the retrieval study: recall accuracy, steps to a level, attention probe",
         schema=_root("diffllm.studies.recall:Config"),
-        examples=("diffllm study recall sweep_dir=runs/sweep/micro-recall out=docs/micro-retrieval",),
+        examples=("diffllm study recall sweep_dir=runs/sweep/micro-recall out=results/micro-retrieval",),
     ),
     "study stability": Command(
         _study("stability"),
         "a learning-rate stability sweep: divergences, spikes, grad norms, outliers, lambda",
         schema=_root("diffllm.studies.stability:Config"),
-        examples=("diffllm study stability sweep_dir=docs/micro-stability/runs/runs.csv",),
+        examples=("diffllm study stability sweep_dir=results/micro-stability/runs/runs.csv",),
     ),
     "study transfer": Command(
         _study("transfer"),
         "lr transfer across width: each width's best lr from a quadratic over seeds, its shift per doubling, sp vs mup",
         schema=_root("diffllm.studies.transfer:Config"),
-        examples=("diffllm study transfer sweep_dir=docs/micro-transfer/runs.csv out=docs/micro-transfer",),
+        examples=("diffllm study transfer sweep_dir=results/micro-transfer/runs.csv out=results/micro-transfer",),
     ),
     "runs": Command(
         _runs,

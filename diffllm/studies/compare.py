@@ -29,7 +29,7 @@ class Config:
     b: str = ""  # the other sweep, likewise
     loss: str = "final_val_loss"  # the loss compared: final_val_loss | final_train_loss
     select: str = LR  # the axis whose best-of-grid value each series is taken at (as `sweep collect` marks it)
-    out: Optional[str] = None  # also write the table to this file (e.g. docs/micro-branch/control/compare.md)
+    out: Optional[str] = None  # also write the table to this file (e.g. results/micro-branch/control/compare.md)
 
     def validate(self) -> None:
         if self.loss not in ("final_val_loss", "final_train_loss"):

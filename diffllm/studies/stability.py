@@ -33,7 +33,7 @@ class Config:
     """A learning-rate stability sweep as a markdown table, and where Diff's lambda goes negative (needs the runs)."""
 
     sweep_dir: str = ""  # the sweep directory (collected here) or the runs.csv `sweep collect` wrote for it
-    out: Optional[str] = None  # also write the tables to this file (e.g. docs/micro-stability/stability.md)
+    out: Optional[str] = None  # also write the tables to this file (e.g. results/micro-stability/stability.md)
 
 
 def diverged(r) -> bool:

@@ -85,12 +85,12 @@ def collect_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
 def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
     """`sweep collect keep=[...]` copies those files of each run under <out>/runs/ and points runs.csv there: with
     the sweep folder gone, a study still reads every run's metrics from the table's folder alone."""
-    sweep, out = tmp_path / "sweep", tmp_path / "docs" / "study"
+    sweep, out = tmp_path / "sweep", tmp_path / "results" / "study"
     runs = [fake_run(sweep, lr, 2000) for lr in (0.01, 0.02)]
     (runs[0] / "eval").mkdir()
     (runs[0] / "eval" / "recall.json").write_text('{"acc": 0.5}')
     keep = "keep=[metrics.jsonl,eval/recall.json]"
-    done = collect_cli("sweep_dir=sweep", "out=docs/study", "select=null", keep, cwd=tmp_path)  # relative, as typed
+    done = collect_cli("sweep_dir=sweep", "out=results/study", "select=null", keep, cwd=tmp_path)  # relative, as typed
     assert done.returncode == 0, done.stderr
     assert "warning: keep: 1 of 2 runs have no eval/recall.json (not copied)" in done.stderr
     kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.parent != out)
@@ -123,3 +123,26 @@ def test_keep_refuses_a_path_outside_the_run_and_an_out_inside_the_sweep(tmp_pat
     inside = collect_cli(f"sweep_dir={sweep}", f"out={sweep / 'tables'}", "keep=[metrics.jsonl]")
     assert inside.returncode != 0 and "is inside sweep_dir=" in inside.stderr
     assert not (sweep / "tables").exists() and not (sweep / "runs.csv").exists()  # nothing written
+
+
+def test_the_committed_study_tables_name_no_absolute_path():
+    """Every CSV under results/ (the studies' committed runs) names its runs relative to its own folder, and the runs
+    a study kept beside its table (`keep=`: under the table's runs/ folder) are there, found from the table's place."""
+    tables = sorted((REPO / "results").rglob("*.csv"))
+    assert len(tables) >= 19  # the studies' runs.csv files: a glob that found none would pass below
+    absolute = [
+        f"{t.relative_to(REPO)}: {c}"
+        for t in tables
+        for row in csv.reader(t.read_text().splitlines())
+        for c in row
+        if c[:1] == "/"
+    ]
+    assert not absolute, "committed tables hold absolute paths:\n" + "\n".join(absolute[:5])
+    kept = [
+        (t, r["run_dir"])
+        for t in tables
+        if (t.parent / "runs").is_dir()
+        for r in csv.DictReader(t.read_text().splitlines())
+    ]
+    missing = [f"{t.relative_to(REPO)}: {d}" for t, d in kept if not (t.parent / d / "metrics.jsonl").is_file()]
+    assert len(kept) >= 303 and not missing, missing[:5]  # 5 studies' kept runs, each with its metrics.jsonl
