@@ -68,7 +68,8 @@ def test_one_line_errors_exit_2(diffllm, argv, message):
         (["plan", "model=difff-tiny"], "diffllm plan: error: unknown model=difff-tiny (closest: diff-tiny, "),
         (
             ["train", "trainer=gpu-big"],
-            "diffllm train: error: unknown trainer=gpu-big (options: cpu, paper-3b, paper-scaling;",
+            "diffllm train: error: unknown trainer=gpu-big (options: cpu, paper-3b, paper-scaling, paper-scaling-1.4b, "
+            "paper-scaling-13.1b, paper-scaling-2.8b, paper-scaling-6.8b, paper-scaling-830m;",
         ),
     ],
 )

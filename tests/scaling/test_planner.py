@@ -154,11 +154,11 @@ def test_what_does_not_fit_says_what_it_needs_and_what_would():
                 zero_stage=1,
                 activation_checkpointing=False,
                 offload=False,
-                micro_batch_size=8,
+                micro_batch_size=16,
             ),
         )
     line = str(e.value)
-    assert line.startswith("does not fit: diff-1.4b needs ") and "micro_batch_size=8; 1x8 h100 offer" in line
+    assert line.startswith("does not fit: diff-1.4b needs ") and "micro_batch_size=16; 1x8 h100 offer" in line
     assert _gib_in(line, "needs") > _gib_in(line, "offer") == 71.6  # never "needs 17.3 ... 71.6 offered"
     fits = dict(kv.split("=") for kv in line.split("; fits: ")[1].split())
     row = make_plan(

@@ -4,9 +4,10 @@ scripts/gpu_check.sh` installs the folder `scripts/gpu_wheels.sh` built here, th
 every row of its one table: the trainer's step loop of every arch beside its bare loop, the checkpoint resume,
 agreement, document masks and Diff attention. Without that folder the check dies as issue 53 found it.
 
-Marked `image` (`make test-image`), in neither `make test` nor `make test-slow`; costly once: the simulated image is built once per machine (2-5 min, 4.7 GiB under ~/.cache/diffllm,
-then reused), the carried folder once per module (1-1.5 min, most of it pip's index look-ups), the blocker test
-~40 s, the smoke run 2-3 min on 2 shared cores (measured: 312 s for the module with the image already built)."""
+Marked `image` (`make test-image`), in neither `make test` nor `make test-slow`; costly once: the simulated image is
+built once per machine (2-5 min, 4.7 GiB under ~/.cache/diffllm, then reused), the carried folder once per module (1-1.5
+min, most of it pip's index look-ups), the blocker test ~40 s, the smoke run 2-3 min on 2 shared cores (measured: 312 s
+for the module with the image already built)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ TESTED = {
     "bench_train.py",
     "bench_generate.py",  # tests/scripts/test_bench_generate.py
     "bench_eval.py",
-    "bench_loss_head.py",  # test_bench_loss_head_prints_the_chunked_bytes below
+    "bench_loss_head.py",  # test_bench_loss_head_prints_the_chunked_bytes below, and in bench_all's summary
+    "bench_counts.py",  # bench_all's smoke run (its summary rows below); tests/train/test_counts.py asserts the counts
     "gpu_check.sh",  # tests/scripts/test_gpu_check_image.py, with the four below
     "gpu_check.py",
     "gpu_check_trainer.py",
@@ -126,8 +127,16 @@ def test_bench_all_prints_the_summary_table(bench):
         "data pipeline / raw tokenizer, processes 1",
         "data pipeline / raw tokenizer, processes 2: 2 ranks",
         "data pipeline / training consumption",
+        "host syncs per plain step, ZeRO-2, 2 ranks",
+        "host syncs per logged step, ZeRO-2, 2 ranks",
+        "collectives per plain step, ZeRO-2, 2 ranks",
+        "collectives per logged step, ZeRO-2, 2 ranks",
+        "loss head saved bytes, chunked / full logits",
+        "loss head peak bytes, chunked / full logits",
     ):
         assert name in names, (name, names)
+    saved = next(line for line in out.splitlines() if line.startswith("| loss head saved bytes"))
+    assert 0 < float(saved.split("|")[2].rsplit(":", 1)[1]) <= 0.25, saved  # issue 52: at most a quarter
 
 
 def test_make_plays_cloze_writes_the_shipped_task(tmp_path, monkeypatch):

@@ -59,7 +59,7 @@ def test_budget_suggestions_never_repeat_a_number_and_point_clusters_to_paper_sc
         "trainer=paper-scaling)"
     )
     paper = build(TrainerConfig, compose("train", ["model=diff-6.8b", "trainer=paper-scaling"]).trainer, "trainer")
-    assert plan_budget(paper, 256, 32).grad_accum == 4
+    assert plan_budget(paper, 256, 32).grad_accum == 16  # 262,144 tokens = 16 x micro-batch 2 x 256 x 32 ranks
     with pytest.raises(ValueError, match=r"; use 1024 \(the run stops"):
         plan_budget(TrainerConfig(tokens=1000, global_batch_tokens=1024, micro_batch_size=4), 64, 2)
 
