@@ -231,7 +231,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         "ratios": {},
         "notes": notes + gap_notes,
         "selection": selection_dict(sel),
-        "gaps": [gap_dict(g) for g in gaps],
+        "gaps": [gap_dict(g, cfg.level) for g in gaps],
     }
     notes = result["notes"]
     base = baseline_series(sel, fits, baseline().arch)
