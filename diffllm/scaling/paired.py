@@ -19,7 +19,8 @@ from typing import Optional
 
 import numpy as np
 
-from .fit import Interval
+from .fit import Interval, not_identified, paired_joint
+from .resample import generator
 
 
 def _t_two_sided(t: float, df: int) -> float:
@@ -95,3 +96,32 @@ def paired_gap(a: dict, b: dict, level: float) -> Optional[dict]:
 def skill(err_fit: float, err_naive: float) -> Optional[float]:
     """1 - |err_fit| / |err_naive|; None when the naive forecast is exact (no scale to score against)."""
     return None if err_naive == 0 else 1 - abs(err_fit) / abs(err_naive)
+
+
+def paired_fits(
+    points: dict, joint: dict, intervals: dict, exact: set, base: Optional[str], reps: int, seed: int
+) -> tuple[dict, dict, list[str]]:
+    """For `scaling fit`: each series' paired L(N, D) replicates against `base` (series -> (base's, its); from one
+    draw of seeds per replicate, max(reps // 4, 20) of them, from the pair's own generator; none for an exactly
+    determined fit or where nothing can be redrawn), why each fit is not identified (series -> reasons; intervals:
+    series -> its parameters' Intervals) and notes."""
+    pairs = {}
+    for a in joint:
+        if a != base and base in joint and not {a, base} & exact:
+            got = paired_joint(points[base], points[a], max(reps // 4, 20), generator(seed, f"{a}|seeds"))
+            if got is not None:
+                pairs[a] = got
+    why = {a: not_identified(joint[a], intervals[a]) for a in joint}
+    return pairs, why, _few_seeds_note([points[a] for a in [base, *pairs]] if pairs else [])
+
+
+def _few_seeds_note(points: list[tuple]) -> list[str]:
+    """Paired replicates that redraw k < 5 seeds at some size understate the seed spread: a bootstrap of k values has
+    (k - 1)/k of their variance (half at k = 2)."""
+    k = min((len({s for m, s in zip(n, seeds) if m == v}) for n, _, _, seeds in points for v in set(n)), default=5)
+    if k >= 5:
+        return []
+    return [
+        f"paired gap replicates redraw {k} seed(s) at some size: a bootstrap of k seeds gives (k - 1)/k = "
+        f"{(k - 1) / k:.2f} of their variance, so the gap and multiplier intervals are too narrow: add seeds"
+    ]

@@ -43,14 +43,13 @@ from .fit import (
     exactly_determined,
     interval,
     no_interval,
-    not_identified,
-    paired_joint,
     paired_power_laws,
     ratio_at_equal_loss,
     ratio_interval,
 )
 from .inputs import read_all, val_curve
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
+from .paired import paired_fits
 from .plots import FigureData, figures, save
 from .resample import generator
 from .select import (
@@ -306,15 +305,8 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         )
     result["ratio_archs"] = [base] + others
     base_joint = baseline_series(sel, joint, baseline().arch)
-    # gaps from L(N, D): both series refitted on one draw of seeds per replicate; refused from a fit not identified
-    reps = max(cfg.reps // 4, 20)
-    pairs = {
-        a: paired_joint(joint_points[base_joint], joint_points[a], reps, generator(cfg.seed, f"{a}|seeds"))
-        for a in joint
-        if a != base_joint and base_joint in joint and not {a, base_joint} & joint_exact
-    }
-    pairs = {a: p for a, p in pairs.items() if p is not None}
-    why = {a: not_identified(joint[a], result["joint"][a]) for a in joint}
+    pairs, why, more = paired_fits(joint_points, joint, result["joint"], joint_exact, base_joint, cfg.reps, cfg.seed)
+    notes += more
     # a run is "fitted" when a fit that was made used it: L(N) of its series at the L(N) budget, or its series' L(N, D)
     in_fit = {r.run_dir for r in at_budget if sel.series[r.run_dir] in fits}
     in_fit |= {r.run_dir for r in done if sel.series[r.run_dir] in joint}

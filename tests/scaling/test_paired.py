@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diffllm.scaling import predict
+from diffllm.scaling import paired, predict
 from diffllm.scaling.fit import Interval, JointLaw, bootstrap_joint, interval, not_identified, paired_joint
 from diffllm.scaling.optimal import FlopsPerToken, compute_multiplier
 from diffllm.scaling.paired import mean_interval, paired_gap, t_quantile, welch_interval
@@ -117,3 +117,12 @@ def test_a_fit_that_is_not_identified_is_refused_its_gap():
         abs=1e-12,
     )
     assert diff["unidentified"] == "diff: alpha [0.03, 2.08] spans 69x"
+
+
+def test_few_seeds_are_said_to_understate_the_spread():
+    """A bootstrap of k seeds has (k - 1)/k of their variance: below 5 seeds at some size, fits.md says so."""
+    two = ([1e5, 1e5, 2e5, 2e5], [1e6] * 4, [3.0] * 4, [1, 2, 1, 2])
+    five = ([1e5] * 5 + [2e5] * 5, [1e6] * 10, [3.0] * 10, [1, 2, 3, 4, 5] * 2)
+    assert "redraw 2 seed(s) at some size" in paired._few_seeds_note([two, five])[0]
+    assert "= 0.50 of their variance" in paired._few_seeds_note([two])[0]
+    assert paired._few_seeds_note([five]) == []
