@@ -71,6 +71,9 @@ class ScalingConfig:
     exclude_undertrained: bool = False  # leave runs that do not beat the bigram out of the fits (fits.md: both ways)
     holdout: Optional[str] = None  # a preset size (micro-4) or a budget (3072000): fitted without, then predicted
     predict: Optional[str] = None  # <size>@<tokens>: each series' L(N, D) at its <arch>-<size> preset, before it runs
+    # a gap (prediction, compute multiplier) from a fit that is not identified is refused; false: reported, flagged
+    # (to score a prediction committed before this rule)
+    refuse_unidentified: bool = True
     compute_ref: Optional[float] = None  # FLOPs the compute-optimal table is read at (null: the baseline's largest run)
     compute_grid: int = 5  # values of C, from the smallest to the largest run's compute, the frontier is tabulated at
 

@@ -6,6 +6,7 @@ parameter (or token) ratio at equal loss between two fits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -190,6 +191,22 @@ def at_bounds(law) -> tuple[str, ...]:
     return tuple(flags)
 
 
+SPAN_LIMIT = 10.0  # an exponent whose interval's high / low exceeds this (an order of magnitude) is not identified
+
+
+def not_identified(law, intervals: dict) -> list[str]:
+    """Why a fit cannot carry a gap: its parameters at a bound (at_bounds) and its exponents (alpha, beta) whose
+    bootstrap interval spans more than SPAN_LIMIT x (intervals: name -> Interval); empty when identified."""
+    why = list(at_bounds(law))
+    for k in ("alpha", "beta"):
+        iv = intervals.get(k)
+        if iv is not None and not iv.exact and iv.n_valid and iv.low > 0 and iv.high / iv.low > SPAN_LIMIT:
+            why.append(f"{k} [{iv.low:.3g}, {iv.high:.3g}] spans {iv.high / iv.low:.0f}x")
+        elif iv is not None and not iv.exact and iv.n_valid and iv.low <= 0:
+            why.append(f"{k} [{iv.low:.3g}, {iv.high:.3g}] reaches 0")
+    return why
+
+
 def exactly_determined(n_points: int, n_params: int) -> bool:
     """No more points than parameters: the fit passes through every point, its residuals are zero, and a residual
     bootstrap returns the same fit every time (zero-width intervals that need not even contain the estimate)."""
@@ -231,6 +248,30 @@ def paired_power_laws(a: tuple, b: tuple, reps: int, rng: np.random.Generator) -
         out_a.append(fit_power_law(xa[ia], ya[ia]))
         out_b.append(fit_power_law(xb[ib], yb[ib]))
     return out_a, out_b
+
+
+def paired_joint(a: tuple, b: tuple, reps: int, rng: np.random.Generator) -> Optional[tuple[list, list]]:
+    """Replicates of two series' L(N, D) from one draw of seeds per replicate (a, b: (n, d, loss, seeds) per point).
+    A run family is a (size, seed): a seed's runs at one size (its budgets, its learning-curve points) share a stable
+    run and a data order, so they are redrawn together. At the j-th size of each series (sizes increasing) the seed
+    positions floor(u * m) of its m seed-sorted families are drawn once and taken by both series: with the same seeds,
+    both sides of a replicate hold the same seeds. None when no size has >= 2 seeds (nothing to redraw)."""
+    fam = [_families(x[0], x[3]) for x in (a, b)]
+    if not any(len(f) > 1 for fs in fam for f in fs):
+        return None
+    out: tuple[list, list] = ([], [])
+    for _ in range(reps):
+        u = rng.random((max(len(f) for f in fam), max(len(s) for f in fam for s in f)))
+        for (n, d, y, _), fs, got in zip((a, b), fam, out):
+            i = np.concatenate([s[int(u[j, k] * len(s))] for j, s in enumerate(fs) for k in range(len(s))])
+            got.append(fit_joint(np.asarray(n, float)[i], np.asarray(d, float)[i], np.asarray(y, float)[i]))
+    return out
+
+
+def _families(n, seeds) -> list[list[np.ndarray]]:
+    """Per size (increasing), the point indices of each seed (seeds sorted)."""
+    n, seeds = np.asarray(n, dtype=float), np.asarray([-1 if s is None else s for s in seeds])
+    return [[np.flatnonzero((n == v) & (seeds == s)) for s in np.unique(seeds[n == v])] for v in np.unique(n)]
 
 
 def bootstrap_joint(

@@ -15,7 +15,10 @@ G = (alpha A / (beta B))^(1/(alpha+beta)) (tests/scaling/test_optimal.py). Both 
 from N_SPAN below the smallest size to N_SPAN above the largest, zoomed three times around the best point; an argmin
 on the edge of that range is no optimum (nan, counted in a note). The compute ratio at equal loss: the compute a
 series needs to reach the baseline's frontier loss at C_ref, over C_ref (< 1: cheaper); its interval pairs the two
-series' joint-fit bootstrap replicates, as the other ratios do."""
+series' joint-fit bootstrap replicates, as the other ratios do. The effective compute multiplier at matched loss is
+its inverse, C_ref over the compute the series needs for the baseline's L*(C_ref) (> 1: the series is worth that many
+times the baseline's compute), with its interval from paired replicates (both series refitted on one draw of seeds,
+fit.py paired_joint) where the sweep has them."""
 
 from __future__ import annotations
 
@@ -222,11 +225,13 @@ def compute_optimal(
     level: float,
     grid_points: int = 5,
     c_ref: Optional[float] = None,
+    pairs: Optional[dict] = None,
 ) -> tuple[dict, list[str], OptimalPlot]:
     """Per series with a joint fit: the frontier at C_ref and on `grid_points` values of C from the smallest to the
-    largest run's compute, the exponents a and b, and (against `base`) the compute ratio at equal loss at C_ref.
-    C_ref: given, else the baseline's largest run's compute (else the largest run's). Returns (the table for
-    fits.json, notes, the figures' data)."""
+    largest run's compute, the exponents a and b, and (against `base`) the compute ratio at equal loss at C_ref and
+    the effective compute multiplier (pairs: series -> (baseline replicates, its replicates) drawn together; a series
+    without them pairs the two series' own replicates by index). C_ref: given, else the baseline's largest run's
+    compute (else the largest run's). Returns (the table for fits.json, notes, the figures' data)."""
     notes: list[str] = []
     fitted = [s for s in runs if s in joint]
     all_c = np.concatenate([runs[s].C for s in fitted])
@@ -249,6 +254,11 @@ def compute_optimal(
             value = float(compute_to_reach(joint[s], flops[s], target)[0]) / c_ref
             samples = [float(compute_to_reach(o, flops[s], t)[0]) / c_ref for o, t in zip(boot[s], ref_losses[base])]
             table[s]["compute_ratio"] = _iv(value, samples, level, bool({s, base} & exact))
+            both = (pairs or {}).get(s)
+            pair_boot = both or (boot[base], boot[s])
+            multiplier = [compute_multiplier(b, flops[base], o, flops[s], c_ref) for b, o in zip(*pair_boot)]
+            table[s]["multiplier"] = _iv(1 / value if value else np.inf, multiplier, level, bool({s, base} & exact))
+            table[s]["multiplier_paired"] = both is not None
             if value == np.inf:
                 notes.append(
                     f"compute-optimal {s}: never reaches {base}'s frontier loss {target:.4f} at C_ref = "
@@ -266,6 +276,12 @@ def compute_optimal(
         notes,
         plot,
     )
+
+
+def compute_multiplier(base: JointLaw, f_base: FlopsPerToken, law: JointLaw, f: FlopsPerToken, c_ref: float) -> float:
+    """C_ref / the compute `law` needs to reach the loss of `base`'s frontier at C_ref (0 where it never does)."""
+    need = float(compute_to_reach(law, f, float(frontier(base, f_base, c_ref).loss[0]))[0])
+    return c_ref / need if need > 0 else np.inf
 
 
 def _beyond(n_opt: Interval, sizes) -> str:
@@ -286,15 +302,20 @@ def optimal_markdown(opt: Optional[dict]) -> list[str]:
         f"params + attention) x tokens; at C_ref = {opt['C_ref']:.4g} FLOPs ({opt['C_ref_source']}):",
         "",
         "| series | f(N) = f1 N + f0 (worst error at a size) | L*(C_ref) | N_opt | D_opt | a: N_opt ~ C^a | "
-        f"b: D_opt ~ C^b | compute for {base or 'the baseline'}'s L*(C_ref) / C_ref |",
-        "|---|---|---|---|---|---|---|---|",
+        f"b: D_opt ~ C^b | compute for {base or 'the baseline'}'s L*(C_ref) / C_ref | effective compute "
+        "multiplier |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s, row in opt["series"].items():
         ref, f = row["at_ref"], row["flops_per_token"]
         ratio = row.get("compute_ratio", "1 (baseline)" if s == base else "- (no baseline fit)")
+        mult = row.get("multiplier_refused") and "refused: not identified"
+        mult = mult or row.get("multiplier", "1 (baseline)" if s == base else "-")
+        mult = f"{mult}{'' if row.get('multiplier_paired', True) else ' unpaired'}"
         lines.append(
             f"| {s} | {f['f1']:.4g} N + {f['f0']:.4g} ({f['max_rel_error']:.1%}) | {ref['loss']} | "
-            f"{ref['N_opt']}{_beyond(ref['N_opt'], f['N'])} | {ref['D_opt']} | {row['a']} | {row['b']} | {ratio} |"
+            f"{ref['N_opt']}{_beyond(ref['N_opt'], f['N'])} | {ref['D_opt']} | {row['a']} | {row['b']} | {ratio} | "
+            f"{mult} |"
         )
     lines += [
         "",

@@ -1,22 +1,27 @@
 """`scaling fit predict=<size>@<tokens>`: a prediction made before the runs that test it (issue 32 §4). Each series'
 L(N, D) fit gives the final loss of its arch's preset of that size (`<arch>-<size>`, its own N) trained on that many
 tokens, with the bootstrap interval of its replicates, and each series' gap to the baseline series with the interval
-of the replicate differences (the two series' replicates are independent draws, paired by index). Commit the
-report; once the size has trained, `scaling fit holdout=<size>` on the sweep that holds it refits the same runs (same
-seeds, same replicates) and scores the same predictions against the measured runs."""
+of paired replicates: both series refitted on one draw of seeds (fit.py paired_joint; where no size has two seeds,
+the two series' residual replicates paired by index). A gap from a fit that is not identified (fit.py
+not_identified) is refused in one line. Beside it, three naive forecasts: no gap, the gap measured at the largest
+fitted size, and a tokens-only law per series. Commit the report; once the size has trained, `scaling fit
+holdout=<size>` on the sweep that holds it refits the same runs (same seeds, same replicates) and scores the same
+predictions against the measured runs, with a skill score against each naive forecast (paired.py)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import fmean
 from typing import Callable, Optional
+
+import numpy as np
 
 from ..errors import UserError
 from ..model.accounting import model_stats
 from ..model.presets import load_preset, preset_names
 from ..results import RunRecord, kaplan_n
 from .config import parse_predict
-from .fit import interval
+from .fit import fit_power_law, interval
+from .paired import paired_gap, skill
 from .select import size_of
 
 
@@ -38,30 +43,51 @@ def check(spec: Optional[str], archs: set, params: str) -> None:
         preset_n(arch, parse_predict(spec)[0], params)
 
 
-def predictions(spec: str, params: str, joint: dict, joint_boot: dict, base: Optional[str], level: float) -> list[dict]:
+def predictions(
+    spec: str,
+    params: str,
+    joint: dict,
+    joint_boot: dict,
+    base: Optional[str],
+    level: float,
+    pairs: dict,
+    why: dict,
+    refuse: bool = True,
+) -> list[dict]:
     """One row per series with an L(N, D) fit: its preset, N, D, the predicted loss [interval] and, but for the
-    baseline's row, the gap to the baseline's prediction [interval]."""
+    baseline's row, the gap to the baseline's prediction [interval] (pairs: series -> (baseline replicates, its
+    replicates) from one draw of seeds, or None: the residual replicates paired by index). why: series -> the reasons
+    its fit is not identified; a row whose fit or the baseline's has some is refused its gap (`refused`), or, with
+    refuse=False, keeps it flagged (`unidentified`)."""
     size, tokens = parse_predict(spec)
     rows, at = [], {}
     for series, law in joint.items():
         name, n = preset_n(series.split(" ", 1)[0], size, params)
-        at[series] = (n, law, joint_boot[series])
+        at[series] = (n, law)
         iv = interval(float(law(n, tokens)), [float(b(n, tokens)) for b in joint_boot[series]], level)
         rows.append({"series": series, "preset": name, "N": n, "D": tokens, "loss": iv.value, "loss_low": iv.low,
                      "loss_high": iv.high})  # fmt: skip
     if base not in at:
         return rows
-    n_b, law_b, boot_b = at[base]
+    n_b, law_b = at[base]
     for row in rows:
         if row["series"] == base:
             continue
-        n, law, boot = at[row["series"]]
+        n, law = at[row["series"]]
+        boot_b, boot = pairs.get(row["series"]) or (joint_boot[base], joint_boot[row["series"]])
 
         def gap(x: Callable, y: Callable, n: int = n) -> float:
             return float(x(n, tokens)) - float(y(n_b, tokens))
 
         iv = interval(gap(law, law_b), [gap(a, b) for a, b in zip(boot, boot_b)], level)
-        row.update({"gap": iv.value, "gap_low": iv.low, "gap_high": iv.high, "baseline": base})
+        row.update({"baseline": base, "paired": pairs.get(row["series"]) is not None})
+        reasons = [f"{s}: {w}" for s in (base, row["series"]) for w in why.get(s, [])]
+        if reasons and refuse:
+            row["refused"] = "; ".join(reasons)
+            continue
+        row.update({"gap": iv.value, "gap_low": iv.low, "gap_high": iv.high})
+        if reasons:
+            row["unidentified"] = "; ".join(reasons)
     return rows
 
 
@@ -72,17 +98,20 @@ def _by_seed(runs: list[RunRecord], series_of: dict[str, str], loss: str) -> dic
     return out
 
 
-def _paired_gap(a: dict, b: dict) -> Optional[float]:
-    """Mean over the seeds both series have of (a - b); None when they share none."""
-    both = sorted(set(a) & set(b))
-    return fmean(a[s] - b[s] for s in both) if both else None
-
-
 def naive(rows: list[dict], fitted: list[RunRecord], series_of: dict[str, str], n_of: Callable, loss: str) -> None:
-    """The forecast to beat: each series' gap to the baseline stays what it measured at the largest fitted size (the
-    baseline's largest N), at that size's largest budget of each series, paired by seed; added to `rows` as
-    naive_gap and naive_at (that size)."""
+    """The forecasts to beat, added to `rows`: (1) no gap; (2) naive_gap: each series' gap to the baseline stays what
+    it measured at the largest fitted size (the baseline's largest N), at that size's largest budget of each series,
+    paired by seed (naive_at: that size); (3) tokens_loss: a tokens-only law L(D) = E + B D^-beta fitted to every
+    fitted run of the series (size ignored), at the predicted D, and tokens_gap, its difference to the baseline's."""
+    for w in rows:
+        mine = [r for r in fitted if series_of.get(r.run_dir) == w["series"] and r.tokens]
+        if len(mine) >= 3 and len({r.tokens for r in mine}) >= 2:
+            w["tokens_loss"] = float(fit_power_law([r.tokens for r in mine], [getattr(r, loss) for r in mine])(w["D"]))
+    by = {w["series"]: w for w in rows}
     base = next((w["baseline"] for w in rows if "baseline" in w), None)
+    for w in rows:
+        if "baseline" in w and "tokens_loss" in w and "tokens_loss" in by[base]:
+            w["tokens_gap"] = w["tokens_loss"] - by[base]["tokens_loss"]
     mine = [r for r in fitted if series_of.get(r.run_dir) == base]
     if not mine:
         return
@@ -94,26 +123,41 @@ def naive(rows: list[dict], fitted: list[RunRecord], series_of: dict[str, str], 
         budget[series_of[r.run_dir]] = max(budget.get(series_of[r.run_dir], 0), r.tokens)
     seeds = _by_seed([r for r in at if r.tokens == budget[series_of[r.run_dir]]], series_of, loss)
     for w in rows:
-        if "gap" in w and w["series"] in seeds and base in seeds:
-            w["naive_gap"], w["naive_at"] = _paired_gap(seeds[w["series"]], seeds[base]), largest
+        if "baseline" in w and w["series"] in seeds and base in seeds:
+            both = sorted(set(seeds[w["series"]]) & set(seeds[base]))
+            if both:
+                w["naive_gap"] = float(np.mean([seeds[w["series"]][s] - seeds[base][s] for s in both]))
+                w["naive_at"] = largest
 
 
-def scored(rows: list[dict], held: list[RunRecord], series_of: dict[str, str], loss: str) -> None:
+def scored(rows: list[dict], held: list[RunRecord], series_of: dict[str, str], loss: str, level: float) -> None:
     """Once the predicted size has trained (`holdout=<size>` beside `predict=`): each row gets its series' measured
-    mean over seeds at (preset, D), whether the loss interval covers it, and the measured gap to the baseline (paired
-    by seed) with whether the gap interval covers it."""
+    mean over seeds at (preset, D), whether the loss interval covers it and the loss's skill against the tokens-only
+    law; the measured gap to the baseline, paired by seed (its Student t interval, and Welch's unpaired one beside
+    it), whether the gap interval covers it and the gap's skill against each naive forecast (paired.py skill)."""
     size_tokens = {(w["preset"], w["D"]) for w in rows}
     seeds = _by_seed([r for r in held if (r.model, r.tokens) in size_tokens], series_of, loss)
     for w in rows:
         mine = seeds.get(w["series"])
         if not mine:
             continue
-        w["measured"], w["seeds"] = fmean(mine.values()), len(mine)
+        w["measured"], w["seeds"] = float(np.mean(list(mine.values()))), len(mine)
         w["covered"] = bool(w["loss_low"] <= w["measured"] <= w["loss_high"])
-        if "gap" in w and w["baseline"] in seeds:
-            got = _paired_gap(mine, seeds[w["baseline"]])
-            if got is not None:
-                w["measured_gap"], w["gap_covered"] = got, bool(w["gap_low"] <= got <= w["gap_high"])
+        if "tokens_loss" in w:
+            w["loss_skill"] = skill(w["loss"] - w["measured"], w["tokens_loss"] - w["measured"])
+        got = paired_gap(mine, seeds[w["baseline"]], level) if "baseline" in w and w["baseline"] in seeds else None
+        if got is None:
+            continue
+        g = got["paired"].value
+        w["measured_gap"] = got
+        if "gap" in w:
+            w["gap_covered"] = bool(w["gap_low"] <= g <= w["gap_high"])
+            naive_forecasts = {"zero": 0.0, "largest": w.get("naive_gap"), "tokens": w.get("tokens_gap")}
+            w["gap_skill"] = {k: skill(w["gap"] - g, v - g) for k, v in naive_forecasts.items() if v is not None}
+
+
+def _f(x: Optional[float], fmt: str = "+.4f") -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 def markdown(spec: str, rows: list[dict], level: float) -> list[str]:
@@ -121,40 +165,64 @@ def markdown(spec: str, rows: list[dict], level: float) -> list[str]:
         return []
     lines = [
         f"Prediction (predict={spec}), from L(N, D) before any run of this size; {level:.0%} bootstrap intervals "
-        "(of the fit: they do not hold the error of extrapolating the law's form); the naive forecast of a gap is its "
-        "measured value at the largest fitted size (largest budget, paired by seed):",
+        "(of the fit: they do not hold the error of extrapolating the law's form; a gap's from replicates that redraw "
+        "seeds once for both series, `paired`); the naive forecasts: no gap, the gap measured at the largest fitted "
+        "size (largest budget, paired by seed), and a tokens-only law L(D) per series (size ignored):",
         "",
-        "| series | preset | N | D | predicted loss [interval] | gap to baseline [interval] | naive gap |",
-        "|---|---|---|---|---|---|---|",
+        "| series | preset | N | D | predicted loss [interval] | gap to baseline [interval] | naive gap | "
+        "tokens-only loss | tokens-only gap |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for w in rows:
-        gap = f"{w['gap']:+.4f} [{w['gap_low']:+.4f}, {w['gap_high']:+.4f}]" if "gap" in w else "(baseline)"
+        if "refused" in w:
+            gap = "refused: not identified"
+        elif "gap" in w:
+            gap = f"{w['gap']:+.4f} [{w['gap_low']:+.4f}, {w['gap_high']:+.4f}]" + ("" if w["paired"] else " unpaired")
+            gap += " (not identified)" if "unidentified" in w else ""
+        else:
+            gap = "(baseline)"
         naive_gap = f"{w['naive_gap']:+.4f} ({w['naive_at']})" if w.get("naive_gap") is not None else "-"
         lines.append(
             f"| {w['series']} | {w['preset']} | {w['N']:,} | {w['D']:,} | "
-            f"{w['loss']:.4f} [{w['loss_low']:.4f}, {w['loss_high']:.4f}] | {gap} | {naive_gap} |"
+            f"{w['loss']:.4f} [{w['loss_low']:.4f}, {w['loss_high']:.4f}] | {gap} | {naive_gap} | "
+            f"{_f(w.get('tokens_loss'), '.4f')} | {_f(w.get('tokens_gap'))} |"
         )
+    for w in rows:
+        for key, verb in (("refused", "refused: no gap is reported"), ("unidentified", "reported all the same")):
+            if key in w:
+                lines += ["", f"{w['series']}: gap {verb}; not identified ({w[key]})"]
     measured = [w for w in rows if "measured" in w]
-    if not measured:
-        return lines
-    lines += [
+    return lines + (_scored_markdown(measured, level) if measured else [])
+
+
+def _scored_markdown(measured: list[dict], level: float) -> list[str]:
+    lines = [
         "",
-        "Measured (the predicted size, trained after the prediction): mean over seeds; a gap is paired by seed; "
-        "closer: the prediction or the naive forecast, whichever is nearer the measured gap:",
+        "Measured (the predicted size, trained after the prediction): mean over seeds; error = forecast - measured; a "
+        f"gap is paired by seed ({level:.0%} Student t interval over the per-seed differences; unpaired: Welch's, "
+        "as if the seeds were independent); skill = 1 - |error of the fit| / |error of the naive forecast| (> 0: the "
+        "fit is nearer), against the tokens-only law for a loss and against no gap / the largest fitted size's gap / "
+        "the tokens-only gap for a gap:",
         "",
-        "| series | seeds | measured loss | loss error | covered | measured gap | gap error | covered | closer |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| series | seeds | measured loss | loss error | covered | skill vs tokens-only | measured gap [paired] | "
+        "unpaired | ahead | gap error | covered | skill vs zero / largest / tokens-only |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in measured:
         cells = [w["series"], str(w["seeds"]), f"{w['measured']:.4f}", f"{w['loss'] - w['measured']:+.4f}"]
-        cells.append("yes" if w["covered"] else "no")
-        if "measured_gap" in w:
-            g = w["measured_gap"]
-            closer = "-"
-            if w.get("naive_gap") is not None:
-                closer = "prediction" if abs(w["gap"] - g) <= abs(w["naive_gap"] - g) else "naive"
-            cells += [f"{g:+.4f}", f"{w['gap'] - g:+.4f}", "yes" if w["gap_covered"] else "no", closer]
+        cells += ["yes" if w["covered"] else "no", _f(w.get("loss_skill"), "+.2f")]
+        got = w.get("measured_gap")
+        if got is None:
+            cells += ["(baseline)" if "baseline" not in w else "-"] + ["-"] * 5
         else:
-            cells += ["(baseline)" if "gap" not in w else "-", "-", "-", "-"]
+            p, u = got["paired"], got["unpaired"]
+            cells += [f"{p.value:+.4f} [{p.low:+.4f}, {p.high:+.4f}]", f"[{u.low:+.4f}, {u.high:+.4f}]"]
+            cells.append(f"{got['ahead']}/{got['seeds']}")
+            if "gap" in w:
+                sk = w["gap_skill"]
+                cells += [f"{w['gap'] - p.value:+.4f}", "yes" if w["gap_covered"] else "no"]
+                cells.append(" / ".join(_f(sk.get(k), "+.2f") for k in ("zero", "largest", "tokens")))
+            else:
+                cells += ["(refused)", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

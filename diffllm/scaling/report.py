@@ -49,6 +49,7 @@ from .fit import (
 )
 from .inputs import read_all, val_curve
 from .optimal import SeriesRuns, compute_optimal, optimal_markdown, run_flops_per_token
+from .paired import paired_fits
 from .plots import FigureData, figures, save
 from .resample import generator
 from .select import (
@@ -178,16 +179,18 @@ def _compute_runs(cfg: ScalingConfig, series: dict[str, list[RunRecord]], notes:
 
 
 def _joint_points(cfg: ScalingConfig, rs: list[RunRecord], mode: str):
+    """(N, D, loss, seed) of each point of a series' L(N, D): its runs' final points, or their learning curves."""
     if mode == "final":
-        return ([_n(r, cfg.params) for r in rs], [r.tokens for r in rs], [getattr(r, cfg.loss) for r in rs])
-    n, d, y = [], [], []
+        return tuple(zip(*[(_n(r, cfg.params), r.tokens, getattr(r, cfg.loss), r.seed) for r in rs]))
+    n, d, y, seeds = [], [], [], []
     for r in rs:
         tokens, loss = val_curve(r.run_dir)
         keep = tokens >= cfg.curve_min_fraction * (r.tokens or tokens.max())
         n += [_n(r, cfg.params)] * int(keep.sum())
         d += list(tokens[keep])
         y += list(loss[keep])
-    return n, d, y
+        seeds += [r.seed] * int(keep.sum())
+    return n, d, y, seeds
 
 
 def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[str]] = None) -> dict:
@@ -227,7 +230,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         "ratios": {},
         "notes": notes + gap_notes,
         "selection": selection_dict(sel),
-        "gaps": [gap_dict(g) for g in gaps],
+        "gaps": [gap_dict(g, cfg.level) for g in gaps],
     }
     notes = result["notes"]
     base = baseline_series(sel, fits, baseline().arch)
@@ -252,11 +255,11 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
     budgets = {r.tokens for r in done}
     if mode == "auto":
         mode = "final" if len(budgets) > 1 else "curves"
-    joint, joint_boot, joint_exact = {}, {}, set()
+    joint, joint_boot, joint_exact, joint_points = {}, {}, set(), {}
     series = _by_series(done, sel)
     if mode != "none":
         for arch, rs in series.items():
-            n, d, y = _joint_points(cfg, rs, mode)
+            n, d, y, seeds = joint_points[arch] = _joint_points(cfg, rs, mode)
             try:
                 check_identified("L(N, D)", len(y), len(set(n)))
                 joint[arch], joint_boot[arch] = bootstrap_joint(
@@ -301,6 +304,9 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             ratio_at_equal_loss(t.at_tokens(d_ref), dd.at_tokens(d_ref), n_ref), samples, cfg.level, pair_exact
         )
     result["ratio_archs"] = [base] + others
+    base_joint = baseline_series(sel, joint, baseline().arch)
+    pairs, why, more = paired_fits(joint_points, joint, result["joint"], joint_exact, base_joint, cfg.reps, cfg.seed)
+    notes += more
     # a run is "fitted" when a fit that was made used it: L(N) of its series at the L(N) budget, or its series' L(N, D)
     in_fit = {r.run_dir for r in at_budget if sel.series[r.run_dir] in fits}
     in_fit |= {r.run_dir for r in done if sel.series[r.run_dir] in joint}
@@ -318,15 +324,21 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             cfg.level,
             cfg.compute_grid,
             cfg.compute_ref,
+            pairs,
         )
         notes += more
+        for a, row in result["compute_optimal"]["series"].items():
+            if "multiplier" in row and (why[a] or why[base_joint]) and cfg.refuse_unidentified:
+                row["multiplier_refused"] = "; ".join(f"{s}: {w}" for s in (base_joint, a) for w in why[s])
+                notes.append(f"compute multiplier of {a}: refused, not identified ({row['multiplier_refused']})")
     if cfg.predict:
         if not joint:
             raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from ({_why_no_fit(notes, 'L(N, D)')})")
-        base_joint = baseline_series(sel, joint, baseline().arch)
-        rows = predict.predictions(cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level)
+        rows = predict.predictions(
+            cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level, pairs, why, cfg.refuse_unidentified
+        )
         predict.naive(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss)
-        predict.scored(rows, held, sel.series, cfg.loss)
+        predict.scored(rows, held, sel.series, cfg.loss, cfg.level)
         result["prediction"] = rows
     if held:
         result["holdout"] = holdout.predictions(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ..errors import UserError
 from ..results import flatten
 from .config import DEFAULT_SELECT, DEFAULT_SELECT_BY
+from .paired import mean_interval
 from .protocol import Protocol, nearest, quadratic_optimum, resolve
 
 if TYPE_CHECKING:
@@ -288,7 +289,9 @@ def paired_gaps(
     return gaps, notes
 
 
-def gap_dict(g: Gap) -> dict:
+def gap_dict(g: Gap, level: float = 0.9) -> dict:
+    """A gap for fits.json, with the Student t interval of its mean over the seeds (paired.py; none from one seed)."""
+    iv = mean_interval(list(g.gaps), level)
     return {
         "series": g.series,
         "baseline": g.baseline,
@@ -302,6 +305,9 @@ def gap_dict(g: Gap) -> dict:
         "min": min(g.gaps),
         "max": max(g.gaps),
         "std": g.std,
+        "level": level,
+        "low": iv.low if iv.n_valid else None,
+        "high": iv.high if iv.n_valid else None,
     }
 
 
@@ -425,17 +431,19 @@ def gaps_markdown(gaps: list[dict], select: Optional[str]) -> list[str]:
     what = f" at its own best {select}" if select else ""
     lines = [
         f"Paired gaps, loss(series) - loss(baseline) per seed, each side{what} (negative: the series is "
-        "better); spread = min..max over seeds, std = sample std (n - 1):",
+        "better); spread = min..max over seeds, std = sample std (n - 1); interval: Student t of the mean over the "
+        "per-seed gaps:",
         "",
-        "| series | baseline | size | tokens | seeds | gap per seed | mean | min..max | std |",
+        "| series | baseline | size | tokens | seeds | gap per seed | mean [interval] | min..max | std |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for g in gaps:
         per = ", ".join(f"{x:+.4f}" for x in g["gaps"])
         std = "-" if g["std"] is None else f"{g['std']:.4f}"
+        iv = f" [{g['low']:+.4f}, {g['high']:+.4f}]" if g.get("low") is not None else ""
         lines.append(
             f"| {g['series']} | {g['baseline']} | {g['size']} | {g['tokens']:,} | {len(g['seeds'])} | "
-            f"{per} | {g['mean']:+.4f} | {g['min']:+.4f}..{g['max']:+.4f} | {std} |"
+            f"{per} | {g['mean']:+.4f}{iv} | {g['min']:+.4f}..{g['max']:+.4f} | {std} |"
         )
     return lines
 

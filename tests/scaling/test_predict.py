@@ -14,7 +14,7 @@ from diffllm.errors import UserError
 from diffllm.model.accounting import model_stats
 from diffllm.model.presets import load_preset
 from diffllm.results import collect, kaplan_n, to_csv
-from diffllm.scaling.fit import JointLaw
+from diffllm.scaling.fit import JointLaw, fit_power_law
 from diffllm.scaling.inputs import read_all
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
 from tests.scaling.synthetic import DOC_LAWS, write_law_sweep
@@ -87,7 +87,8 @@ def test_predict_beside_holdout_scores_the_prediction_and_the_naive_forecast(tmp
     two = lambda size: (1, 2)  # noqa: E731
     write_law_sweep(tmp_path / "s", LAWS, budgets=BUDGETS, sizes=(1, 2, 3, 4), seeds=two, noise=0.01)
     runs = collect(tmp_path / "s")
-    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict=f"micro-4@{BUDGETS[-1]}", holdout="micro-4")
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict=f"micro-4@{BUDGETS[-1]}", holdout="micro-4",
+                        refuse_unidentified=False)  # fmt: skip
     result = fit_sweep(cfg, runs)
     rows = {w["series"]: w for w in result["prediction"]}
 
@@ -101,11 +102,25 @@ def test_predict_beside_holdout_scores_the_prediction_and_the_naive_forecast(tmp
     d4, t4 = loss("diff", 4, BUDGETS[-1]), loss("transformer", 4, BUDGETS[-1])
     d3, t3 = loss("diff", 3, BUDGETS[-1]), loss("transformer", 3, BUDGETS[-1])
     diff = rows["diff"]
-    assert diff["measured_gap"] == pytest.approx(sum(d4[s] - t4[s] for s in (1, 2)) / 2, abs=1e-12)
+    g = sum(d4[s] - t4[s] for s in (1, 2)) / 2
+    assert diff["measured_gap"]["paired"].value == pytest.approx(g, abs=1e-12)
     assert diff["naive_gap"] == pytest.approx(sum(d3[s] - t3[s] for s in (1, 2)) / 2, abs=1e-12)
     assert diff["naive_at"] == "micro-3" and "measured_gap" not in rows["transformer"]
+    # skill = 1 - |error of the fit| / |error of the naive forecast|, against each forecast
+    e = abs(diff["gap"] - g)
+    assert diff["gap_skill"]["zero"] == pytest.approx(1 - e / abs(g), abs=1e-12)
+    assert diff["gap_skill"]["largest"] == pytest.approx(1 - e / abs(diff["naive_gap"] - g), abs=1e-12)
+    tok = {a: fit_power_law([r.tokens for r in runs if r.arch == a and "micro-4" not in r.model],
+                            [r.final_val_loss for r in runs if r.arch == a and "micro-4" not in r.model])(BUDGETS[-1])
+           for a in LAWS}  # fmt: skip
+    assert diff["tokens_gap"] == pytest.approx(tok["diff"] - tok["transformer"], abs=1e-12)
+    assert diff["gap_skill"]["tokens"] == pytest.approx(1 - e / abs(diff["tokens_gap"] - g), abs=1e-12)
+    for w in rows.values():
+        assert w["loss_skill"] == pytest.approx(
+            1 - abs(w["loss"] - w["measured"]) / abs(w["tokens_loss"] - w["measured"]), abs=1e-12
+        )
     md = render(result)
-    assert "| diff | 2 | " in md and "closer" in md
+    assert "| diff | 2 | " in md and "skill vs zero / largest / tokens-only" in md
 
 
 def test_add_runs_joins_a_later_sessions_runs_csv(tmp_path):

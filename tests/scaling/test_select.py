@@ -141,6 +141,8 @@ def test_fit_uses_selected_trained_runs_and_pairs_seeds(sweep):
         assert g["mean"] == pytest.approx(statistics.mean(per_seed), abs=1e-12)
         assert g["std"] == pytest.approx(statistics.stdev(per_seed), abs=1e-12)
         assert (g["min"], g["max"]) == pytest.approx((min(per_seed), max(per_seed)), abs=1e-12)
+        half = 6.313752 * statistics.stdev(per_seed) / 2**0.5  # Student t, 1 df, two-sided 90% (a table's value)
+        assert (g["low"], g["high"]) == pytest.approx((g["mean"] - half, g["mean"] + half), abs=1e-6)
     md = render(result)
     assert "Paired gaps" in md and "| diff λ_init=0.8 | transformer | micro-2 | 640 | 2 |" in md
     assert "widen the grid" in md and "bigram p(b|a)" in md
