@@ -180,7 +180,7 @@ def load_states(path: Path, mmap: bool = False) -> Any:
 @contextlib.contextmanager
 def weights_only() -> Iterator[None]:
     """For DeepSpeed's own loaders (engine.load_checkpoint, zero_to_fp32, ds_to_universal), which call
-    torch.load(weights_only=False): every torch.load in the block is made weights-only (TORCH_FORCE_WEIGHTS_ONLY_LOAD,
+    torch.load with weights_only off: every torch.load in the block is made weights-only (TORCH_FORCE_WEIGHTS_ONLY_LOAD,
     which torch reads at each call and which overrides the caller's argument), with SAFE_GLOBALS allowed. A planted
     pickle fails with torch's UnpicklingError, which `refused` turns into one line."""
     import torch
