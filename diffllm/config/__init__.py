@@ -1,8 +1,7 @@
 """Configs, the one path every command, preset and test loads them by: loading.py (the search path, composing a
-command's config or a group file, typed dataclasses), app.py (how a `key=value` command runs: `@hydra_app` over a
-config file, `run_key_values` over a schema alone) and help.py (their --help). At the bottom of the package: it imports
-no other part of diffllm; the typed configs a command holds are named in its registry entry (diffllm/cli/registry.py)
-and read from there by name, as strings."""
+command's config or a group file, typed dataclasses in Hydra's ConfigStore), app.py (how a `key=value` command runs:
+`@hydra_app` over a config file, `run_key_values` over a dataclass alone) and help.py (their --help). At the bottom of
+the package: it imports no other part of diffllm and names none; each command declares its own typed configs."""
 
 from .app import hydra_app, one_line_errors, run_key_values
 from .loading import (
@@ -14,6 +13,7 @@ from .loading import (
     check_typed,
     compose,
     config_groups,
+    declare,
     explain,
     fail,
     field_defaults,
@@ -44,6 +44,7 @@ __all__ = [
     "check_typed",
     "compose",
     "config_groups",
+    "declare",
     "explain",
     "fail",
     "field_defaults",

@@ -1,10 +1,10 @@
-"""How every `key=value` command runs, on the typed configs its registry entry names (diffllm/cli/registry.py,
-Command.schema): `@hydra_app("<config>")` composes configs/<config>.yaml with Hydra (groups, multirun) and builds the
-typed configs before the command body; `run_key_values("<command>", body)` builds a config-less command's one root
-dataclass from its arguments. Both answer --help from help.py and turn bad input (a composition error, a wrong type
-or value, the command's own UserError) into one line on stderr with exit code 2; any other exception is a bug and keeps
-its traceback. Below the commands: `diffllm <command>` (diffllm/cli/) calls them, and so do `python -m diffllm.train`,
-torchrun, a sweep's multirun jobs and `python -m diffllm.eval.<module>` directly."""
+"""How every `key=value` command runs, on the typed configs it declares: `@hydra_app("<config>", schema)` composes
+configs/<config>.yaml with Hydra (groups, multirun) over the dataclasses and checks them before the command body;
+`run_key_values("<command>", Dataclass, body)` builds a config-less command's one root dataclass from its arguments.
+Both answer --help from help.py and turn bad input (a composition error, a wrong type or value, the command's own
+UserError) into one line on stderr with exit code 2; any other exception is a bug and keeps its traceback. The
+commands call them, however they are run: `diffllm <command>`, `python -m diffllm.train`, torchrun, a sweep's
+multirun jobs, `python -m diffllm.eval.<module>`."""
 
 from __future__ import annotations
 
@@ -22,14 +22,15 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import UserError
 from .loading import (
     CONFIG_DIR,
+    Schema,
     check_typed,
+    declare,
     explain,
     fail,
     from_key_values,
     plus_to_force,
     quote_option_names,
     register_schema,
-    schema_for,
     set_env,
     take_config_dirs,
     use_search_path,
@@ -52,10 +53,15 @@ def one_line_errors(prog: str) -> Iterator[None]:
         fail(prog, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
-def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """`@hydra_app("train")`: a Hydra app on configs/train.yaml along the search path, named `prog` in its messages
-    (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys; an unknown
-    key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
+def hydra_app(
+    config_name: str, schema: Schema, prog: str = ""
+) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/train.yaml along the search path over the typed configs
+    `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), named `prog` in its
+    messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
+    an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
+
+    declare(config_name, schema)
 
     def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         @functools.wraps(task)
@@ -103,16 +109,16 @@ def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfi
     return decorate
 
 
-def run_key_values(command: str, body: Callable[[Any], Any], argv: Optional[list[str]] = None) -> Any:
+def run_key_values(command: str, cls: type, body: Callable[[Any], Any], argv: Optional[list[str]] = None) -> Any:
     """`diffllm <command> key=value ...` for a command without a config file: the arguments (sys.argv[1:] unless
-    given) build the root dataclass of its schema, then `body` runs on it. Values are taken verbatim, not through
+    given) build its root dataclass `cls`, then `body` runs on it. Values are taken verbatim, not through
     Hydra's grammar, so a prompt may hold `,`, `#`, `(` or `'` (from_key_values)."""
+    declare(command, {"": cls})
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"], ["help"]):
         from .help import key_value_help
 
         print(key_value_help(command))
         return None
-    (cls,) = schema_for(command).values()
     with one_line_errors(f"diffllm {command}"):
         return body(from_key_values(cls, argv, command.split()[-1]))

@@ -4,21 +4,24 @@ name), and one-line messages for bad overrides (exit code 2). The Hydra app wrap
 
 Search path, first match wins: each directory of $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` on any
 command prepends to it, so the processes a command starts see it too), then ./configs of the current directory, then
-the packaged configs (CONFIG_DIR)."""
+the packaged configs (CONFIG_DIR).
+
+Typed configs: a command declares its own ({group ("" = root keys): dataclass}, with its `@hydra_app` or `declare`);
+their defaults go into Hydra's ConfigStore as `<config>_schema`, the first entry of configs/<config>.yaml's defaults
+list, so the YAML merges over them."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import inspect
 import os
 import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, TypeVar, Union
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.plugins import Plugins
@@ -35,10 +38,8 @@ CONFIG_DIR = Path(
 CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
-
-# Where each command names its typed configs (Command.schema): read by name when a config is composed, checked or
-# explained, as the dataclasses themselves are ("module:Dataclass"), so that this bottom package imports none of them.
-COMMANDS = "diffllm.cli.registry:COMMANDS"
+Schema = dict  # {group ("" = root keys): dataclass}
+_SCHEMAS: dict[str, Union[Schema, Callable[[], Schema]]] = {}  # by config or command name: declared, or how to load
 
 
 # ---------------------------------------------------------------------------------------------------- search path
@@ -242,22 +243,25 @@ def schema_node(schema: dict[str, type]) -> dict[str, Any]:
     return node
 
 
-def schema_for(name: str) -> dict[str, type]:
-    """The typed configs of configs/<name>.yaml, or of the command `name` ("eval ppl"): its registry entry's schema,
-    {group ("" = root keys): dataclass} ({} if none)."""
-    module, attr = COMMANDS.split(":")
-    commands = getattr(importlib.import_module(module), attr).values()
-    targets = next((c.schema for c in commands if name in (c.config, c.name) and c.schema), {})
-    out = {}
-    for group, target in targets.items():
-        module, attr = target.split(":")
-        out[group] = getattr(importlib.import_module(module), attr)
-    return out
+def declare(name: str, schema: Union[Schema, Callable[[], Schema]]) -> Any:
+    """Name the typed configs of configs/<name>.yaml or of the command `name` ("eval ppl"): a schema, or a function
+    that imports it when it is first needed (a dispatcher may name every command's so, and --help stays light)."""
+    _SCHEMAS[name] = schema
+    return schema
 
 
-def register_schema(config_name: str) -> dict[str, type]:
-    """Store the dataclass defaults as `<config>_schema`, the first entry of configs/<config>.yaml's defaults list, so
-    the YAML merges over them and every field exists (settable without `+`)."""
+def schema_for(name: str) -> Schema:
+    """The declared typed configs of configs/<name>.yaml or of the command `name` ({} if none)."""
+    schema = _SCHEMAS.get(name, {})
+    if callable(schema):
+        schema = _SCHEMAS[name] = schema()
+    return schema
+
+
+def register_schema(config_name: str) -> Schema:
+    """Store the declared dataclasses' defaults as `<config>_schema`, the first entry of configs/<config>.yaml's
+    defaults list, so the YAML merges over them and every field exists (settable without `+`). A plain node, not a
+    structured one: Hydra's `~key` cannot delete a field of a typed node; check_typed types it after composing."""
     from hydra.core.config_store import ConfigStore
 
     schema = schema_for(config_name)

@@ -40,7 +40,11 @@ def _typed(cls: type, cfg: DictConfig):
     return build(DataConfig, cfg.data, "data"), build(cls, own, "")
 
 
-@hydra_app("tokenizer", prog="diffllm tokenizer train")
+TOKENIZER = {"data": DataConfig, "": TokenizerTrainConfig}  # the typed configs of configs/tokenizer.yaml
+PREPARE = {"data": DataConfig, "": PrepareConfig}  # ... and of configs/data_prepare.yaml
+
+
+@hydra_app("tokenizer", TOKENIZER, prog="diffllm tokenizer train")
 def train_main(cfg: DictConfig) -> None:
     """Train the byte-level BPE on data.sources, write tokenizer.json, report encode throughput."""
     from .loader import resolve_sources
@@ -66,7 +70,7 @@ def train_main(cfg: DictConfig) -> None:
         print(f"use it with          data.tokenizer.path={out}")
 
 
-@hydra_app("data_prepare", prog="diffllm data prepare")
+@hydra_app("data_prepare", PREPARE, prog="diffllm data prepare")
 def prepare_main(cfg: DictConfig) -> None:
     """Pre-tokenize every training (and held-out) source into out/<source>/ for data.prepared_dir=out."""
     from .loader import resolve_sources

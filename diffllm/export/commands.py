@@ -38,7 +38,7 @@ class ImportConfig:
     out: Optional[str] = None  # the run directory to create
 
 
-@hydra_app("export")
+@hydra_app("export", {"": ExportConfig})
 def _export(cfg: DictConfig) -> None:
     from .hf import export_run
 
@@ -52,7 +52,7 @@ def _export(cfg: DictConfig) -> None:
     print(f"load with            AutoModelForCausalLM.from_pretrained({str(done.out)!r}{remote})")
 
 
-@hydra_app("import")
+@hydra_app("import", {"": ImportConfig})
 def _import(cfg: DictConfig) -> None:
     from .hf_import import import_hf
 

@@ -46,7 +46,10 @@ class InfoConfig:
     seq_len: Optional[int] = None  # null -> the preset's max_seq_len
 
 
-@hydra_app("info")
+SCHEMA = {"model": ModelConfig, "": InfoConfig}  # the typed configs of configs/info.yaml
+
+
+@hydra_app("info", SCHEMA)
 def main(cfg: DictConfig) -> None:
     own = build(InfoConfig, {"all": cfg.all, "seq_len": cfg.seq_len}, "")
     seq_len = own.seq_len

@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..model.config import ModelConfig
 from ..model.transformer import DecoderLM
 from ..train.optim import param_groups
-from .config import CoordCheckConfig
+from .config import COORD_CHECK, CoordCheckConfig
 
 
 def check(own: CoordCheckConfig, model: ModelConfig) -> None:
@@ -177,7 +177,7 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-@hydra_app("coord_check", prog="diffllm scaling coord-check")
+@hydra_app("coord_check", COORD_CHECK, prog="diffllm scaling coord-check")
 def main(cfg: DictConfig) -> None:
     keys = {f.name: cfg[f.name] for f in CoordCheckConfig.__dataclass_fields__.values()}
     own = build(CoordCheckConfig, keys, "")

@@ -471,7 +471,7 @@ def render(result: dict) -> str:
 def main() -> None:
     from ..config import build, hydra_app
 
-    @hydra_app("scaling", prog="diffllm scaling fit")
+    @hydra_app("scaling", {"": ScalingConfig}, prog="diffllm scaling fit")
     def app(node) -> None:
         cfg = build(ScalingConfig, node, "scaling")
         notes: list[str] = []

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 from ..launch.argv import LaunchConfig, tool, torchrun_argv
 from ..runs import Run
+from ..train.app import SCHEMA
 
 
 def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
@@ -31,7 +32,7 @@ def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
     return torchrun_argv(cfg, overrides, endpoint_host=head, executable=tool("torchrun"))
 
 
-@hydra_app("train")
+@hydra_app("train", SCHEMA)
 def _job(cfg: DictConfig) -> int:
     run_dir = Path(cfg.run_dir)
     try:

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from ..config import hydra_app
+from ..data.config import DataConfig
 from ..errors import UserError
+from ..model.config import ModelConfig
+from .config import LoggingConfig, OptimConfig, TrainerConfig
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
 EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
@@ -28,6 +31,17 @@ class TrainKeys:
     run_dir: str = "runs/run"  # everything of a run: metrics.jsonl, summary.json, checkpoints/, wandb/
 
 
+# the typed configs of configs/train.yaml
+SCHEMA = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "trainer": TrainerConfig,
+    "optim": OptimConfig,
+    "logging": LoggingConfig,
+    "": TrainKeys,
+}
+
+
 def lost_peer(e: BaseException) -> bool:
     """A collective failed because another rank's process ended or stopped answering (gloo/NCCL)."""
     import torch.distributed as dist
@@ -35,7 +49,7 @@ def lost_peer(e: BaseException) -> bool:
     return isinstance(e, getattr(dist, "DistError", ())) or any(s in str(e) for s in PEER_LOST)
 
 
-@hydra_app("train")
+@hydra_app("train", SCHEMA)
 def _app(cfg: DictConfig) -> None:
     import torch.distributed as dist
 
