@@ -57,13 +57,14 @@ def hydra_app(
     config_name: str, schema: Schema, prog: str = ""
 ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
     """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/train.yaml along the search path over the typed configs
-    `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), named `prog` in its
+    `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), built and checked once
+    and given to the task beside the composed config: `task(cfg, {group: its dataclass})`. Named `prog` in its
     messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
     an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
 
     declare(config_name, schema)
 
-    def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+    def decorate(task: Callable[[DictConfig, dict[str, Any]], Any]) -> Callable[[], Any]:
         @functools.wraps(task)
         def run() -> Any:
             name = sys.argv[0] if sys.argv and sys.argv[0].startswith("diffllm ") else prog or f"diffllm {config_name}"
@@ -84,8 +85,7 @@ def hydra_app(
                 set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
                 try:
                     with one_line_errors(name):
-                        check_typed(cfg, schema)
-                        return task(cfg)
+                        return task(cfg, check_typed(cfg, schema))
                 finally:
                     os.environ["HYDRA_FULL_ERROR"] = "1"  # a bug's traceback, whole, past Hydra's own handler
 

@@ -269,14 +269,19 @@ def register_schema(config_name: str) -> Schema:
     return schema
 
 
-def check_typed(cfg: DictConfig, schema: dict[str, type]) -> None:
-    """Build each typed config of a composed config once: a wrong type or bad value is a one-line ValueError."""
+def check_typed(cfg: DictConfig, schema: Schema) -> dict[str, Any]:
+    """Each typed config of a composed config, built and checked: {group ("" = root keys): its dataclass}. A wrong
+    type or bad value is a one-line ValueError."""
+    typed: dict[str, Any] = {}
     for group, cls in schema.items():
         if group:
-            build(cls, cfg.get(group), group)
+            typed[group] = build(cls, cfg.get(group), group)
         else:
             names = {f.name for f in dataclasses.fields(cls)}
-            build(cls, {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k in names}, "")
+            typed[group] = build(
+                cls, {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k in names}, ""
+            )
+    return typed
 
 
 # ------------------------------------------------------------------------------------------------ bad overrides

@@ -485,7 +485,7 @@ def main() -> None:
     check_model_overrides(argv, "diffllm plan")
 
     @hydra_app("plan", PLAN)
-    def app(cfg) -> None:
+    def app(cfg, typed: dict) -> None:
         if cfg.get("gpus"):
             print(gpu_table())
             return

@@ -58,5 +58,4 @@ def _job_config(
         OmegaConf.update(cfg, key, value, merge=False)
     groups = {key.split(".", 1)[0] for key, _ in r.axes}
     tc = dataclasses.replace(tc, **{g: build(SCHEMA[g], cfg[g], g) for g in groups})
-    tc.check_together()
     return tc

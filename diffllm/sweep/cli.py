@@ -187,7 +187,7 @@ def _role(r, sweep_dir: str) -> str:
 
 def main() -> None:
     @hydra_app("sweep", SCHEMA)
-    def app(cfg: DictConfig) -> None:
+    def app(cfg: DictConfig, typed: dict) -> None:
         sys.exit(run_sweep(cfg))
 
     app()
@@ -195,7 +195,7 @@ def main() -> None:
 
 def collect_main() -> None:
     @hydra_app("sweep", SCHEMA)
-    def app(cfg: DictConfig) -> None:
+    def app(cfg: DictConfig, typed: dict) -> None:
         select, by = cfg.get("select"), cfg.get("select_by") or DEFAULT_SELECT_BY
         protocol = {
             "protocol": cfg.get("select_protocol") or "auto",

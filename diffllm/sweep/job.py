@@ -33,7 +33,7 @@ def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
 
 
 @hydra_app("train", SCHEMA)
-def _job(cfg: DictConfig) -> int:
+def _job(cfg: DictConfig, typed: dict) -> int:
     run_dir = Path(cfg.run_dir)
     try:
         finished = Run(run_dir).is_finished()

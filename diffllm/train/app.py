@@ -1,5 +1,5 @@
-"""`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app, its own keys
-(TrainKeys, beside the groups' dataclasses; all named in the registry entry, diffllm/cli/registry.py) and exit codes.
+"""`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app over the train
+config's typed configs (SCHEMA: train_schema(), diffllm/train/config.py) and its exit codes.
 The trainer is imported when the app runs, so that composing a train config (and --help) stays light."""
 
 from __future__ import annotations
@@ -8,38 +8,20 @@ import gc
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
 
 from ..config import hydra_app
-from ..data.config import DataConfig
 from ..errors import UserError
-from ..model.config import ModelConfig
-from .config import LoggingConfig, OptimConfig, TrainerConfig
+from .config import TrainConfig, train_schema
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
 EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
-@dataclass
-class TrainKeys:
-    """`diffllm train`'s keys beside its groups (model, data, trainer, optim, logging)."""
-
-    seed: int = 1234  # model init (the data order has its own data.seed)
-    run_dir: str = "runs/run"  # everything of a run: metrics.jsonl, summary.json, checkpoints/, wandb/
-
-
-# the typed configs of configs/train.yaml
-SCHEMA = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "trainer": TrainerConfig,
-    "optim": OptimConfig,
-    "logging": LoggingConfig,
-    "": TrainKeys,
-}
+SCHEMA = train_schema()  # the typed configs of configs/train.yaml
 
 
 def lost_peer(e: BaseException) -> bool:
@@ -50,14 +32,13 @@ def lost_peer(e: BaseException) -> bool:
 
 
 @hydra_app("train", SCHEMA)
-def _app(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig, typed: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from .config import TrainConfig
     from .loop import Trainer
 
     try:
-        code = Trainer(TrainConfig.from_hydra(cfg)).run()
+        code = Trainer(TrainConfig.from_typed(typed)).run()
     except UserError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
         print(f"diffllm train: error: {e}", file=sys.stderr, flush=True)
         code = EXIT_BAD_INPUT
