@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import hydra
 import yaml
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -24,16 +25,12 @@ from .loading import (
     CONFIG_DIR,
     Schema,
     check_typed,
+    compose,
     declare,
     explain,
     fail,
     from_key_values,
-    plus_to_force,
-    quote_option_names,
-    register_schema,
-    set_env,
-    take_config_dirs,
-    use_search_path,
+    to_overrides,
     yaml_error,
 )
 
@@ -55,12 +52,14 @@ def one_line_errors(prog: str) -> Iterator[None]:
 
 def hydra_app(
     config_name: str, schema: Schema, prog: str = ""
-) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+) -> Callable[[Callable[[DictConfig, dict[str, Any]], Any]], Callable[[], Any]]:
     """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/train.yaml along the search path over the typed configs
     `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), built and checked once
     and given to the task beside the composed config: `task(cfg, {group: its dataclass})`. Named `prog` in its
     messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
-    an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
+    an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2.
+    A run is composed here (its errors are ours to word); a multirun, Hydra's own flags (`--cfg job`) and `hydra.*`
+    overrides go to Hydra's app, which reports its own composition errors."""
 
     declare(config_name, schema)
 
@@ -68,41 +67,28 @@ def hydra_app(
         @functools.wraps(task)
         def run() -> Any:
             name = sys.argv[0] if sys.argv and sys.argv[0].startswith("diffllm ") else prog or f"diffllm {config_name}"
-            argv = sys.argv[1:]
-            if "-h" in argv or "--help" in argv:
+            if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
                 from .help import config_help
 
                 print(config_help(config_name, name))
                 raise SystemExit(0)
-            argv = take_config_dirs(argv)
-            schema = register_schema(config_name)
-            argv = quote_option_names(plus_to_force(argv, schema))
-            use_search_path()
-            sys.argv = [sys.argv[0]] + argv
-            user_full_error = os.environ.get("HYDRA_FULL_ERROR")
+            argv = to_overrides(config_name, sys.argv[1:])
 
             def checked(cfg: DictConfig) -> Any:
-                set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
-                try:
-                    with one_line_errors(name):
-                        return task(cfg, check_typed(cfg, schema))
-                finally:
-                    os.environ["HYDRA_FULL_ERROR"] = "1"  # a bug's traceback, whole, past Hydra's own handler
+                with one_line_errors(name):
+                    return task(cfg, check_typed(cfg, schema))
 
-            app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
-            os.environ["HYDRA_FULL_ERROR"] = "1"  # raise composition errors here rather than print 6-35 lines
-            try:
+            if any(a.startswith(("-", "hydra.", "hydra/", "+hydra", "~hydra")) for a in argv):
+                sys.argv = [sys.argv[0]] + argv  # the one rewrite: Hydra's app reads sys.argv
+                app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
                 return app()
-            except Exception as e:  # noqa: BLE001 - composition errors; a user asking for full errors gets them
-                from hydra.errors import HydraException
-
-                if user_full_error == "1" or not isinstance(
-                    e, (HydraException, OmegaConfBaseException, yaml.YAMLError)
-                ):
+            try:
+                cfg = compose(config_name, argv)
+            except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 fail(name, explain(e, config_name, argv))
-            finally:
-                set_env("HYDRA_FULL_ERROR", user_full_error)
+            return checked(cfg)
 
         return run
 

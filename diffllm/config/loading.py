@@ -85,6 +85,22 @@ def group_defaults(group: str, name: str) -> dict[str, str]:
     return out
 
 
+def to_overrides(config_name: str, argv: list[str]) -> list[str]:
+    """A command's arguments as Hydra overrides, rewritten in one place: `--config-dir DIR` into $DIFFLLM_CONFIG_PATH,
+    the deepspeed launcher's `--local_rank N` into $LOCAL_RANK, `+key=v` on a declared field as `++key=v`, an option
+    named like a number quoted (quote_option_names). Rewriting its own output changes nothing."""
+    rest, i = [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if key == "--local_rank" and (eq or i + 1 < len(argv)):
+            os.environ["LOCAL_RANK"] = value if eq else argv[i + 1]
+            i += 1 if eq else 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    return quote_option_names(plus_to_force(take_config_dirs(rest), register_schema(config_name)))
+
+
 def take_config_dirs(argv: list[str]) -> list[str]:
     """Remove `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR` and prepend DIR to $DIFFLLM_CONFIG_PATH (in this
     process's environment, so sweep jobs and other child processes inherit it)."""
@@ -221,25 +237,11 @@ def _yaml(raw: str, where: str) -> Any:
         raise UserError(f"{where}: cannot parse {raw!r}") from None
 
 
-def field_defaults(cls: type) -> dict[str, Any]:
-    """{field: default} of a dataclass, nested dataclasses as dicts (None where a field has no default)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            value = None
-        out[f.name] = field_defaults(type(value)) if dataclasses.is_dataclass(value) else value
-    return out
-
-
-def schema_node(schema: dict[str, type]) -> dict[str, Any]:
+def schema_node(schema: Schema) -> dict[str, Any]:
     """{group: dataclass} ("" = root keys) -> one plain config of every field at its dataclass default."""
     node: dict[str, Any] = {}
     for group, cls in schema.items():
-        (node.setdefault(group, {}) if group else node).update(field_defaults(cls))
+        (node.setdefault(group, {}) if group else node).update(OmegaConf.to_container(OmegaConf.structured(cls)))
     return node
 
 
@@ -380,7 +382,7 @@ def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
 
 def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
     """`+model.lambda_init=0.5` (the form documented before every field existed) -> `++model.lambda_init=0.5`."""
-    fields = {f"{g}.{k}" if g else k for g, cls in schema.items() for k in field_defaults(cls)}
+    fields = {f"{g}.{f.name}" if g else f.name for g, cls in schema.items() for f in dataclasses.fields(cls)}
     return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
 
 
@@ -426,20 +428,13 @@ def fail(prog: str, message: str) -> None:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-def set_env(name: str, value: Optional[str]) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
 def compose(config_name: str, overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:
-    """The config a command would see, without running it (tests, scripts, help)."""
+    """The config a command sees: its `@hydra_app` composes a run with it, and so do tests, scripts and help."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = quote_option_names(plus_to_force(list(overrides or []), register_schema(config_name)))
+    overrides = to_overrides(config_name, list(overrides or []))
     use_search_path()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

@@ -79,8 +79,4 @@ def main() -> None:
     skipped in a row, after saving a checkpoint (EXIT_SPIKES), 8 another job took over the run directory's lock after
     this job's heartbeat stalled for 120 s: stopped at once without saving (EXIT_LOCK_LOST, diffllm/train/lock.py);
     diffllm/train/loop.py defines the others."""
-    if any(a == "--local_rank" or a.startswith("--local_rank=") for a in sys.argv[1:]):
-        from .dist import strip_local_rank  # imports torch: only for the deepspeed launcher's argument
-
-        sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()
