@@ -29,6 +29,7 @@ from .loading import (
     declare,
     explain,
     fail,
+    first_job,
     from_key_values,
     to_overrides,
     yaml_error,
@@ -59,7 +60,7 @@ def hydra_app(
     messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
     an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2.
     A run is composed here (its errors are ours to word); a multirun, Hydra's own flags (`--cfg job`) and `hydra.*`
-    overrides go to Hydra's app, which reports its own composition errors."""
+    overrides go to Hydra's app, once its first job has been composed here (first_job)."""
 
     declare(config_name, schema)
 
@@ -78,17 +79,17 @@ def hydra_app(
                 with one_line_errors(name):
                     return task(cfg, check_typed(cfg, schema))
 
-            if any(a.startswith(("-", "hydra.", "hydra/", "+hydra", "~hydra")) for a in argv):
-                sys.argv = [sys.argv[0]] + argv  # the one rewrite: Hydra's app reads sys.argv
-                app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
-                return app()
+            hydras = any(a.startswith(("-", "hydra.", "hydra/", "+hydra", "~hydra")) for a in argv)
             try:
-                cfg = compose(config_name, argv)
+                cfg = compose(config_name, first_job(argv) if hydras else argv)
             except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 fail(name, explain(e, config_name, argv))
-            return checked(cfg)
+            if not hydras:
+                return checked(cfg)
+            sys.argv = [sys.argv[0]] + argv  # the one rewrite: Hydra's app reads sys.argv
+            return hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)()
 
         return run
 

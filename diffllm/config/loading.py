@@ -101,6 +101,18 @@ def to_overrides(config_name: str, argv: list[str]) -> list[str]:
     return quote_option_names(plus_to_force(take_config_dirs(rest), register_schema(config_name)))
 
 
+def first_job(overrides: list[str]) -> list[str]:
+    """A multirun's overrides as its first job composes them (each sweep at its first value), without Hydra's own
+    flags and `hydra` keys: what to compose once before Hydra's app runs, so a bad key is our one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    ours = [a for a in overrides if ("=" in a or a.startswith("~")) and not a.lstrip("+~").startswith(("-", "hydra"))]
+    return [
+        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else o.input_line
+        for o in OverridesParser.create().parse_overrides(ours)
+    ]
+
+
 def take_config_dirs(argv: list[str]) -> list[str]:
     """Remove `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR` and prepend DIR to $DIFFLLM_CONFIG_PATH (in this
     process's environment, so sweep jobs and other child processes inherit it)."""
