@@ -107,4 +107,4 @@ def main() -> None:
     from .config import run_key_values
 
     argv = [a if "=" in a or a.startswith("-") else f"dir={a}" for a in sys.argv[1:]]  # `diffllm runs DIR`
-    run_key_values("runs", lambda c: print(table(Path(c.dir))), argv)
+    run_key_values("runs", RunsConfig, lambda c: print(table(Path(c.dir))), argv)

@@ -30,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def write_corpus(folder: Path, mb: float, n_files: int) -> list[str]:
     """Shakespeare's training plays cut into ~2 KB documents (paragraphs kept whole), repeated up to `mb` MB."""
+    import diffllm.cli.registry  # noqa: F401 - declares the commands' typed configs
     from diffllm.config import build, compose
     from diffllm.data import DataConfig
     from diffllm.data.loader import resolve_sources

@@ -44,6 +44,7 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
 
+    import diffllm.cli.registry  # noqa: F401 - declares the commands' typed configs
     from diffllm.config import build, compose
     from diffllm.data import Batch, DataConfig, build_val_batches, ensure_tokenizer
     from diffllm.eval.ppl import perplexity

@@ -50,6 +50,7 @@ def parse() -> argparse.Namespace:
 def batches(seq_len: int, micro: int, n: int, doc_mask: bool = False):
     """n real Shakespeare micro-batches from the data pipeline, held in memory: both loops see the same tokens and
     neither pays for data loading (that is scripts/bench_data.py's subject); with doc_mask, with document ids."""
+    import diffllm.cli.registry  # noqa: F401 - declares the commands' typed configs
     from diffllm.config import build, compose
     from diffllm.data import DataConfig, build_train_loader, ensure_tokenizer
 

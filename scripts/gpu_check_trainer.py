@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import DEVICE, SMOKE, device_label, record  # noqa: E402
 
+import diffllm.cli.registry  # noqa: F401 - declares the commands' typed configs
 from diffllm.config import compose  # noqa: E402
 from diffllm.hardware import GPUS, peak_tflops  # noqa: E402
 from diffllm.model import DecoderLM  # noqa: E402

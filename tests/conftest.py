@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+import diffllm.cli.registry  # noqa: F401 - declares every command's typed configs: compose(name) finds them
 from tests.train.helpers import ENV, SESSION
 
 

@@ -8,7 +8,7 @@ import contextlib
 import io
 import sys
 
-from .registry import COMMANDS, Command
+from .registry import COMMANDS, Command, load
 
 
 def command_help(cmd: Command, argv: list[str]) -> str:
@@ -25,7 +25,7 @@ def command_help(cmd: Command, argv: list[str]) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:
-            cmd.entry()()  # the command's own usage
+            load(cmd.entry)()  # the command's own usage
         except SystemExit as e:
             if e.code not in (0, None):
                 raise

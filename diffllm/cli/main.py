@@ -7,7 +7,7 @@ import difflib
 import os
 import sys
 
-from .registry import COMMANDS
+from .registry import COMMANDS, load
 
 
 def overview() -> str:
@@ -93,7 +93,7 @@ def dispatch(argv: list[str]) -> None:
         if cmd.config is not None:  # before the command's (heavy) imports: a mistyped preset answers at once
             check_group_options(rest, config_groups(cmd.config))
         sys.argv = [prog] + rest  # Hydra (or the command's own parser) reads sys.argv
-        cmd.entry()()
+        load(cmd.entry)()
 
 
 if __name__ == "__main__":

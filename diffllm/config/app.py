@@ -1,10 +1,10 @@
-"""How every `key=value` command runs, on the typed configs its registry entry names (diffllm/cli/registry.py,
-Command.schema): `@hydra_app("<config>")` composes configs/<config>.yaml with Hydra (groups, multirun) and builds the
-typed configs before the command body; `run_key_values("<command>", body)` builds a config-less command's one root
-dataclass from its arguments. Both answer --help from help.py and turn bad input (a composition error, a wrong type
-or value, the command's own UserError) into one line on stderr with exit code 2; any other exception is a bug and keeps
-its traceback. Below the commands: `diffllm <command>` (diffllm/cli/) calls them, and so do `python -m diffllm.train`,
-torchrun, a sweep's multirun jobs and `python -m diffllm.eval.<module>` directly."""
+"""How every `key=value` command runs, on the typed configs it declares: `@hydra_app("<config>", schema)` composes
+configs/<config>.yaml with Hydra (groups, multirun) over the dataclasses and checks them before the command body;
+`run_key_values("<command>", Dataclass, body)` builds a config-less command's one root dataclass from its arguments.
+Both answer --help from help.py and turn bad input (a composition error, a wrong type or value, the command's own
+UserError) into one line on stderr with exit code 2; any other exception is a bug and keeps its traceback. The
+commands call them, however they are run: `diffllm <command>`, `python -m diffllm.train`, torchrun, a sweep's
+multirun jobs, `python -m diffllm.eval.<module>`."""
 
 from __future__ import annotations
 
@@ -16,23 +16,22 @@ from typing import Any, Callable, Iterator, Optional
 
 import hydra
 import yaml
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import UserError
 from .loading import (
     CONFIG_DIR,
+    Schema,
     check_typed,
+    compose,
+    declare,
     explain,
     fail,
+    first_job,
     from_key_values,
-    plus_to_force,
-    quote_option_names,
-    register_schema,
-    schema_for,
-    set_env,
-    take_config_dirs,
-    use_search_path,
+    to_overrides,
     yaml_error,
 )
 
@@ -52,67 +51,61 @@ def one_line_errors(prog: str) -> Iterator[None]:
         fail(prog, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
-def hydra_app(config_name: str, prog: str = "") -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """`@hydra_app("train")`: a Hydra app on configs/train.yaml along the search path, named `prog` in its messages
-    (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys; an unknown
-    key or option, a wrong type or an invalid value is one line on stderr, exit code 2."""
+def hydra_app(
+    config_name: str, schema: Schema, prog: str = ""
+) -> Callable[[Callable[[DictConfig, dict[str, Any]], Any]], Callable[[], Any]]:
+    """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/train.yaml along the search path over the typed configs
+    `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), built and checked once
+    and given to the task beside the composed config: `task(cfg, {group: its dataclass})`. Named `prog` in its
+    messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
+    an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2.
+    A run is composed here (its errors are ours to word); a multirun, Hydra's own flags (`--cfg job`) and `hydra.*`
+    overrides go to Hydra's app, once its first job has been composed here (first_job)."""
 
-    def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+    declare(config_name, schema)
+
+    def decorate(task: Callable[[DictConfig, dict[str, Any]], Any]) -> Callable[[], Any]:
         @functools.wraps(task)
         def run() -> Any:
             name = sys.argv[0] if sys.argv and sys.argv[0].startswith("diffllm ") else prog or f"diffllm {config_name}"
-            argv = sys.argv[1:]
-            if "-h" in argv or "--help" in argv:
+            if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
                 from .help import config_help
 
                 print(config_help(config_name, name))
                 raise SystemExit(0)
-            argv = take_config_dirs(argv)
-            schema = register_schema(config_name)
-            argv = quote_option_names(plus_to_force(argv, schema))
-            use_search_path()
-            sys.argv = [sys.argv[0]] + argv
-            user_full_error = os.environ.get("HYDRA_FULL_ERROR")
+            argv = to_overrides(config_name, sys.argv[1:])
 
             def checked(cfg: DictConfig) -> Any:
-                set_env("HYDRA_FULL_ERROR", user_full_error)  # the task's own errors as Hydra reports them
-                try:
-                    with one_line_errors(name):
-                        check_typed(cfg, schema)
-                        return task(cfg)
-                finally:
-                    os.environ["HYDRA_FULL_ERROR"] = "1"  # a bug's traceback, whole, past Hydra's own handler
+                with one_line_errors(name):
+                    return task(cfg, check_typed(cfg, schema))
 
-            app = hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)
-            os.environ["HYDRA_FULL_ERROR"] = "1"  # raise composition errors here rather than print 6-35 lines
+            hydras = any(a.startswith(("-", "hydra.", "hydra/", "+hydra", "~hydra")) for a in argv)
             try:
-                return app()
-            except Exception as e:  # noqa: BLE001 - composition errors; a user asking for full errors gets them
-                from hydra.errors import HydraException
-
-                if user_full_error == "1" or not isinstance(
-                    e, (HydraException, OmegaConfBaseException, yaml.YAMLError)
-                ):
+                cfg = compose(config_name, first_job(argv) if hydras else argv)
+            except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 fail(name, explain(e, config_name, argv))
-            finally:
-                set_env("HYDRA_FULL_ERROR", user_full_error)
+            if not hydras:
+                return checked(cfg)
+            sys.argv = [sys.argv[0]] + argv  # the one rewrite: Hydra's app reads sys.argv
+            return hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)(checked)()
 
         return run
 
     return decorate
 
 
-def run_key_values(command: str, body: Callable[[Any], Any], argv: Optional[list[str]] = None) -> Any:
+def run_key_values(command: str, cls: type, body: Callable[[Any], Any], argv: Optional[list[str]] = None) -> Any:
     """`diffllm <command> key=value ...` for a command without a config file: the arguments (sys.argv[1:] unless
-    given) build the root dataclass of its schema, then `body` runs on it. Values are taken verbatim, not through
+    given) build its root dataclass `cls`, then `body` runs on it. Values are taken verbatim, not through
     Hydra's grammar, so a prompt may hold `,`, `#`, `(` or `'` (from_key_values)."""
+    declare(command, {"": cls})
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"], ["help"]):
         from .help import key_value_help
 
         print(key_value_help(command))
         return None
-    (cls,) = schema_for(command).values()
     with one_line_errors(f"diffllm {command}"):
         return body(from_key_values(cls, argv, command.split()[-1]))

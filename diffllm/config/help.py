@@ -1,6 +1,6 @@
 """A command's --help: usage, the config groups and every key with its default and meaning, for a Hydra command
 (config_help) and a config-less `key=value` command (key_value_help); the command's summary and examples come from the
-CLI registry, diffllm/cli/, which passes them in.
+command's registry entry (the CLI), which passes them in.
 The meanings are the config files' own comments (`key: value  # meaning`), else the dataclass field's comment
 (`name: type = default  # meaning`): the configs are the one source, nothing here repeats them."""
 

@@ -4,21 +4,24 @@ name), and one-line messages for bad overrides (exit code 2). The Hydra app wrap
 
 Search path, first match wins: each directory of $DIFFLLM_CONFIG_PATH (colon-separated; `--config-dir DIR` on any
 command prepends to it, so the processes a command starts see it too), then ./configs of the current directory, then
-the packaged configs (CONFIG_DIR)."""
+the packaged configs (CONFIG_DIR).
+
+Typed configs: a command declares its own ({group ("" = root keys): dataclass}, with its `@hydra_app` or `declare`);
+their defaults go into Hydra's ConfigStore as `<config>_schema`, the first entry of configs/<config>.yaml's defaults
+list, so the YAML merges over them."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import inspect
 import os
 import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, TypeVar, Union
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.plugins import Plugins
@@ -35,10 +38,8 @@ CONFIG_DIR = Path(
 CONFIG_PATH_ENV = "DIFFLLM_CONFIG_PATH"
 EXIT_BAD_INPUT = 2
 T = TypeVar("T")
-
-# Where each command names its typed configs (Command.schema): read by name when a config is composed, checked or
-# explained, as the dataclasses themselves are ("module:Dataclass"), so that this bottom package imports none of them.
-COMMANDS = "diffllm.cli.registry:COMMANDS"
+Schema = dict  # {group ("" = root keys): dataclass}
+_SCHEMAS: dict[str, Union[Schema, Callable[[], Schema]]] = {}  # by config or command name: declared, or how to load
 
 
 # ---------------------------------------------------------------------------------------------------- search path
@@ -82,6 +83,34 @@ def group_defaults(group: str, name: str) -> dict[str, str]:
             base, option = entry.split("@")[0].rsplit("/", 1)
             out[base] = option
     return out
+
+
+def to_overrides(config_name: str, argv: list[str]) -> list[str]:
+    """A command's arguments as Hydra overrides, rewritten in one place: `--config-dir DIR` into $DIFFLLM_CONFIG_PATH,
+    the deepspeed launcher's `--local_rank N` into $LOCAL_RANK, `+key=v` on a declared field as `++key=v`, an option
+    named like a number quoted (quote_option_names). Rewriting its own output changes nothing."""
+    rest, i = [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if key == "--local_rank" and (eq or i + 1 < len(argv)):
+            os.environ["LOCAL_RANK"] = value if eq else argv[i + 1]
+            i += 1 if eq else 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    return quote_option_names(plus_to_force(take_config_dirs(rest), register_schema(config_name)))
+
+
+def first_job(overrides: list[str]) -> list[str]:
+    """A multirun's overrides as its first job composes them (each sweep at its first value), without Hydra's own
+    flags and `hydra` keys: what to compose once before Hydra's app runs, so a bad key is our one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    ours = [a for a in overrides if ("=" in a or a.startswith("~")) and not a.lstrip("+~").startswith(("-", "hydra"))]
+    return [
+        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else o.input_line
+        for o in OverridesParser.create().parse_overrides(ours)
+    ]
 
 
 def take_config_dirs(argv: list[str]) -> list[str]:
@@ -220,44 +249,33 @@ def _yaml(raw: str, where: str) -> Any:
         raise UserError(f"{where}: cannot parse {raw!r}") from None
 
 
-def field_defaults(cls: type) -> dict[str, Any]:
-    """{field: default} of a dataclass, nested dataclasses as dicts (None where a field has no default)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            value = None
-        out[f.name] = field_defaults(type(value)) if dataclasses.is_dataclass(value) else value
-    return out
-
-
-def schema_node(schema: dict[str, type]) -> dict[str, Any]:
+def schema_node(schema: Schema) -> dict[str, Any]:
     """{group: dataclass} ("" = root keys) -> one plain config of every field at its dataclass default."""
     node: dict[str, Any] = {}
     for group, cls in schema.items():
-        (node.setdefault(group, {}) if group else node).update(field_defaults(cls))
+        (node.setdefault(group, {}) if group else node).update(OmegaConf.to_container(OmegaConf.structured(cls)))
     return node
 
 
-def schema_for(name: str) -> dict[str, type]:
-    """The typed configs of configs/<name>.yaml, or of the command `name` ("eval ppl"): its registry entry's schema,
-    {group ("" = root keys): dataclass} ({} if none)."""
-    module, attr = COMMANDS.split(":")
-    commands = getattr(importlib.import_module(module), attr).values()
-    targets = next((c.schema for c in commands if name in (c.config, c.name) and c.schema), {})
-    out = {}
-    for group, target in targets.items():
-        module, attr = target.split(":")
-        out[group] = getattr(importlib.import_module(module), attr)
-    return out
+def declare(name: str, schema: Union[Schema, Callable[[], Schema]]) -> Any:
+    """Name the typed configs of configs/<name>.yaml or of the command `name` ("eval ppl"): a schema, or a function
+    that imports it when it is first needed (a dispatcher may name every command's so, and --help stays light)."""
+    _SCHEMAS[name] = schema
+    return schema
 
 
-def register_schema(config_name: str) -> dict[str, type]:
-    """Store the dataclass defaults as `<config>_schema`, the first entry of configs/<config>.yaml's defaults list, so
-    the YAML merges over them and every field exists (settable without `+`)."""
+def schema_for(name: str) -> Schema:
+    """The declared typed configs of configs/<name>.yaml or of the command `name` ({} if none)."""
+    schema = _SCHEMAS.get(name, {})
+    if callable(schema):
+        schema = _SCHEMAS[name] = schema()
+    return schema
+
+
+def register_schema(config_name: str) -> Schema:
+    """Store the declared dataclasses' defaults as `<config>_schema`, the first entry of configs/<config>.yaml's
+    defaults list, so the YAML merges over them and every field exists (settable without `+`). A plain node, not a
+    structured one: Hydra's `~key` cannot delete a field of a typed node; check_typed types it after composing."""
     from hydra.core.config_store import ConfigStore
 
     schema = schema_for(config_name)
@@ -265,14 +283,19 @@ def register_schema(config_name: str) -> dict[str, type]:
     return schema
 
 
-def check_typed(cfg: DictConfig, schema: dict[str, type]) -> None:
-    """Build each typed config of a composed config once: a wrong type or bad value is a one-line ValueError."""
+def check_typed(cfg: DictConfig, schema: Schema) -> dict[str, Any]:
+    """Each typed config of a composed config, built and checked: {group ("" = root keys): its dataclass}. A wrong
+    type or bad value is a one-line ValueError."""
+    typed: dict[str, Any] = {}
     for group, cls in schema.items():
         if group:
-            build(cls, cfg.get(group), group)
+            typed[group] = build(cls, cfg.get(group), group)
         else:
             names = {f.name for f in dataclasses.fields(cls)}
-            build(cls, {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k in names}, "")
+            typed[group] = build(
+                cls, {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k in names}, ""
+            )
+    return typed
 
 
 # ------------------------------------------------------------------------------------------------ bad overrides
@@ -371,7 +394,7 @@ def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
 
 def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
     """`+model.lambda_init=0.5` (the form documented before every field existed) -> `++model.lambda_init=0.5`."""
-    fields = {f"{g}.{k}" if g else k for g, cls in schema.items() for k in field_defaults(cls)}
+    fields = {f"{g}.{f.name}" if g else f.name for g, cls in schema.items() for f in dataclasses.fields(cls)}
     return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
 
 
@@ -417,20 +440,13 @@ def fail(prog: str, message: str) -> None:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-def set_env(name: str, value: Optional[str]) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
 def compose(config_name: str, overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:
-    """The config a command would see, without running it (tests, scripts, help)."""
+    """The config a command sees: its `@hydra_app` composes a run with it, and so do tests, scripts and help."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = quote_option_names(plus_to_force(list(overrides or []), register_schema(config_name)))
+    overrides = to_overrides(config_name, list(overrides or []))
     use_search_path()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

@@ -10,9 +10,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ..config import build, hydra_app
+from ..config import hydra_app
 from ..errors import UserError
 from .config import DataConfig
 
@@ -34,19 +34,17 @@ class PrepareConfig:
             raise UserError(f"workers={self.workers}: must be at least 1")
 
 
-def _typed(cls: type, cfg: DictConfig):
-    """(the data config, the command's own keys), each typed."""
-    own = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "data"}
-    return build(DataConfig, cfg.data, "data"), build(cls, own, "")
+TOKENIZER = {"data": DataConfig, "": TokenizerTrainConfig}  # the typed configs of configs/tokenizer.yaml
+PREPARE = {"data": DataConfig, "": PrepareConfig}  # ... and of configs/data_prepare.yaml
 
 
-@hydra_app("tokenizer", prog="diffllm tokenizer train")
-def train_main(cfg: DictConfig) -> None:
+@hydra_app("tokenizer", TOKENIZER, prog="diffllm tokenizer train")
+def train_main(cfg: DictConfig, typed: dict) -> None:
     """Train the byte-level BPE on data.sources, write tokenizer.json, report encode throughput."""
     from .loader import resolve_sources
     from .tokenizer import default_path, encode_throughput, train_and_save, train_sources, training_texts
 
-    data, c = _typed(TokenizerTrainConfig, cfg)  # a bad value or a DataError: one line, exit 2 (hydra_app)
+    data, c = typed["data"], typed[""]
     sources = train_sources(data)
     out = Path(c.out) if c.out else default_path(data, sources)
     tok, chars, secs = train_and_save(data, sources, out)
@@ -66,15 +64,15 @@ def train_main(cfg: DictConfig) -> None:
         print(f"use it with          data.tokenizer.path={out}")
 
 
-@hydra_app("data_prepare", prog="diffllm data prepare")
-def prepare_main(cfg: DictConfig) -> None:
+@hydra_app("data_prepare", PREPARE, prog="diffllm data prepare")
+def prepare_main(cfg: DictConfig, typed: dict) -> None:
     """Pre-tokenize every training (and held-out) source into out/<source>/ for data.prepared_dir=out."""
     from .loader import resolve_sources
     from .prepare import prepare_source
     from .sources import SYNTHETIC
     from .tokenizer import ensure_tokenizer
 
-    data, c = _typed(PrepareConfig, cfg)
+    data, c = typed["data"], typed[""]
     if data.prepared_dir:
         raise UserError("data.prepared_dir is set; prepare reads the raw sources (unset it)")
     tok = ensure_tokenizer(data)

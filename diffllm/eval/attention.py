@@ -174,7 +174,7 @@ def run_attention(c: AttentionConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval attention", run_attention, argv)
+    run_key_values("eval attention", AttentionConfig, run_attention, argv)
 
 
 if __name__ == "__main__":

@@ -324,7 +324,7 @@ def run_compare(c: CompareConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval compare", run_compare, argv)
+    run_key_values("eval compare", CompareConfig, run_compare, argv)
 
 
 if __name__ == "__main__":

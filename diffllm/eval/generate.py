@@ -178,7 +178,7 @@ def run_generate(c: GenerateConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("generate", run_generate, argv)
+    run_key_values("generate", GenerateConfig, run_generate, argv)
 
 
 if __name__ == "__main__":

@@ -203,7 +203,7 @@ def run_lm_eval(c: LmEvalConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval lm-eval", run_lm_eval, argv)
+    run_key_values("eval lm-eval", LmEvalConfig, run_lm_eval, argv)
 
 
 if __name__ == "__main__":

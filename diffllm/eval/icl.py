@@ -294,7 +294,7 @@ def run_icl(c: IclConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval icl", run_icl, argv)
+    run_key_values("eval icl", IclConfig, run_icl, argv)
 
 
 if __name__ == "__main__":

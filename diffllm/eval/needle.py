@@ -211,7 +211,7 @@ def run_needle(c: NeedleConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval needle", run_needle, argv)
+    run_key_values("eval needle", NeedleConfig, run_needle, argv)
 
 
 if __name__ == "__main__":

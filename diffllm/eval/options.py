@@ -10,39 +10,12 @@ from typing import Any, List, Optional
 from .common import EvalError
 
 MODES = ("synthetic", "text")  # eval needle's haystacks
-CITIES = (
-    "Paris",
-    "London",
-    "Rome",
-    "Madrid",
-    "Berlin",
-    "Vienna",
-    "Prague",
-    "Lisbon",
-    "Dublin",
-    "Oslo",
-    "Athens",
-    "Cairo",
-    "Tokyo",
-    "Lima",
-    "Sydney",
-    "Toronto",
-    "Boston",
-    "Chicago",
-    "Denver",
-    "Seattle",
-    "Mumbai",
-    "Delhi",
-    "Moscow",
-    "Warsaw",
-    "Geneva",
-    "Milan",
-    "Naples",
-    "Venice",
-    "Florence",
-    "Bristol",
-    "Leeds",
-    "York",
+CITIES = tuple(  # eval needle mode=text: the needles' values
+    (
+        "Paris London Rome Madrid Berlin Vienna Prague Lisbon Dublin Oslo Athens "
+        "Cairo Tokyo Lima Sydney Toronto Boston Chicago Denver Seattle Mumbai Delhi "
+        "Moscow Warsaw Geneva Milan Naples Venice Florence Bristol Leeds York"
+    ).split()
 )
 
 

@@ -199,7 +199,7 @@ def run_outliers(c: OutliersConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval outliers", run_outliers, argv)
+    run_key_values("eval outliers", OutliersConfig, run_outliers, argv)
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ def run_ppl(c: PplConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval ppl", run_ppl, argv)
+    run_key_values("eval ppl", PplConfig, run_ppl, argv)
 
 
 if __name__ == "__main__":

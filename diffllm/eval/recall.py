@@ -165,7 +165,7 @@ def run_recall(c: RecallConfig) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("eval recall", run_recall, argv)
+    run_key_values("eval recall", RecallConfig, run_recall, argv)
 
 
 if __name__ == "__main__":

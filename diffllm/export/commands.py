@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from ..config import build, hydra_app
+from ..config import hydra_app
 from ..errors import UserError
 
 
@@ -38,11 +38,11 @@ class ImportConfig:
     out: Optional[str] = None  # the run directory to create
 
 
-@hydra_app("export")
-def _export(cfg: DictConfig) -> None:
+@hydra_app("export", {"": ExportConfig})
+def _export(cfg: DictConfig, typed: dict) -> None:
     from .hf import export_run
 
-    c = build(ExportConfig, cfg, "")
+    c = typed[""]
     _required(c, ("run", "out"), "export", "run=runs/diff-tiny out=hf/diff-tiny")
     with contextlib.redirect_stdout(sys.stderr):  # what libraries print (DeepSpeed's "Setting accelerator to CPU")
         done = export_run(c.run, c.out, step=c.step, format=c.format, dtype=c.dtype, force=c.force)
@@ -52,11 +52,11 @@ def _export(cfg: DictConfig) -> None:
     print(f"load with            AutoModelForCausalLM.from_pretrained({str(done.out)!r}{remote})")
 
 
-@hydra_app("import")
-def _import(cfg: DictConfig) -> None:
+@hydra_app("import", {"": ImportConfig})
+def _import(cfg: DictConfig, typed: dict) -> None:
     from .hf_import import import_hf
 
-    c = build(ImportConfig, cfg, "")
+    c = typed[""]
     _required(c, ("src", "out"), "import", "hf/stablelm-3b-4e1t out=runs/stablelm-cont")
     mc, run_dir = import_hf(c.src, c.out)
     print(f"imported             {c.src} as {mc.arch} ({mc.norm}, {mc.n_layers} layers, d_model {mc.d_model})")

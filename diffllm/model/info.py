@@ -8,7 +8,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..config import build, hydra_app
+from ..config import hydra_app
 from .accounting import model_stats
 from .config import ModelConfig
 from .presets import load_preset, preset_names
@@ -46,16 +46,18 @@ class InfoConfig:
     seq_len: Optional[int] = None  # null -> the preset's max_seq_len
 
 
-@hydra_app("info")
-def main(cfg: DictConfig) -> None:
-    own = build(InfoConfig, {"all": cfg.all, "seq_len": cfg.seq_len}, "")
+SCHEMA = {"model": ModelConfig, "": InfoConfig}  # the typed configs of configs/info.yaml
+
+
+@hydra_app("info", SCHEMA)
+def main(cfg: DictConfig, typed: dict) -> None:
+    own, mc = typed[""], typed["model"]
     seq_len = own.seq_len
     if own.all:  # `diffllm info all=true`
         cfgs = [load_preset(n) for n in preset_names()]
         cfgs.sort(key=lambda c: (model_stats(c).nonembedding_params, c.arch))  # by size, the variants side by side
         print(table(cfgs, seq_len))
         return
-    mc = build(ModelConfig, cfg.model, "model")
     s = model_stats(mc, seq_len)
     h = mc.variant.heads(mc)
     print(f"preset               {mc.name} ({mc.arch}: {mc.variant.label})")

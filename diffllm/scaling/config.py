@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..counts import parse_count
 from ..errors import UserError
+from ..model.config import ModelConfig
 
 DEFAULT_SELECT = "optim.lr"  # the axis best-of-grid selection chooses over, where runs differ in it
 DEFAULT_SELECT_BY = "final_val_loss"  # ... and the metric it chooses by (scaling/select.py SELECT_BY)
@@ -117,3 +118,7 @@ class CoordCheckConfig:
     seq_len: int = 64  # tokens per sequence
     seed: int = 0  # the model init and the batch
     out: str = "coord-check"  # folder of coord_check.json and coord_check.png
+
+
+PLAN = {"model": ModelConfig, "": PlanConfig}  # the typed configs of configs/plan.yaml
+COORD_CHECK = {"model": ModelConfig, "": CoordCheckConfig}  # ... and of configs/coord_check.yaml

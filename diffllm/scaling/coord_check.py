@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from ..config import build, hydra_app
+from ..config import hydra_app
 from ..errors import UserError
 from ..model.config import ModelConfig
 from ..model.transformer import DecoderLM
 from ..train.optim import param_groups
-from .config import CoordCheckConfig
+from .config import COORD_CHECK, CoordCheckConfig
 
 
 def check(own: CoordCheckConfig, model: ModelConfig) -> None:
@@ -177,11 +177,10 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-@hydra_app("coord_check", prog="diffllm scaling coord-check")
-def main(cfg: DictConfig) -> None:
-    keys = {f.name: cfg[f.name] for f in CoordCheckConfig.__dataclass_fields__.values()}
-    own = build(CoordCheckConfig, keys, "")
-    result = coord_check(build(ModelConfig, cfg.model, "model"), own)
+@hydra_app("coord_check", COORD_CHECK, prog="diffllm scaling coord-check")
+def main(cfg: DictConfig, typed: dict) -> None:
+    own = typed[""]
+    result = coord_check(typed["model"], own)
     out = Path(own.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "coord_check.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -24,7 +24,7 @@ from ..model.config import ModelConfig
 from ..model.presets import check_model_overrides
 from ..train.zero import BucketBytes, bucket_bytes, merged_knobs
 from .activations import ActivationBytes, activation_bytes, logit_recompute_bytes
-from .config import PlanConfig
+from .config import PLAN, PlanConfig
 
 __all__ = ["PlanConfig", "make_plan", "render", "plan_dict", "pick", "setting"]
 
@@ -484,8 +484,8 @@ def main() -> None:
     argv = sys.argv[1:]
     check_model_overrides(argv, "diffllm plan")
 
-    @hydra_app("plan")
-    def app(cfg) -> None:
+    @hydra_app("plan", PLAN)
+    def app(cfg, typed: dict) -> None:
         if cfg.get("gpus"):
             print(gpu_table())
             return

@@ -481,11 +481,11 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    from ..config import build, hydra_app
+    from ..config import hydra_app
 
-    @hydra_app("scaling", prog="diffllm scaling fit")
-    def app(node) -> None:
-        cfg = build(ScalingConfig, node, "scaling")
+    @hydra_app("scaling", {"": ScalingConfig}, prog="diffllm scaling fit")
+    def app(node, typed: dict) -> None:
+        cfg = typed[""]
         notes: list[str] = []
         runs, folder = read_all(cfg.sweep_dir, cfg.add_runs, notes)
         result = fit_sweep(cfg, runs, notes)

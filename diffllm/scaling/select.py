@@ -113,9 +113,10 @@ def series_without(records: list[RunRecord], free: set) -> dict[str, str]:
 @functools.cache
 def config_keys() -> frozenset:
     """Every dotted key of a train config (its typed groups at their defaults)."""
-    from ..config import schema_for, schema_node
+    from ..config import schema_node
+    from ..train.app import SCHEMA
 
-    return frozenset(flatten(schema_node(schema_for("train"))))
+    return frozenset(flatten(schema_node(SCHEMA)))
 
 
 def check_select(select: Optional[str], axes: set) -> None:

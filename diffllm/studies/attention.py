@@ -156,4 +156,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study attention", run, argv)
+    run_key_values("study attention", Config, run, argv)

@@ -300,4 +300,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study claims", run, argv)
+    run_key_values("study claims", Config, run, argv)

@@ -97,4 +97,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study compare", run, argv)
+    run_key_values("study compare", Config, run, argv)

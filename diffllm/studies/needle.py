@@ -56,4 +56,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study needle", run, argv)
+    run_key_values("study needle", Config, run, argv)

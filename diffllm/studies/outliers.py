@@ -126,4 +126,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study outliers", run, argv)
+    run_key_values("study outliers", Config, run, argv)

@@ -211,4 +211,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study recall", run, argv)
+    run_key_values("study recall", Config, run, argv)

@@ -126,4 +126,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study stability", run, argv)
+    run_key_values("study stability", Config, run, argv)

@@ -229,4 +229,4 @@ def run(c: Config) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_key_values("study transfer", run, argv)
+    run_key_values("study transfer", Config, run, argv)

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import build, schema_for
+from ..config import build
 from ..errors import UserError
+from ..train.app import SCHEMA
 from .grid import Run, SweepConfig, job_overrides
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def _job_config(
     cfg = copy.deepcopy(cfg)
     for key, value in r.axes:
         OmegaConf.update(cfg, key, value, merge=False)
-    schema = schema_for("train")
     groups = {key.split(".", 1)[0] for key, _ in r.axes}
-    tc = dataclasses.replace(tc, **{g: build(schema[g], cfg[g], g) for g in groups})
-    tc.check_together()
+    tc = dataclasses.replace(tc, **{g: build(SCHEMA[g], cfg[g], g) for g in groups})
     return tc

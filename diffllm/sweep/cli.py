@@ -67,6 +67,9 @@ class SweepCommandConfig:
         launcher_overrides(self.launcher, [])
 
 
+SCHEMA = {"sweep": SweepConfig, "": SweepCommandConfig}  # the typed configs of configs/sweep.yaml
+
+
 def launcher_overrides(launcher: str, extra: list[str]) -> list[str]:
     if launcher not in LAUNCHERS:
         raise UserError(f"launcher={launcher}: expected one of {', '.join(LAUNCHERS)}")
@@ -183,16 +186,16 @@ def _role(r, sweep_dir: str) -> str:
 
 
 def main() -> None:
-    @hydra_app("sweep")
-    def app(cfg: DictConfig) -> None:
+    @hydra_app("sweep", SCHEMA)
+    def app(cfg: DictConfig, typed: dict) -> None:
         sys.exit(run_sweep(cfg))
 
     app()
 
 
 def collect_main() -> None:
-    @hydra_app("sweep")
-    def app(cfg: DictConfig) -> None:
+    @hydra_app("sweep", SCHEMA)
+    def app(cfg: DictConfig, typed: dict) -> None:
         select, by = cfg.get("select"), cfg.get("select_by") or DEFAULT_SELECT_BY
         protocol = {
             "protocol": cfg.get("select_protocol") or "auto",

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 from ..launch.argv import LaunchConfig, tool, torchrun_argv
 from ..runs import Run
+from ..train.app import SCHEMA
 
 
 def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
@@ -31,8 +32,8 @@ def child_argv(overrides: list[str], env: dict[str, str]) -> list[str]:
     return torchrun_argv(cfg, overrides, endpoint_host=head, executable=tool("torchrun"))
 
 
-@hydra_app("train")
-def _job(cfg: DictConfig) -> int:
+@hydra_app("train", SCHEMA)
+def _job(cfg: DictConfig, typed: dict) -> int:
     run_dir = Path(cfg.run_dir)
     try:
         finished = Run(run_dir).is_finished()

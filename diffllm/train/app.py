@@ -1,5 +1,5 @@
-"""`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app, its own keys
-(TrainKeys, beside the groups' dataclasses; all named in the registry entry, diffllm/cli/registry.py) and exit codes.
+"""`diffllm train [overrides]` / `python -m diffllm.train` / `torchrun -m diffllm.train`: the Hydra app over the train
+config's typed configs (SCHEMA: train_schema(), diffllm/train/config.py) and its exit codes.
 The trainer is imported when the app runs, so that composing a train config (and --help) stays light."""
 
 from __future__ import annotations
@@ -8,24 +8,20 @@ import gc
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
 
 from ..config import hydra_app
 from ..errors import UserError
+from .config import TrainConfig, train_schema
 
 EXIT_BAD_INPUT = 2  # a bad config key/value or an unusable checkpoint/data state: the one-line message says which
 EXIT_PEER_LOST = 6  # a collective failed: another rank ended or stopped answering (its own log says why)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
 
 
-@dataclass
-class TrainKeys:
-    """`diffllm train`'s keys beside its groups (model, data, trainer, optim, logging)."""
-
-    seed: int = 1234  # model init (the data order has its own data.seed)
-    run_dir: str = "runs/run"  # everything of a run: metrics.jsonl, summary.json, checkpoints/, wandb/
+SCHEMA = train_schema()  # the typed configs of configs/train.yaml
 
 
 def lost_peer(e: BaseException) -> bool:
@@ -35,15 +31,14 @@ def lost_peer(e: BaseException) -> bool:
     return isinstance(e, getattr(dist, "DistError", ())) or any(s in str(e) for s in PEER_LOST)
 
 
-@hydra_app("train")
-def _app(cfg: DictConfig) -> None:
+@hydra_app("train", SCHEMA)
+def _app(cfg: DictConfig, typed: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from .config import TrainConfig
     from .loop import Trainer
 
     try:
-        code = Trainer(TrainConfig.from_hydra(cfg)).run()
+        code = Trainer(TrainConfig.from_typed(typed)).run()
     except UserError as e:  # our config/data/checkpoint errors: one line naming the culprit, no traceback
         print(f"diffllm train: error: {e}", file=sys.stderr, flush=True)
         code = EXIT_BAD_INPUT
@@ -84,8 +79,4 @@ def main() -> None:
     skipped in a row, after saving a checkpoint (EXIT_SPIKES), 8 another job took over the run directory's lock after
     this job's heartbeat stalled for 120 s: stopped at once without saving (EXIT_LOCK_LOST, diffllm/train/lock.py);
     diffllm/train/loop.py defines the others."""
-    if any(a == "--local_rank" or a.startswith("--local_rank=") for a in sys.argv[1:]):
-        from .dist import strip_local_rank  # imports torch: only for the deepspeed launcher's argument
-
-        sys.argv = [sys.argv[0]] + strip_local_rank(sys.argv[1:])
     _app()

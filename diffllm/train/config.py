@@ -332,9 +332,27 @@ class LoggingConfig:
             raise UserError(f"logging.wandb: got {self.wandb!r}, expected one of {WANDB_MODES}")
 
 
+@dataclass
+class TrainKeys:
+    """`diffllm train`'s keys beside its groups (model, data, trainer, optim, logging)."""
+
+    seed: int = 1234  # model init (the data order has its own data.seed)
+    run_dir: str = "runs/run"  # everything of a run: metrics.jsonl, summary.json, checkpoints/, wandb/
+
+
+def train_schema() -> dict[str, type]:
+    """The typed configs of configs/train.yaml: {group ("" = root keys): dataclass}."""
+    from ..data import DataConfig
+    from ..model import ModelConfig
+
+    groups = {"model": ModelConfig, "data": DataConfig, "trainer": TrainerConfig, "optim": OptimConfig}
+    return {**groups, "logging": LoggingConfig, "": TrainKeys}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything `diffllm train` is given, typed: what the Trainer takes (build it from Hydra with from_hydra).
+    """Everything `diffllm train` is given, typed: what the Trainer takes (from the typed configs a launch built once,
+    from_typed, or from a composed config, from_hydra); checked together whenever one is made (replace included).
     Frozen: what a launch changes (resume.py's plan: the tokenizer's vocabulary, model.init_from's architecture) is a
     new TrainConfig (dataclasses.replace), and `resolved`, the config that checkpoints and config.yaml record, is
     derived from it, so the two cannot disagree."""
@@ -354,25 +372,20 @@ class TrainConfig:
         return {**groups, "seed": self.seed, "run_dir": self.run_dir}
 
     @classmethod
+    def from_typed(cls, typed: dict[str, Any]) -> TrainConfig:
+        """From train_schema()'s dataclasses, built and checked (diffllm.config.check_typed: what @hydra_app gives)."""
+        keys = typed[""]
+        return cls(**{g: c for g, c in typed.items() if g}, seed=keys.seed, run_dir=keys.run_dir)
+
+    @classmethod
     def from_hydra(cls, cfg: DictConfig) -> TrainConfig:
         """Each group built and validated into its dataclass (a bad key or value is a one-line ValueError)."""
-        from ..config import build
-        from ..data import DataConfig
-        from ..model import ModelConfig
+        from ..config import check_typed
 
-        out = cls(
-            trainer=build(TrainerConfig, cfg.trainer, "trainer"),
-            optim=build(OptimConfig, cfg.optim, "optim"),
-            logging=build(LoggingConfig, cfg.logging, "logging"),
-            model=build(ModelConfig, cfg.model, "model"),
-            data=build(DataConfig, cfg.data, "data"),
-            seed=int(cfg.seed),
-            run_dir=str(cfg.run_dir),
-        )
-        for c in (out.trainer, out.optim, out.logging):
-            c.validate()
-        out.check_together()
-        return out
+        return cls.from_typed(check_typed(cfg, train_schema()))
+
+    def __post_init__(self) -> None:
+        self.check_together()
 
     def check_together(self) -> None:
         """What no group can check alone: the training windows fit the model's context."""

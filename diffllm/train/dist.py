@@ -24,21 +24,6 @@ def set_env_defaults() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def strip_local_rank(argv: list[str]) -> list[str]:
-    """The deepspeed launcher appends `--local_rank=N`; Hydra would reject it. Move it into LOCAL_RANK."""
-    out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-        elif a.startswith("--local_rank="):
-            os.environ["LOCAL_RANK"] = a.split("=", 1)[1]
-        elif a == "--local_rank" and i + 1 < len(argv):
-            os.environ["LOCAL_RANK"], skip = argv[i + 1], True
-        else:
-            out.append(a)
-    return out
-
-
 def on_gpu() -> bool:
     return os.environ.get("DS_ACCELERATOR", "cpu") == "cuda" and torch.cuda.is_available()
 

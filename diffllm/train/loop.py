@@ -56,7 +56,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, hooks: Optional[list[Hook]] = None):
         self.cfg = cfg
         set_env_defaults()  # a plain single process is a world of one; checked here, before any heavy setup
-        cfg.check_together()  # (from_hydra checked it too; a config built otherwise is checked here)
         self.budget = plan_budget(cfg.trainer, cfg.data.seq_len, int(os.environ["WORLD_SIZE"]))
         self.run_dir = Path(cfg.run_dir)
         self.run_obj = Run(self.run_dir)  # a run_dir that is a file: a one-line error, before anything starts
