@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..budget import Budget
     from ..data import Batch
     from ..runs import Run
-    from .state import TrainState
+    from .checkpoints.state import TrainState
 
 MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
 

@@ -12,11 +12,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..budget import plan_branching
 from ..errors import UserError
 from ..model.accounting import model_stats
 from ..runs import Run
-from .checkpoint import CheckpointManager
+from .checkpoints.plan import ResumePlan, plan_resume
+from .checkpoints.save import CheckpointManager
+from .checkpoints.snapshot import RunSnapshot
+from .checkpoints.state import Resumable, TrainState
 from .config import TrainConfig, plan_budget
+from .context import LaunchContext
 from .diagnostics import diagnostics_hooks
 from .dist import all_gather_object, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
@@ -27,10 +32,8 @@ from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation
 from .lock import hold_run_dir
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
-from .resume import ResumePlan, plan_resume
 from .signals import StopFlag
 from .spikes import SpikeGuard
-from .state import Resumable, TrainState
 from .step import Asks, Step
 from .summary import Summary, bad_records, banner, summary_of
 from .tracking import new_run_id, open_wandb
@@ -85,7 +88,11 @@ class Trainer:
         self.t_launch = time.monotonic()
         self.device = init_distributed(self.cfg.trainer.dist_timeout_minutes)
         self.rank, self.ws = rank(), world_size()
-        plan = plan_resume(self.cfg, self.run_obj, self.rank, self.ws, self.budget, say)
+        cfg = self.cfg
+        branching = plan_branching(cfg.trainer, cfg.optim, self.budget)
+        self.ctx = LaunchContext(self.rank, self.ws, self.device, self.budget, branching, self.run_obj, say)
+        snap = RunSnapshot.read(self.run_obj, cfg.trainer.resume, cfg.trainer.branch_from, cfg.model.init_from)
+        plan = plan_resume(cfg, snap, self.ctx)
         cfg = self.cfg = plan.config  # what is trained: config.yaml and the checkpoints record this one
         if plan.finished:  # its result is final: nothing is built, converted, loaded or rewritten
             self.state = TrainState.from_dict(plan.saved["train_state"])

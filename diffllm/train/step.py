@@ -24,10 +24,10 @@ from .schedule import lr_at
 
 if TYPE_CHECKING:
     from ..budget import Budget
+    from .checkpoints.state import TrainState
     from .config import OptimConfig
     from .signals import StopFlag
     from .spikes import SpikeGuard
-    from .state import TrainState
     from .watchdog import Watchdog
 
 

@@ -89,8 +89,8 @@ def make_view(run_dir: Path, steps: int, rank: int = 0, model=None, **asks):
     `asks`: the View's callables (log, request_save, say, elapsed, failing) where a test wants its own."""
     from diffllm.budget import Budget
     from diffllm.runs import Run
+    from diffllm.train.checkpoints.state import TrainState
     from diffllm.train.hooks import View
-    from diffllm.train.state import TrainState
 
     budget = Budget(steps * 1024, 1024, 4, 64, 1, 4, steps)
     defaults = dict(log=lambda record: None, request_save=lambda agree=False: None, say=lambda msg, error=False: None)

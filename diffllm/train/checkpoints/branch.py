@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..runs import Run, read_metrics
-from .hooks import Hook
+from ...runs import Run, read_metrics
+from ..hooks import Hook
 
 if TYPE_CHECKING:
-    from .hooks import View
+    from ..hooks import View
 
 
 class BranchPoints(Hook):

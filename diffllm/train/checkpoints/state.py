@@ -7,9 +7,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .checkpoint import rng_state, set_rng_state
-from .dist import all_gather_object
-from .spikes import SpikeHistory
+from ..dist import all_gather_object
+from ..spikes import SpikeHistory
+from .save import rng_state, set_rng_state
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Resumable:
     def check(self, saved: dict) -> None:
         """Refuse, before anything is loaded or written, a data state this launch's loader cannot restore exactly
         (the check `restore` makes: e.g. a world size that does not divide its streams)."""
-        from ..data.loader import check_states
+        from ...data.loader import check_states
 
         if self.loader.cfg.resume:
             check_states(saved["data"], self.loader)
