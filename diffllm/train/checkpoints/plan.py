@@ -1,13 +1,12 @@
 """Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
-the engine is built from the launch's `RunSnapshot` (snapshot.py: run_dir and the runs it names, read once before; the
-plan never goes back to them) (`plan_resume`: trainer.resume against run_dir, a WSD branch's parent checkpoint
-(`branch_source`, see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout), and the checks
-behind it: the
-checkpoint's architecture and ZeRO layout, a finished run's config, a resumed run's budget (not below what it trained)
-and optimisation schedule (changed only with trainer.allow_changes=true), a branch's config against its parent's, the
-run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
-(a finished run is never changed, at any world size); even a fresh start's old files are moved aside only once every
-input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
+the engine is built, over the launch's `RunSnapshot` (snapshot.py: run_dir and the runs it names, read once before; the
+plan never goes back to them): `plan_resume` decides trainer.resume against run_dir, a WSD branch's parent checkpoint
+(`branch_source`, see branch.py), model.init_from, the tokenizer, a finished run and the ZeRO layout. The checks behind
+it: the checkpoint's architecture and ZeRO layout, a finished run's config, a resumed run's budget (not below what it
+trained) and optimisation schedule (changed only with trainer.allow_changes=true), a branch's config against its
+parent's, the run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes
+anything (a finished run is never changed, at any world size); even a fresh start's old files are moved aside only
+once every input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
 
 from __future__ import annotations
 
@@ -336,7 +335,7 @@ def plan_resume(cfg: TrainConfig, snap: RunSnapshot, ctx: LaunchContext) -> Resu
     elif ckpt is None:
         fresh = "trainer.resume=none" if mode == "none" else "no checkpoint to resume from"
     cfg, weights = init_from(cfg, ckpt)
-    owners = ([] if fresh else [snap.run.tokenizer]) + ([snap.tokenizers[ckpt.dir]] if ckpt is not None else [])
+    owners = ([] if fresh is not None else [snap.run.tokenizer]) + ([snap.tokenizers[ckpt.dir]] if ckpt else [])
     tok_file, kept = tokenizer_choice(  # runs.choose_tokenizer's decision, over the snapshot
         [p for p in owners if p is not None],
         cfg.data.tokenizer.path,
@@ -356,9 +355,7 @@ def plan_resume(cfg: TrainConfig, snap: RunSnapshot, ctx: LaunchContext) -> Resu
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
-    check_pickles(
-        ckpt, ctx.rank
-    )  # a file that would run code when loaded: refused on every rank before DeepSpeed loads
+    check_pickles(ckpt, ctx.rank)  # a file that would run code: refused on every rank before DeepSpeed loads it
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
         raise UserError(
