@@ -149,7 +149,7 @@ def decay_start(total_steps: int, opt: DecayKeys) -> int:
     """WSD: the first decay step of a run of `total_steps` (total_steps when nothing decays): the last
     decay = max(1, round(decay_fraction x total_steps)) steps decay (none when decay_fraction = 0), never a warmup step:
     start = max(min(warmup_steps, total_steps), total_steps - decay). Every step before it has the same lr in every
-    WSD run whose start is not earlier, which is what a branch (diffllm/train/branch.py) is saved at."""
+    WSD run whose start is not earlier, which is what a branch (diffllm/train/checkpoints/branch.py) is saved at."""
     decay = max(1, round(opt.decay_fraction * total_steps)) if opt.decay_fraction > 0 else 0
     return total_steps if decay == 0 else max(min(opt.warmup_steps, total_steps), total_steps - decay)
 
@@ -192,3 +192,27 @@ def branch_points(budgets: list, opt: DecayKeys, budget: Budget) -> dict[int, in
         _, start = branch_start(tokens, key, budget.global_batch_tokens, opt)
         points[start] = steps * budget.global_batch_tokens
     return points
+
+
+@dataclass(frozen=True)
+class Branching:
+    """A WSD run's branching in steps (`plan_branching`): `points` {branch step S(D): budget D in tokens} where it keeps
+    a checkpoint for each of its trainer.branch_budgets, and, for a cooldown (trainer.branch_from), `start`: S(steps),
+    the step where its own budget begins to decay, the parent's checkpoint it starts from."""
+
+    points: dict[int, int]
+    start: Optional[int] = None
+
+
+class BranchKeys(BudgetKeys, Protocol):
+    branch_budgets: list
+    branch_from: Optional[str]
+
+
+def plan_branching(trainer: BranchKeys, opt: DecayKeys, budget: Budget) -> Branching:
+    """The branch points of trainer.branch_budgets and a cooldown's start (past the warmup), or a one-line error."""
+    points = branch_points(trainer.branch_budgets, opt, budget)
+    if not trainer.branch_from:
+        return Branching(points)
+    check_after_warmup(budget.steps, opt, "trainer.tokens", trainer.tokens)
+    return Branching(points, decay_start(budget.steps, opt))

@@ -28,7 +28,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Collection, Optional, Union
+from typing import Callable, Collection, Optional, Union
 
 from .errors import UserError
 from .runfiles import (  # noqa: F401 - the run directory's file layer, imported from here too
@@ -393,15 +393,25 @@ def choose_tokenizer(
     4. None: the configured default (the byte-level BPE trained on the sources, cached).
     `fresh`: the launch starts afresh in `run` (its old files are to be moved aside): its own tokenizer.json does not
     count."""
-    owners = ([] if fresh else [run]) + ([Run(resume.dir.parent)] if resume is not None else [])
-    for owner in owners:
-        if (owner.dir / TOKENIZER_FILE).is_file():
-            return owner.dir / TOKENIZER_FILE, True
+    owners = ([] if fresh else [run.dir]) + ([resume.dir.parent] if resume is not None else [])
+    return tokenizer_choice(
+        [owner / TOKENIZER_FILE for owner in owners if (owner / TOKENIZER_FILE).is_file()],
+        configured,
+        lambda: model_tokenizer(init_from) if init_from and resume is None else None,
+    )
+
+
+def tokenizer_choice(
+    kept: list[Path], configured: Optional[str], from_init: Callable[[], Optional[Path]]
+) -> tuple[Optional[Path], bool]:
+    """`choose_tokenizer`'s decision over what it found (the resume plan makes it over its snapshot of the run):
+    `kept`, the tokenizer.json of each run whose tokenizer is kept, in order; data.tokenizer.path (`configured`);
+    `from_init`, model.init_from's tokenizer (asked only when nothing before it decides)."""
+    if kept:
+        return kept[0], True
     if configured:
         return Path(configured), False
-    if init_from and resume is None:
-        return model_tokenizer(init_from), False
-    return None, False
+    return from_init(), False
 
 
 def checkpoint_identity(ckpt: Checkpoint) -> dict:

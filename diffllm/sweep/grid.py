@@ -6,8 +6,8 @@ checkpoints because the run directory is the same).
 Budget modes (`budget_mode`): `scratch` trains every budget from scratch; `branch` trains one WSD *stable* run per
 (model, axes, seed) to the largest budget, keeping a checkpoint where each smaller budget's decay begins
 (`trainer.branch_budgets`), and each smaller budget as a *cooldown* from it (`trainer.branch_from`,
-diffllm/train/branch.py). A stable run and its cooldowns are one *family*: a shard runs whole families, and a
-family's cooldowns are launched after its stable run's multirun returned (the sweep runs its commands in order,
+diffllm/train/checkpoints/branch.py). A stable run and its cooldowns are one *family*: a shard runs whole families,
+and a family's cooldowns are launched after its stable run's multirun returned (the sweep runs its commands in order,
 stable runs of a seed before their cooldowns), so a cooldown never waits on another process."""
 
 from __future__ import annotations

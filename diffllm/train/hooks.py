@@ -38,28 +38,50 @@ if TYPE_CHECKING:
     from ..budget import Budget
     from ..data import Batch
     from ..runs import Run
-    from .state import TrainState
+    from .checkpoints.state import TrainState
+    from .context import LaunchContext
 
 MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
 
 
 @dataclass
 class View:
-    """What a hook sees of the run (the Trainer makes one after setup; a test makes its own)."""
+    """What a hook sees of the run (the Trainer makes one after setup; a test makes its own): the launch (`ctx`: rank,
+    world size, device, budget, run directory, say, beat), the counters, and what the Trainer offers."""
 
+    ctx: LaunchContext
     state: TrainState  # the counters: step (done so far), tokens, ...
-    budget: Budget
-    rank: int
-    world_size: int
-    run: Run  # the run directory
     model: Callable[[], Any]  # the DeepSpeed engine (its .module: the DecoderLM)
     log: Callable[[dict], None]  # a record of its own (rank 0 writes it, after the step's record)
     request_save: Callable[..., None]  # request_save(agree=False)
-    say: Callable[..., None]  # say(msg, error=False): rank 0 prints
-    device: torch.device = torch.device("cpu")
-    beat: Callable[[str], None] = lambda phase: None  # the step watchdog hears that `phase` is busy
     elapsed: Callable[[], float] = lambda: 0.0  # wall seconds of the run so far (all launches)
     failing: Callable[[], bool] = lambda: False  # too many non-finite steps in a row: the loop stops after this step
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    @property
+    def budget(self) -> Budget:
+        return self.ctx.budget
+
+    @property
+    def run(self) -> Run:  # the run directory
+        return self.ctx.run
+
+    def say(self, msg: str, error: bool = False) -> None:  # rank 0 prints
+        self.ctx.say(msg, error=error)
+
+    def beat(self, phase: str) -> None:  # the step watchdog hears that `phase` is busy
+        self.ctx.beat(phase)
 
 
 def lm_loss(model, batch: Batch, reduction: str = "mean") -> torch.Tensor:

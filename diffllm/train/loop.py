@@ -1,8 +1,9 @@
 """The Trainer: setup from a resume plan, then a short loop of steps to the token budget, with exit codes for
 preemption, non-finite steps and spikes. The step is step.py's `Step`; what happens around it (the summary, window
 metrics, diagnostics, in-loop evaluation, fault injection, save timing, branch points, a user's own) are hooks that see
-a `View` (hooks.py) and return what they add to the step's record, which one writer logs last (metrics.py); where a
-run continues from is resume.py's plan; what a checkpoint holds is state.py's Resumable; every save is `save`'s."""
+a `View` (hooks.py) and return what they add to the step's record, which one writer logs last (metrics.py); the parts
+share one `LaunchContext` (context.py); where a run continues from is checkpoints/plan.py's plan over one snapshot of
+the run directory; what a checkpoint holds is checkpoints/state.py's Resumable; every save is `save`'s."""
 
 from __future__ import annotations
 
@@ -12,11 +13,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..budget import plan_branching
 from ..errors import UserError
 from ..model.accounting import model_stats
 from ..runs import Run
-from .checkpoint import CheckpointManager
+from .checkpoints.plan import ResumePlan, plan_resume
+from .checkpoints.save import CheckpointManager
+from .checkpoints.snapshot import RunSnapshot
+from .checkpoints.state import Resumable, TrainState
 from .config import TrainConfig, plan_budget
+from .context import LaunchContext
 from .diagnostics import diagnostics_hooks
 from .dist import all_gather_object, barrier, init_distributed, rank, set_env_defaults, world_size
 from .engine import build_engine, deepspeed_config, resolve_precision
@@ -27,10 +33,8 @@ from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation
 from .lock import hold_run_dir
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
-from .resume import ResumePlan, plan_resume
 from .signals import StopFlag
 from .spikes import SpikeGuard
-from .state import Resumable, TrainState
 from .step import Asks, Step
 from .summary import Summary, bad_records, banner, summary_of
 from .tracking import new_run_id, open_wandb
@@ -78,46 +82,87 @@ class Trainer:
 
     # ----- setup -------------------------------------------------------------------------------------------------
     def setup(self) -> ResumePlan:
+        """Processes up, the resume plan, then what it names built in order: inputs (data, validation, evaluation;
+        checked before any write), run_dir's first writes (rank 0), the engine and its checkpoint, the hooks."""
+        self.t_launch = time.monotonic()
+        plan = self.plan()
+        cfg = self.cfg = plan.config  # what is trained: config.yaml and the checkpoints record this one
+        if plan.finished:  # its result is final: nothing is built, converted, loaded or written
+            return self.open_finished(plan)
+        self.run_obj.check_writable()  # a read-only run_dir: one line now, not a traceback at its first write
+        self.build_inputs(plan)
+        self.lock = hold_run_dir(self.run_obj, self.ctx.rank)  # one job per run_dir (runlock.py), before any write
+        if self.ctx.rank == 0:
+            self.begin(plan)
+        barrier()
+        self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_last, plan.branches.pinned_tags())
+        ds_config = deepspeed_config(cfg.trainer, cfg.optim, self.budget, self.precision, plan.universal)
+        self.engine, optimizer = build_engine(
+            cfg.model, cfg.trainer, cfg.optim, ds_config, cfg.seed, UpdateGate(), plan.weights
+        )
+        self.step = Step(self.ctx, cfg.optim, self.engine, optimizer, self.loader, self.spikes)
+        if plan.checkpoint is not None:
+            self.load(plan)
+        else:
+            self.state.wandb_id = all_gather_object(new_run_id())[0]
+        if self.ctx.rank == 0:  # a self-contained run directory: config and tokenizer
+            self.run_obj.write_tokenizer(plan.tokenizer.tk.to_str())
+            self.run_obj.write_config(cfg.resolved)
+        self.view = View(
+            self.ctx,
+            self.state,
+            model=lambda: self.engine,
+            log=self.log,
+            request_save=self.asks.request_save,
+            elapsed=self.elapsed,
+            failing=lambda: self.failing,
+        )
+        self.hooks = Hooks([*self.built_in_hooks(plan), *self.extra_hooks], self.view)
+        b = self.budget
+        self.writer = MetricsWriter(self.ctx.rank, cfg.trainer.log_every, b.steps, b.tokens, b.global_batch_tokens)
+        return plan
+
+    def plan(self) -> ResumePlan:
+        """The launch's processes and context, then its resume plan over one snapshot of the run directory."""
+        cfg = self.cfg
+        device = init_distributed(cfg.trainer.dist_timeout_minutes)
+        branching = plan_branching(cfg.trainer, cfg.optim, self.budget)
+        beat = self.watchdog.beat
+        self.ctx = LaunchContext(rank(), world_size(), device, self.budget, branching, self.run_obj, say, beat)
+        snap = RunSnapshot.read(self.run_obj, cfg.trainer.resume, cfg.trainer.branch_from, cfg.model.init_from)
+        return plan_resume(cfg, snap, self.ctx)
+
+    def open_finished(self, plan: ResumePlan) -> ResumePlan:
+        """A finished run at its budget: its state is read, nothing is built or written (interrupted saves aside)."""
+        self.state = TrainState.from_dict(plan.saved["train_state"])
+        hold_run_dir(self.run_obj, self.ctx.rank, take=False)  # refused while another job writes the run
+        if self.ctx.rank == 0:
+            self.run_obj.remove_partial()  # saves that never completed (never published) are no part of it
+        say(
+            f"{plan.checkpoint.path}: the finished run's last checkpoint (step {self.state.step}, "
+            f"{self.state.tokens:,} tokens; summary.json)"
+        )
+        return plan
+
+    def build_inputs(self, plan: ResumePlan) -> None:
+        """The data loader, validation sets, final validation, resumable state and evaluation hooks: each checked
+        (the checkpoint's data state against this launch's loader, evaluation windows) before anything is written."""
         from ..data import build_train_loader
         from ..data.loader import validation_sets
 
-        self.t_launch = time.monotonic()
-        self.device = init_distributed(self.cfg.trainer.dist_timeout_minutes)
-        self.rank, self.ws = rank(), world_size()
-        plan = plan_resume(self.cfg, self.run_obj, self.rank, self.ws, self.budget, say)
-        cfg = self.cfg = plan.config  # what is trained: config.yaml and the checkpoints record this one
-        if plan.finished:  # its result is final: nothing is built, converted, loaded or rewritten
-            self.state = TrainState.from_dict(plan.saved["train_state"])
-            hold_run_dir(self.run_obj, self.rank, take=False)  # refused while another job writes the run
-            if self.rank == 0:
-                self.run_obj.remove_partial()  # saves that never completed (never published) are no part of it
-            say(
-                f"{plan.checkpoint.path}: the finished run's last checkpoint (step {self.state.step}, "
-                f"{self.state.tokens:,} tokens; summary.json)"
-            )
-            return plan
-        self.run_obj.check_writable()  # a read-only run_dir: one line now, not a traceback at its first write
-        tok, data, trainer = plan.tokenizer, cfg.data, cfg.trainer
+        cfg, ctx, tok = self.cfg, self.ctx, plan.tokenizer
+        data, trainer = cfg.data, cfg.trainer
         self.stats = model_stats(cfg.model, data.seq_len)
         self.precision = resolve_precision(trainer)
         self.loader = build_train_loader(
-            data, tok, self.rank, self.ws, self.budget.micro_batch_size, pin_memory=self.device.type == "cuda"
+            data, tok, ctx.rank, ctx.world_size, self.budget.micro_batch_size, pin_memory=ctx.device.type == "cuda"
         )
         batch, n_val = trainer.val_batch_size or self.budget.micro_batch_size, trainer.val_batches
         # several held-out sources: a loss for each as well
         sets = validation_sets(data, tok, batch, n_val, trainer.val_tokens, MAIN_VAL)
         self.validation = Validation(sets, trainer.val_every)
         self.final_val = FinalValidation(cfg.resolved, tok, data.seq_len, batch, trainer.val_tokens)
-        self.resumable = Resumable(
-            self.state,
-            self.loader,
-            cfg.resolved,
-            cfg.model,
-            self.ws,
-            trainer.zero_stage,
-            cfg.optim.schedule,
-            self.budget.steps,
-        )
+        self.resumable = Resumable(cfg, ctx, self.state, self.loader)
         if plan.saved is not None:
             try:  # e.g. a world size its data streams cannot take, or changed sources: before any write
                 self.resumable.check(plan.saved)
@@ -126,49 +171,11 @@ class Trainer:
         self.evals = eval_hooks(trainer.eval, tok, data.seq_len, cfg.resolved)
         for hook in self.evals:
             hook.prepare(cfg.model.max_seq_len)  # its windows and prompts: ones that cannot be built fail here
-        self.lock = hold_run_dir(self.run_obj, self.rank)  # one job per run_dir (runlock.py), before its first write
-        if self.rank == 0:
-            self.begin(plan)
-        barrier()
-        self.ckpt = CheckpointManager(self.run_dir, trainer.keep_last, plan.branches.pinned_tags())
-        ds_config = deepspeed_config(trainer, cfg.optim, self.budget, self.precision, plan.universal)
-        self.engine, optimizer = build_engine(
-            cfg.model, trainer, cfg.optim, ds_config, cfg.seed, UpdateGate(), plan.weights
-        )
-        self.step = Step(
-            self.engine,
-            optimizer,
-            self.loader,
-            self.spikes,
-            self.budget,
-            cfg.optim,
-            self.device,
-            self.watchdog,
-        )
-        if plan.checkpoint is not None:
-            self.load(plan)
-        else:
-            self.state.wandb_id = all_gather_object(new_run_id())[0]
-        if self.rank == 0:  # a self-contained run directory: config and tokenizer
-            self.run_obj.write_tokenizer(tok.tk.to_str())
-            self.run_obj.write_config(cfg.resolved)
-        self.view = View(
-            self.state,
-            self.budget,
-            self.rank,
-            self.ws,
-            self.run_obj,
-            model=lambda: self.engine,
-            log=self.log,
-            request_save=self.asks.request_save,
-            say=say,
-            device=self.device,
-            beat=self.watchdog.beat,
-            elapsed=self.elapsed,
-            failing=lambda: self.failing,
-        )
-        peak = cfg.logging.peak_tflops or peak_tflops(device_name())
-        built_in = [
+
+    def built_in_hooks(self, plan: ResumePlan) -> list[Hook]:
+        trainer = self.cfg.trainer
+        peak = self.cfg.logging.peak_tflops or peak_tflops(device_name())
+        return [
             Summary(),
             StepMetrics(trainer.log_every, self.stats.flops_per_token, peak),
             *diagnostics_hooks(trainer.diagnostics, trainer.log_every),
@@ -177,11 +184,6 @@ class Trainer:
             Checkpointing(trainer.save_every_steps, trainer.save_every_minutes),
             *plan.branches.hooks(),
         ]
-        self.hooks = Hooks([*built_in, *self.extra_hooks], self.view)
-        self.writer = MetricsWriter(
-            self.rank, trainer.log_every, self.budget.steps, self.budget.tokens, self.budget.global_batch_tokens
-        )
-        return plan
 
     def begin(self, plan: ResumePlan) -> None:
         """Rank 0, once every input is checked: the first writes into run_dir. A fresh start moves the old run's files
@@ -195,12 +197,12 @@ class Trainer:
     def load(self, plan: ResumePlan) -> None:
         client, tag = self.ckpt.load(self.engine, plan.checkpoint, plan.universal)
         saved = Resumable.saved(client)
-        self.resumable.restore(saved, self.rank)  # raises, naming the problem, if the data cannot resume exactly
+        self.resumable.restore(saved, self.ctx.rank)  # raises, naming the problem, if the data cannot resume exactly
         self.state = self.resumable.state
         res = plan.checkpoint
         how = (
-            f"a universal checkpoint (world size {saved['world_size']} -> {self.ws}, ZeRO-{res.zero_stage} -> "
-            f"{self.cfg.trainer.zero_stage})"
+            f"a universal checkpoint (world size {saved['world_size']} -> {self.ctx.world_size}, "
+            f"ZeRO-{res.zero_stage} -> {self.cfg.trainer.zero_stage})"
             if plan.universal
             else "checkpoint"
         )

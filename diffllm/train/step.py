@@ -23,12 +23,11 @@ from .metrics import finite_or_none
 from .schedule import lr_at
 
 if TYPE_CHECKING:
-    from ..budget import Budget
+    from .checkpoints.state import TrainState
     from .config import OptimConfig
+    from .context import LaunchContext
     from .signals import StopFlag
     from .spikes import SpikeGuard
-    from .state import TrainState
-    from .watchdog import Watchdog
 
 
 @dataclass
@@ -49,23 +48,14 @@ class Asks:
 
 
 class Step:
-    """One optimizer step: owns the engine, its optimizer (whose UpdateGate drops an update on every rank), the data
-    loader and the spike guard. `step(state, hooks, asks)` -> (the step's record, whether any rank asked to stop)."""
+    """One optimizer step of the launch `ctx` (its budget, device and watchdog beat) under `optim`'s schedule: owns the
+    engine, its optimizer (whose UpdateGate drops an update on every rank), the data loader and the spike guard.
+    `step(state, hooks, asks)` -> (the step's record, whether any rank asked to stop)."""
 
-    def __init__(
-        self,
-        engine,
-        optimizer,
-        loader,
-        spikes: SpikeGuard,
-        budget: Budget,
-        optim: OptimConfig,
-        device: torch.device,
-        watchdog: Watchdog,
-    ):
+    def __init__(self, ctx: LaunchContext, optim: OptimConfig, engine, optimizer, loader, spikes: SpikeGuard):
+        self.budget, self.device, self.beat, self.optim = ctx.budget, ctx.device, ctx.beat, optim
         self.engine, self.optimizer, self.gate = engine, optimizer, optimizer.gate
-        self.loader, self.spikes, self.budget, self.optim = loader, spikes, budget, optim
-        self.device, self.watchdog = device, watchdog
+        self.loader, self.spikes = loader, spikes
 
     def __call__(self, state: TrainState, hooks: Hooks, asks: Asks) -> tuple[dict, bool]:
         """grad_accum micro-batches, then the update. Hooks see it through on_step_start (before the first batch is
@@ -78,18 +68,18 @@ class Step:
             group["lr"] = lr * group.get("lr_mult", 1.0)  # mup: per-group multipliers (optim.param_groups)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         counted = torch.zeros((), dtype=torch.float64, device=self.device)  # this rank's targets that count
-        self.watchdog.beat("data")
+        self.beat("data")
         hooks.call("on_step_start")
         for micro in range(accum):
-            self.watchdog.beat("data")
+            self.beat("data")
             batch = next(self.loader).to(self.device, non_blocking=True)  # (B, T+1) windows; pinned on CUDA
             counted += batch.loss_token_count()
-            self.watchdog.beat("forward/backward")
+            self.beat("forward/backward")
             loss = hooks.loss(lm_loss(engine, batch))
             engine.backward(loss)  # DeepSpeed divides by grad_accum
             loss_sum += loss.detach()
             if micro == accum - 1:  # the update happens in the engine.step() below: agree first
-                self.watchdog.beat("loss all-reduce")
+                self.beat("loss all-reduce")
                 a = agree(asks, loss_sum, counted, plain_grad_norm(engine), accum)
                 mean_loss, stop, loss_tokens = a.mean_loss, a.stop, a.loss_tokens
                 norm = StepNorm(engine, a.norm)
@@ -99,7 +89,7 @@ class Step:
                 self.gate.arm(force, norm, self.spikes.drops if self.spikes.acts else None)
                 ds_skipped = engine.skipped_steps
                 hooks.call("on_before_update")
-                self.watchdog.beat("optimizer step")
+                self.beat("optimizer step")
             engine.step()
         skipped = self.gate.disarm() or engine.skipped_steps > ds_skipped  # ours, or DeepSpeed's own check
         return self.count(state, lr, mean_loss, loss_tokens, skipped, norm, t0), stop

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from ..budget import Budget
     from ..model.accounting import ModelStats
     from ..runs import Run
+    from .checkpoints.state import TrainState
     from .config import TrainConfig
-    from .state import TrainState
 
 
 def banner(cfg: TrainConfig, budget: Budget, stats: ModelStats, precision: str, say: Callable[..., None]) -> None:

@@ -143,7 +143,6 @@ def count_steps(spec: Spec, world_size: int) -> dict:
     from diffllm.train.signals import StopFlag
     from diffllm.train.spikes import SpikeGuard
     from diffllm.train.step import Asks, Step
-    from diffllm.train.watchdog import Watchdog
     from tests.train.helpers import make_view
 
     seq, micro = 16, 2
@@ -174,11 +173,10 @@ def count_steps(spec: Spec, world_size: int) -> dict:
     asks = Asks(StopFlag())
     nan = NanGradient(spec.nan_grad_at or 0, engine)
     with tempfile.TemporaryDirectory() as tmp, Counter() as counter:
-        view = make_view(Path(tmp), steps=budget.steps, request_save=asks.request_save)
-        view.model, view.budget, view.rank, view.world_size = lambda: engine, budget, dist.get_rank(), world_size
-        step = Step(
-            engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()), budget, opt, torch.device("cpu"), Watchdog(0)
+        view = make_view(
+            Path(tmp), budget.steps, dist.get_rank(), engine, budget, world_size, request_save=asks.request_save
         )
+        step = Step(view.ctx, opt, engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()))
         built_in = [
             StepMetrics(spec.log_every, 1.0, None),
             *diagnostics_hooks(spec.diagnostics, spec.log_every),

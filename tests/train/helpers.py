@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 SESSION = Path(tempfile.mkdtemp(prefix="diffllm-train-tests-"))
 # Set for every trainer test (and the processes it starts) by the session fixture in conftest.py.
@@ -84,17 +85,21 @@ def resumes_exactly_after_sigterm(args, tmp_path: Path, stop_at: int, steps: int
     return ref
 
 
-def make_view(run_dir: Path, steps: int, rank: int = 0, model=None, **asks):
-    """A hook's View of a one-rank run of `steps` steps of 1024 tokens in `run_dir`, at step 0 (a fresh TrainState);
-    `asks`: the View's callables (log, request_save, say, elapsed, failing) where a test wants its own."""
-    from diffllm.budget import Budget
+def make_view(run_dir: Path, steps: int, rank: int = 0, model=None, budget=None, world_size: int = 1, **asks):
+    """A hook's View of a one-rank run of `steps` steps of 1024 tokens in `run_dir` (or of `budget` on `world_size`
+    ranks), at step 0 (a fresh TrainState); `asks`: the View's callables (log, request_save, say, elapsed, failing)
+    where a test wants its own."""
+    from diffllm.budget import Branching, Budget
     from diffllm.runs import Run
+    from diffllm.train.checkpoints.state import TrainState
+    from diffllm.train.context import LaunchContext
     from diffllm.train.hooks import View
-    from diffllm.train.state import TrainState
 
-    budget = Budget(steps * 1024, 1024, 4, 64, 1, 4, steps)
-    defaults = dict(log=lambda record: None, request_save=lambda agree=False: None, say=lambda msg, error=False: None)
-    return View(TrainState(wandb_id="x"), budget, rank, 1, Run(run_dir), model=lambda: model, **{**defaults, **asks})
+    budget = budget or Budget(steps * 1024, 1024, 4, 64, 1, 4, steps)
+    say = asks.pop("say", lambda msg, error=False: None)
+    ctx = LaunchContext(rank, world_size, torch.device("cpu"), budget, Branching({}), Run(run_dir), say)
+    defaults = dict(log=lambda record: None, request_save=lambda agree=False: None)
+    return View(ctx, TrainState(wandb_id="x"), model=lambda: model, **{**defaults, **asks})
 
 
 @contextlib.contextmanager

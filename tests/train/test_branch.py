@@ -137,12 +137,16 @@ def branch_config(parent: Path, run_dir: Path, *extra: str):
 
 def refusal(parent: Path, run_dir: Path, *extra: str) -> str:
     """branch_source's one-line error for a new branch in run_dir (it reads only: nothing is written)."""
-    from diffllm.budget import plan_budget
-    from diffllm.train.resume import branch_source
+    from diffllm.budget import plan_branching, plan_budget
+    from diffllm.train.checkpoints.plan import branch_source
+    from diffllm.train.checkpoints.snapshot import RunSnapshot, got
 
     cfg = branch_config(parent, run_dir, *extra)
     with pytest.raises(ValueError) as e:
-        branch_source(cfg, Run(run_dir), Run(run_dir).latest(), plan_budget(cfg.trainer, 64, 1).steps)
+        budget = plan_budget(cfg.trainer, 64, 1)
+        start = plan_branching(cfg.trainer, cfg.optim, budget).start
+        snap = RunSnapshot.read(Run(run_dir), cfg.trainer.resume, cfg.trainer.branch_from, cfg.model.init_from)
+        branch_source(cfg, snap, got(snap.run.latest), budget, start)
     assert "\n" not in str(e.value)
     return str(e.value)
 

@@ -1,5 +1,6 @@
-"""A resumed run's architecture check (diffllm/train/resume.py check_model) on checkpoints' meta.json model sections:
-a key that ModelConfig gained after a checkpoint was saved reads as its default, so runs saved before it resume."""
+"""A resumed run's architecture check (diffllm/train/checkpoints/plan.py check_model) on checkpoints' meta.json model
+sections: a key that ModelConfig gained after a checkpoint was saved reads as its default, so runs saved before it
+resume."""
 
 from dataclasses import asdict
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 from diffllm.errors import UserError
 from diffllm.model import ModelConfig
 from diffllm.runfiles import Checkpoint
-from diffllm.train.resume import check_model
+from diffllm.train.checkpoints.plan import check_model
 
 CFG = dict(arch="diff", d_model=32, n_layers=2, n_heads=4, vocab_size=512, max_seq_len=256)
 

@@ -159,8 +159,8 @@ def test_the_roles_of_keys_on_resume_are_field_metadata():
     its architecture) is read from the dataclasses' field metadata."""
     from diffllm.config import compose
     from diffllm.model import ModelConfig
+    from diffllm.train.checkpoints.plan import keys_with
     from diffllm.train.config import TrainConfig
-    from diffllm.train.resume import keys_with
 
     cfg = TrainConfig.from_hydra(compose("train", []))
     operational = {
@@ -237,7 +237,7 @@ def test_a_window_longer_than_the_model_is_refused_with_the_config():
 
 
 def test_schedule_changes_name_each_key_and_compare_counts_as_numbers():
-    from diffllm.train.resume import schedule_changes
+    from diffllm.train.checkpoints.plan import schedule_changes
 
     saved = {"optim": {"lr": 3e-3, "betas": [0.9, 0.95]}, "trainer": {"tokens": "8K", "global_batch_tokens": 1024}}
     same = {

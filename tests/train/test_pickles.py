@@ -17,7 +17,7 @@ import torch
 from diffllm.errors import UserError
 from diffllm.runfiles import refused, weights_only
 from diffllm.runs import MODEL_STATES, Run
-from diffllm.train.checkpoint import CheckpointManager
+from diffllm.train.checkpoints.save import CheckpointManager
 from tests.distributed import run_train
 from tests.train.helpers import STEPS, tiny
 

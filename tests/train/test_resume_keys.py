@@ -11,8 +11,8 @@ import pytest
 from diffllm.config import compose
 from diffllm.errors import UserError
 from diffllm.runs import Run
+from diffllm.train.checkpoints.plan import changed_keys, check_finished_unchanged, check_prefix, filled
 from diffllm.train.config import TrainConfig
-from diffllm.train.resume import changed_keys, check_finished_unchanged, check_prefix, filled
 
 
 def train_config(*overrides: str) -> TrainConfig:

@@ -28,7 +28,6 @@ def _two_steps(run_dir: str) -> dict:
     from diffllm.train.signals import StopFlag
     from diffllm.train.spikes import SpikeGuard
     from diffllm.train.step import Asks, Step
-    from diffllm.train.watchdog import Watchdog
     from tests.train.helpers import make_view
 
     skip_shm_op()
@@ -55,11 +54,9 @@ def _two_steps(run_dir: str) -> dict:
             return loss * float("nan") if view.state.step == 1 else loss
 
     asks = Asks(StopFlag())
-    view = make_view(run_dir, steps=budget.steps, request_save=asks.request_save)
+    view = make_view(run_dir, steps=budget.steps, budget=budget, request_save=asks.request_save)
     hooks = Hooks([NanAtStep2()], view)
-    step = Step(
-        engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()), budget, opt, torch.device("cpu"), Watchdog(0)
-    )
+    step = Step(view.ctx, opt, engine, optimizer, iter(batches), SpikeGuard(SpikesConfig()))
     weights = lambda: [p.detach().clone() for p in engine.module.parameters()]  # noqa: E731
     with torch.no_grad():
         engine.eval()

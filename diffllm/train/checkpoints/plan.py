@@ -1,11 +1,12 @@
 """Where a run continues from, and what it may not change: the `ResumePlan` of a launch, decided on every rank before
-the engine is built (`plan_resume`: trainer.resume against run_dir, a WSD branch's parent checkpoint (`branch_source`,
-see branch.py), model.init_from, the tokenizer, a finished run, the ZeRO layout), and the checks behind it: the
-checkpoint's architecture and ZeRO layout, a finished run's config, a resumed run's budget (not below what it trained)
-and optimisation schedule (changed only with trainer.allow_changes=true), a branch's config against its parent's, the
-run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes anything
-(a finished run is never changed, at any world size); even a fresh start's old files are moved aside only once every
-input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
+the engine is built, over the launch's `RunSnapshot` (snapshot.py: run_dir and the runs it names, read once before; the
+plan never goes back to them): `plan_resume` decides trainer.resume against run_dir, a WSD branch's parent checkpoint
+(`branch_source`, see branch.py), model.init_from, the tokenizer, a finished run and the ZeRO layout. The checks behind
+it: the checkpoint's architecture and ZeRO layout, a finished run's config, a resumed run's budget (not below what it
+trained) and optimisation schedule (changed only with trainer.allow_changes=true), a branch's config against its
+parent's, the run's own tokenizer. Every check reads only, so all ranks reach the same verdict before rank 0 changes
+anything (a finished run is never changed, at any world size); even a fresh start's old files are moved aside only
+once every input is checked (`ResumePlan.fresh`, the Trainer's `begin`)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..budget import Budget, branch_points, check_after_warmup, decay_start
-from ..counts import parse_count
-from ..errors import UserError
-from ..model import ModelConfig
-from ..runs import Checkpoint, Run, choose_tokenizer, config_hash, find_checkpoint
+from ...budget import Budget
+from ...counts import parse_count
+from ...errors import UserError
+from ...model import ModelConfig
+from ...runs import Checkpoint, config_hash, tokenizer_choice
+from ..dist import all_gather_object, barrier
 from .branch import BranchPlan
-from .dist import all_gather_object, barrier
+from .snapshot import RunFiles, RunSnapshot, got
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from ..config import TrainConfig, TrainerConfig
+    from ..context import LaunchContext
 
 
 def keys_with(cfg: Any, *roles: str, prefix: str = "") -> tuple[str, ...]:
@@ -39,28 +42,28 @@ def keys_with(cfg: Any, *roles: str, prefix: str = "") -> tuple[str, ...]:
     return tuple(out)
 
 
-def resume_point(run: Run, mode: str) -> Optional[Checkpoint]:
+def resume_point(snap: RunSnapshot, mode: str) -> Optional[Checkpoint]:
     """The checkpoint this launch continues from (None: a fresh start).
 
     A checkpoint of another run (trainer.resume=<path> outside run_dir) starts a new run in run_dir, so run_dir must
     hold no run of its own: it is refused rather than mixed (its metrics, summary and checkpoints would interleave
     with the new run's). Relaunching that same command later continues run_dir's own checkpoints."""
+    run, at = snap.run, snap.resume
     if mode == "none":
         return None
     if mode == "auto":
-        return run.latest()
-    path = Path(mode)
-    if not path.exists():
+        return got(run.latest)
+    if not at.exists:
         raise UserError(f"trainer.resume={mode}: no such checkpoint (use auto, none or a checkpoint path)")
-    found = find_checkpoint(path)
+    found = got(at.checkpoint)
     if found is None:
         raise UserError(f"trainer.resume={mode}: no `latest` file or meta.json there")
-    if found.dir.resolve() == run.checkpoints_dir.resolve() or not run.files():
+    if at.in_run_dir or not run.files:
         return found
-    own = run.latest()
-    if own is not None and ((run.config() or {}).get("trainer") or {}).get("resume") == mode:
+    own = got(run.latest)
+    if own is not None and ((got(run.config) or {}).get("trainer") or {}).get("resume") == mode:
         return own  # this run was started from `mode` by the same command: continue it
-    have = ", ".join(p.name for p in run.files())
+    have = ", ".join(run.files)
     raise UserError(
         f"trainer.resume={mode}: run_dir={run.dir} already holds another run ({have}); continuing a "
         f"checkpoint of another run there would mix the two: use a new run_dir (or move run_dir's files "
@@ -99,11 +102,11 @@ def check_pickles(ckpt: Checkpoint, rank: int) -> None:
         raise UserError(refusal)
 
 
-def needs_universal(ckpt: Checkpoint, world_size: int, zero_stage: int) -> bool:
-    """A different world size or ZeRO stage loads through DeepSpeed's universal checkpoint (a ZeRO-0 checkpoint has
-    no ZeRO shards to convert: it resumes only as it was saved)."""
+def needs_universal(ckpt: Checkpoint, world_size: int, trainer: TrainerConfig) -> bool:
+    """A different world size or ZeRO stage (trainer.zero_stage) loads through DeepSpeed's universal checkpoint (a
+    ZeRO-0 checkpoint has no ZeRO shards to convert: it resumes only as it was saved)."""
     saved = (ckpt.meta["world_size"], ckpt.zero_stage)
-    if saved == (world_size, zero_stage):
+    if saved == (world_size, trainer.zero_stage):
         return False
     if saved[1] == 0:
         raise UserError(
@@ -149,7 +152,7 @@ def changed_keys(saved: dict, now: dict, ignore: tuple[str, ...]) -> list[str]:
     ]
 
 
-def check_finished_unchanged(run: Run, saved_config: dict, cfg: TrainConfig) -> None:
+def check_finished_unchanged(run: RunFiles, saved_config: dict, cfg: TrainConfig) -> None:
     """A finished run's result is final: relaunching it with a different config (operational keys aside) is an
     error naming the keys."""
     changed = changed_keys(filled(saved_config, cfg), cfg.resolved, keys_with(cfg, "operational"))
@@ -241,26 +244,27 @@ def check_prefix(parent: dict, cfg: TrainConfig, src: str) -> None:
 
 
 def branch_source(
-    cfg: TrainConfig, run: Run, own: Optional[Checkpoint], steps: int
+    cfg: TrainConfig, snap: RunSnapshot, own: Optional[Checkpoint], budget: Budget, step: int
 ) -> tuple[Optional[Checkpoint], Optional[dict]]:
     """Where a launch with trainer.branch_from starts -> (checkpoint, branch record). `own`: run_dir's latest
     checkpoint (trainer.resume=auto): a relaunched branch resumes it (record None). Otherwise the parent's
-    checkpoint at S(steps) and the record for branch.json: parent, step, tokens, parent_config_hash."""
-    src = cfg.trainer.branch_from
-    parent = Run(src)
+    checkpoint at `step` = S(budget.steps) (budget.plan_branching) and the record for branch.json: parent, step,
+    tokens, parent_config_hash."""
+    src, run = cfg.trainer.branch_from, snap.run
+    parent = got(snap.parent)
     if own is not None:
-        kept = run.branch()
-        if kept is None or Path(kept["parent"]).resolve() != parent.dir.resolve():
+        kept = got(run.branch)
+        if kept is None or Path(kept["parent"]).resolve() != parent.resolved:
             raise UserError(
                 f"trainer.branch_from={src}: run_dir={run.dir} already holds another run ("
                 f"{'a branch of ' + kept['parent'] if kept else 'not a branch'}); use a new run_dir"
             )
         return own, None
-    if parent.dir.resolve() == run.dir.resolve():
+    if parent.resolved == run.resolved:
         raise UserError(
             f"trainer.branch_from={src}: the branch's own run_dir; a branch is its own run: use another run_dir"
         )
-    pconf = parent.config() if parent.dir.is_dir() else None
+    pconf = got(parent.config) if parent.is_dir else None
     if pconf is None:
         raise UserError(
             f"trainer.branch_from={src}: not a run directory (no config.yaml); pass the run_dir of a WSD run"
@@ -272,30 +276,28 @@ def branch_source(
     if cfg.optim.schedule != "wsd":
         raise UserError(f"trainer.branch_from={src}: needs optim.schedule=wsd (got {cfg.optim.schedule})")
     check_prefix(pconf, cfg, src)
-    batch = parse_count(cfg.trainer.global_batch_tokens, "trainer.global_batch_tokens")
+    steps, batch = budget.steps, budget.global_batch_tokens
     parent_steps = -(-parse_count(pconf["trainer"]["tokens"], "trainer.tokens") // batch)
     if steps > parent_steps:
         raise UserError(
             f"trainer.tokens={cfg.trainer.tokens}: beyond the budget of trainer.branch_from={src} "
             f"({steps} > {parent_steps} steps); a branch decays before its parent does"
         )
-    check_after_warmup(steps, cfg.optim, "trainer.tokens", cfg.trainer.tokens)
-    step = decay_start(steps, cfg.optim)
-    if step not in parent.steps():
-        have = ", ".join(map(str, parent.steps())) or "none"
+    if step not in parent.checkpoints:
+        have = ", ".join(map(str, parent.checkpoints)) or "none"
         raise UserError(
             f"trainer.branch_from={src}: no checkpoint at step {step}, where a budget of "
             f"{steps * batch} tokens begins to decay (its checkpoints: steps {have}); train the parent "
             f"with {steps * batch} in trainer.branch_budgets"
         )
     record = {
-        "parent": str(parent.dir.resolve()),
+        "parent": str(parent.resolved),
         "step": step,
         "tokens": step * batch,
         "parent_tokens": parent_steps * batch,
         "parent_config_hash": config_hash(pconf),
     }
-    return parent.checkpoint(step), record
+    return got(parent.checkpoints[step]), record
 
 
 @dataclass(frozen=True)
@@ -313,28 +315,35 @@ class ResumePlan:
     fresh: Optional[str] = None  # a new run in run_dir: why its old files are moved aside (once every input is checked)
 
 
-def plan_resume(
-    cfg: TrainConfig, run: Run, rank: int, world_size: int, budget: Budget, say: Callable[[str], None]
-) -> ResumePlan:
-    """The launch's plan for `budget`; it writes nothing. A fresh start's old files are not looked at (its tokenizer,
-    its config): they are moved aside later, once every input is checked (`fresh` says why). Whether a resumed run is
-    finished (then its config must be unchanged) is decided from its summary.json and checkpoint. The plan's `config` is
-    `cfg` as trained (init_from's architecture, name and tokenizer, the tokenizer's vocabulary): a new TrainConfig,
-    whose `resolved` is what config.yaml and the checkpoints record."""
+def plan_resume(cfg: TrainConfig, snap: RunSnapshot, ctx: LaunchContext) -> ResumePlan:
+    """The launch's plan for its budget (`ctx`: budget, branching, rank, world size) over `snap`; it writes nothing
+    and reads no file of the run directory again: besides the snapshot it loads only what it decided on
+    (model.init_from's weights, the tokenizer, the checkpoint's resumable state). A fresh start's old files are not
+    looked at (its tokenizer, its config): they are moved aside later, once every input is checked (`fresh` says why).
+    Whether a resumed run is finished (then its config must be unchanged) is decided from its summary.json and
+    checkpoint. The plan's `config` is `cfg` as trained (init_from's architecture, name and tokenizer, the tokenizer's
+    vocabulary): a new TrainConfig, whose `resolved` is what config.yaml and the checkpoints record."""
     from .state import Resumable
 
-    mode, steps = cfg.trainer.resume, budget.steps
-    points = branch_points(cfg.trainer.branch_budgets, cfg.optim, budget)  # {step: budget}: kept for branches
-    ckpt, source = resume_point(run, mode), None
+    mode, budget, say = cfg.trainer.resume, ctx.budget, ctx.say
+    ckpt, source = resume_point(snap, mode), None
     if cfg.trainer.branch_from:  # a relaunched branch resumes its own checkpoint, a new one its parent's
-        ckpt, source = branch_source(cfg, run, ckpt, steps)
+        ckpt, source = branch_source(cfg, snap, ckpt, budget, ctx.branching.start)
     fresh = None  # a new run: why run_dir's old files (if any) are moved aside
     if source is not None:
         fresh = "a new branch"
     elif ckpt is None:
         fresh = "trainer.resume=none" if mode == "none" else "no checkpoint to resume from"
-    cfg, weights = init_from(cfg, run, ckpt, say)
-    tok = tokenizer(cfg, run, ckpt, rank, fresh is not None)
+    cfg, weights = init_from(cfg, ckpt)
+    owners = ([] if fresh is not None else [snap.run.tokenizer]) + ([snap.tokenizers[ckpt.dir]] if ckpt else [])
+    tok_file, kept = tokenizer_choice(  # runs.choose_tokenizer's decision, over the snapshot
+        [p for p in owners if p is not None],
+        cfg.data.tokenizer.path,
+        lambda: got(snap.init_tokenizer) if weights is not None else None,
+    )
+    if weights is not None:
+        cfg = init_tokenizer(cfg, tok_file, say)
+    tok = tokenizer(cfg, snap, tok_file if kept else None, ctx.rank, fresh is not None)
     if cfg.model.init_from is None:
         cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size))
     elif tok.vocab_size > cfg.model.padded_vocab_size:
@@ -342,64 +351,65 @@ def plan_resume(
             f"model.init_from={cfg.model.init_from}: its embedding has {cfg.model.padded_vocab_size} "
             f"rows, the tokenizer {tok.vocab_size} tokens; use its own tokenizer (data.tokenizer.path)"
         )
-    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(points, source), fresh=fresh)
+    plan = ResumePlan(cfg, ckpt, False, weights, tok, BranchPlan(ctx.branching.points, source), fresh=fresh)
     if ckpt is None:
         return plan
     check_model(ckpt, cfg.model)
-    check_pickles(ckpt, rank)  # a file that would run code when loaded: refused on every rank before DeepSpeed loads
+    check_pickles(ckpt, ctx.rank)  # a file that would run code: refused on every rank before DeepSpeed loads it
     saved = Resumable.saved(ckpt.client_state())
     if saved is None:
         raise UserError(
             f"{ckpt.path}: model weights without a training state (a `diffllm import`); start a new run "
             f"from them with model.init_from={ckpt.dir.parent} and another run_dir"
         )
-    if run.is_finished() and ckpt.step >= steps:
-        check_finished_unchanged(run, saved["config"], cfg)
+    if got(snap.run.finished) and ckpt.step >= budget.steps:
+        check_finished_unchanged(snap.run, saved["config"], cfg)
         return replace(plan, saved=saved, finished=True)
     check_within_budget(saved, ckpt, cfg, budget)
     if source is None:  # a branch's start is checked against its parent's config (check_prefix)
         check_changes(saved, ckpt, cfg, say)
-    return replace(plan, universal=needs_universal(ckpt, world_size, cfg.trainer.zero_stage), saved=saved)
+    return replace(plan, universal=needs_universal(ckpt, ctx.world_size, cfg.trainer), saved=saved)
 
 
-def init_from(
-    cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], say: Callable[[str], None]
-) -> tuple[TrainConfig, Optional[dict]]:
+def init_from(cfg: TrainConfig, ckpt: Optional[Checkpoint]) -> tuple[TrainConfig, Optional[dict]]:
     """model.init_from -> (the config with the pretrained architecture, its weights or None): the architecture (all
-    but the kept keys) and name are the pretrained model's; a new run also takes its weights and, unless
-    data.tokenizer.path is set, its tokenizer (choose_tokenizer). A relaunch resumes its own checkpoints as any run
-    does."""
+    but the kept keys) and name are the pretrained model's; a new run also takes its weights (and its tokenizer:
+    `init_tokenizer`). A relaunch resumes its own checkpoints as any run does."""
     src = cfg.model.init_from
     if not src:
         return cfg, None
-    from ..export import load_pretrained
+    from ...export import load_pretrained
 
     kept = {k: getattr(cfg.model, k) for k in keys_with(cfg.model, "kept")}
     if ckpt is not None:
         return replace(cfg, model=ModelConfig(**{**ckpt.meta["model"], **kept})), None
     pretrained, weights = load_pretrained(src)
-    model = replace(pretrained, **kept)  # its name too: summary.json and sweeps must not call it the preset
-    tok_file, _ = choose_tokenizer(run, configured=cfg.data.tokenizer.path, init_from=src, fresh=True)
-    data = cfg.data
+    return replace(cfg, model=replace(pretrained, **kept)), weights  # its name too: not the preset's in summaries
+
+
+def init_tokenizer(cfg: TrainConfig, tok_file: Optional[Path], say: Callable[[str], None]) -> TrainConfig:
+    """A new run from model.init_from takes `tok_file` (its tokenizer, unless data.tokenizer.path is set), and says
+    what it took."""
+    data, m = cfg.data, cfg.model
     if data.tokenizer.path is None and tok_file is not None:
         data = replace(data, tokenizer=replace(data.tokenizer, path=str(tok_file)))
     say(
-        f"model.init_from={src}: {pretrained.arch}, {pretrained.n_layers} layers, d_model {pretrained.d_model}, vocab "
-        f"{pretrained.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {data.tokenizer.path}"
+        f"model.init_from={m.init_from}: {m.arch}, {m.n_layers} layers, d_model {m.d_model}, vocab "
+        f"{m.padded_vocab_size}; its weights, a fresh optimizer at step 0; tokenizer {data.tokenizer.path}"
     )
-    return replace(cfg, model=model, data=data), weights
+    return replace(cfg, data=data)
 
 
-def tokenizer(cfg: TrainConfig, run: Run, ckpt: Optional[Checkpoint], rank: int, fresh: bool):
-    """The run's tokenizer (choose_tokenizer decides which; `fresh`: run_dir's old files do not count): a kept one is
-    loaded and checked against the config (a changed data.tokenizer setting or another data.tokenizer.path is
-    refused); otherwise the configured one (the default BPE: trained once, by rank 0, and cached)."""
-    from ..data import ensure_tokenizer, load_tokenizer
+def tokenizer(cfg: TrainConfig, snap: RunSnapshot, kept: Optional[Path], rank: int, fresh: bool):
+    """The run's tokenizer: a `kept` one (runs.choose_tokenizer's decision: run_dir's own, unless `fresh`, or the
+    checkpoint's run's) is loaded and checked against the config (a changed data.tokenizer setting or another
+    data.tokenizer.path is refused); otherwise the configured one (the default BPE: trained once, by rank 0, and
+    cached)."""
+    from ...data import ensure_tokenizer, load_tokenizer
 
     tok_cfg = cfg.data.tokenizer
-    kept, is_kept = choose_tokenizer(run, ckpt, configured=tok_cfg.path, fresh=fresh)
-    if is_kept:
-        saved = None if fresh else ((run.config() or {}).get("data") or {}).get("tokenizer")
+    if kept is not None:
+        saved = None if fresh else ((got(snap.run.config) or {}).get("data") or {}).get("tokenizer")
         now = asdict(tok_cfg)
         changed = changed_keys(saved, now, ignore=keys_with(tok_cfg, "operational")) if saved else []
         if changed:

@@ -20,8 +20,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..runfiles import (
+from ...errors import UserError
+from ...runfiles import (
     NO_SPACE,
     REFUSED_GLOBAL,
     NoSpace,
@@ -31,8 +31,8 @@ from ..runfiles import (
     free_space,
     weights_only,
 )
-from ..runs import Checkpoint, Run, damaged_checkpoint
-from .dist import barrier, rank
+from ...runs import Checkpoint, Run, damaged_checkpoint
+from ..dist import barrier, rank
 
 # What torch's checkpoint writer raises when a write fails. It names no errno: a full disk reads "[enforce fail at
 # inline_container.cc:672] . unexpected pos 1211776 vs 1211664" (torch 2.13), or "basic_ios::clear: iostream error".

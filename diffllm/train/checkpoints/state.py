@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from .checkpoint import rng_state, set_rng_state
-from .dist import all_gather_object
-from .spikes import SpikeHistory
+from ..dist import all_gather_object
+from ..spikes import SpikeHistory
+from .save import rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..context import LaunchContext
 
 
 @dataclass
@@ -40,26 +44,12 @@ class Resumable:
     """The resumable state of a launch. A checkpoint holds it twice over: `client_state()` (in DeepSpeed's model
     states: TrainState, the data states and RNG states of all ranks, the resolved config, the world size, the
     schedule position) and `meta()` (meta.json: what diffllm.runs reads without torch: step, tokens, world size,
-    ZeRO stage, the model config). `restore()` puts a checkpoint's client state back."""
+    ZeRO stage, the model config). `restore()` puts a checkpoint's client state back. `cfg`: the config trained (its
+    `resolved` is saved); `ctx`: the launch (world size, budget)."""
 
-    def __init__(
-        self,
-        state: TrainState,
-        loader,
-        config: dict,
-        model_cfg,
-        world_size: int,
-        zero_stage: int,
-        schedule: str,
-        total_steps: int,
-    ):
-        self.state, self.loader, self.config, self.model_cfg = state, loader, config, model_cfg
-        self.world_size, self.zero_stage, self.schedule, self.total_steps = (
-            world_size,
-            zero_stage,
-            schedule,
-            total_steps,
-        )
+    def __init__(self, cfg: TrainConfig, ctx: LaunchContext, state: TrainState, loader):
+        self.cfg, self.world_size, self.total_steps = cfg, ctx.world_size, ctx.budget.steps
+        self.state, self.loader = state, loader
 
     def client_state(self) -> dict:
         """Collective (every rank's loader and RNG states are gathered)."""
@@ -68,9 +58,9 @@ class Resumable:
                 "train_state": self.state.to_dict(),
                 "data": all_gather_object(self.loader.state_dict()),  # every rank's view; the loader restores from all
                 "rng": all_gather_object(rng_state()),
-                "config": self.config,
+                "config": self.cfg.resolved,
                 "world_size": self.world_size,
-                "schedule": {"name": self.schedule, "step": self.state.step, "total_steps": self.total_steps},
+                "schedule": {"name": self.cfg.optim.schedule, "step": self.state.step, "total_steps": self.total_steps},
             }
         }
 
@@ -80,9 +70,9 @@ class Resumable:
             "step": s.step,
             "tokens": s.tokens,
             "world_size": self.world_size,
-            "zero_stage": self.zero_stage,
+            "zero_stage": self.cfg.trainer.zero_stage,
             "saved_at": time.time(),
-            "model": asdict(self.model_cfg),
+            "model": asdict(self.cfg.model),
         }
 
     @staticmethod
@@ -93,7 +83,7 @@ class Resumable:
     def check(self, saved: dict) -> None:
         """Refuse, before anything is loaded or written, a data state this launch's loader cannot restore exactly
         (the check `restore` makes: e.g. a world size that does not divide its streams)."""
-        from ..data.loader import check_states
+        from ...data.loader import check_states
 
         if self.loader.cfg.resume:
             check_states(saved["data"], self.loader)

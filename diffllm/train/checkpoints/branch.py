@@ -6,13 +6,14 @@ Why a cooldown equals a from-scratch WSD run of its budget D bit for bit: with S
 first decay step of a run of T steps, lr_at(s, T) is warmup or the peak lr for every s < S(T), the same for every
 T >= D once warmup_steps <= D; S is non-decreasing in T, so the long run's steps before S(D) had exactly the lr, data
 and RNG draws of the D-step run. Its checkpoint at S(D) carries weights, optimizer, data-stream and RNG state (the
-resume machinery: resume.py, state.py), and the cooldown continues with lr_at(s, D) for s >= S(D). What would break
+resume machinery: plan.py, state.py), and the cooldown continues with lr_at(s, D) for s >= S(D). What would break
 this is refused in one line before anything is written: another lr, warmup, schedule, batch, seed, data or model than
-the parent's (resume.py `branch_source`: config.yaml key by key), a parent that is a branch itself, a budget beyond the
+the parent's (plan.py `branch_source`: config.yaml key by key), a parent that is a branch itself, a budget beyond the
 parent's, or no checkpoint at S(D). The cooldown records its origin in branch.json (diffllm.runs) and in summary.json,
 and starts
 its metrics.jsonl with the parent's records up to the branch step; a relaunch resumes its own checkpoints. The
-budget arithmetic (branch points, whole steps) is diffllm/budget.py's; a launch's branching is one `BranchPlan`.
+budget arithmetic (branch points, whole steps, a cooldown's start: `plan_branching`) is diffllm/budget.py's; a launch's
+branching is one `BranchPlan`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..runs import Run, read_metrics
-from .hooks import Hook
+from ...runs import Run, read_metrics
+from ..hooks import Hook
 
 if TYPE_CHECKING:
-    from .hooks import View
+    from ..hooks import View
 
 
 class BranchPoints(Hook):
