@@ -35,7 +35,7 @@ from .collect import check_keep, collect, keep_files, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
 LAUNCHERS = ("basic", "submitit_slurm")
-TRANSFERRING = ("mup",)  # the parametrizations whose tuned lr transfers across width
+TRANSFERRING = ("mup", "completep")  # the parametrizations whose tuned lr transfers across width
 
 
 @dataclass
@@ -120,8 +120,8 @@ def with_lr_from(grid: SweepConfig, source: Optional[str], seeds: Optional[list[
     base = given.get("model.base_width", "")
     if given.get("model.parametrization") not in TRANSFERRING or not base.isdigit():
         raise UserError(
-            f"lr_from={source}: a tuned lr transfers across width under mup only; put model.parametrization=mup and "
-            f"model.base_width=<the tuning width> in sweep {grid.name}'s overrides"
+            f"lr_from={source}: a tuned lr transfers across width under mup only; put model.parametrization=mup (or "
+            f"completep) and model.base_width=<the tuning width> in sweep {grid.name}'s overrides"
         )
     records = tuning_records(source, seeds)
     if len(budgets_at(records, int(base))) > 1:
