@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..launch.argv import shell
 from ..model.presets import load_preset
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
-from ..scaling.horizon import budgets_at, tuned_laws
+from ..scaling.horizon import WD, budgets_at, tuned_laws
 from ..scaling.transfer import LR, optimum_lrs, tuning_records
 from .check import check_jobs
 from .collect import check_keep, collect, keep_files, write_tables
@@ -125,6 +125,13 @@ def with_lr_from(grid: SweepConfig, source: Optional[str], seeds: Optional[list[
         )
     records = tuning_records(source, seeds)
     if len(budgets_at(records, int(base))) > 1:
+        if grid.tau_fraction is None and any(r.axes.get(WD) is not None for r in records):
+            print(
+                f"note: lr_from={source} set each tuning run's weight decay (sweep.tau_fraction); sweep {grid.name} "
+                f"sets none, so its runs leave the timescale the lrs were tuned at",
+                file=sys.stderr,
+                flush=True,
+            )
         return _with_laws(grid, source, tuned_laws(records, int(base), source), int(base))
     tuned = optimum_lrs(records, int(base), source)
     by_model = dict(grid.grid_by_model)

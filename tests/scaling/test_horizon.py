@@ -20,6 +20,7 @@ from diffllm.results import RunRecord, to_csv
 from diffllm.scaling.horizon import fit_law, timescale_weight_decay
 from diffllm.scaling.transfer import Point
 from diffllm.studies import transfer
+from diffllm.sweep.cli import with_lr_from
 from diffllm.sweep.grid import SweepConfig, plan_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,3 +180,16 @@ def test_lr_from_with_too_few_horizons_is_one_line(tuning_csv, tmp_path):
     out = sweep(tmp_path, GRID, f"lr_from={two}")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "needs >= 3" in out.stderr
+
+
+def test_lr_from_notes_a_ladder_that_drops_the_tuning_timescale(tmp_path, capsys):
+    """Tuning runs with a per-run weight decay (tau_fraction), a ladder without: one note on stderr; with it, none."""
+    records = [record(a, t, lr, s, tmp_path) for a in BETA for t in BUDGETS for lr in LRS for s in (1, 2)]
+    for r in records:
+        r.axes["optim.weight_decay"] = 0.1
+    path = tmp_path / "tuned.csv"
+    path.write_text(to_csv(records, tmp_path))
+    with_lr_from(SweepConfig(**{**GRID, "tau_fraction": None}), str(path))
+    assert "sets none, so its runs leave the timescale the lrs were tuned at" in capsys.readouterr().err
+    with_lr_from(SweepConfig(**GRID), str(path))
+    assert "note:" not in capsys.readouterr().err
