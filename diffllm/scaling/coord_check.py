@@ -220,7 +220,7 @@ def plot(result: dict, path: Path) -> None:
             if k.startswith("block"):  # colour by depth, line style by sublayer
                 i, part = k[5:].split(".")
                 kw = dict(color=plt.cm.viridis(int(i) / max(1, depth - 1) * 0.85), linestyle=style[part])
-            elif "." in k:  # depth: the first and the last block
+            elif "." in k:  # depth: the block that ends the first half (mid) and the last
                 end, part = k.split(".")
                 kw = dict(color="tab:blue" if end == "mid" else "tab:green", linestyle=style[part])
             else:
