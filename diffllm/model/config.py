@@ -12,7 +12,7 @@ from .registry import variant
 
 NORMS = ("rmsnorm", "layernorm")
 BACKENDS = ("eager", "sdpa", "flash", "triton")
-PARAMETRIZATIONS = ("sp", "mup")  # diffllm/model/parametrization.py
+PARAMETRIZATIONS = ("sp", "mup", "completep")  # diffllm/model/parametrization.py
 
 
 @dataclass
@@ -39,10 +39,13 @@ class ModelConfig:
     tie_embeddings: bool = False  # the output head shares the input embedding matrix
     init_std: float = 0.02  # std of the normal init of every weight matrix
     # sp (standard) | mup (Tensor Programs V for AdamW: hidden matrices' lr and init std, and the logits, scale with
-    # base_width / d_model; docs/model.md, diffllm/model/parametrization.py)
+    # base_width / d_model; docs/model.md, diffllm/model/parametrization.py) | completep (mup + depth: residual
+    # branches and in-block AdamW eps x base_depth / n_layers, CompleteP with alpha 1)
     parametrization: str = "sp"
     base_width: Optional[int] = None  # mup: d_model of the base model (heads and ffn scale with it); null: d_model
     base_head_dim: Optional[int] = None  # mup: attention logits q.k sqrt(base_head_dim)/d; null: 1/sqrt(d) as sp
+    # completep (mup + CompleteP's depth rules): n_layers of the base model; residual branches x base_depth/n_layers
+    base_depth: Optional[int] = None
     # the longest sequence the model is built for (RoPE tables, the KV cache); data.seq_len may not exceed it
     max_seq_len: int = field(default=2048, metadata={"resume": ("kept",)})
     # eager (materialised maps, the reference) | sdpa | flash | triton (fused Diff kernel)
@@ -89,16 +92,17 @@ class ModelConfig:
         """Raise UserError for a config μP cannot build (ModelConfig.validate calls it)."""
         if self.parametrization not in PARAMETRIZATIONS:
             raise UserError(f"model.parametrization: got {self.parametrization!r}, expected one of {PARAMETRIZATIONS}")
-        for key in ("base_width", "base_head_dim"):
+        for key in ("base_width", "base_head_dim", "base_depth"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise UserError(f"model.{key}: must be a positive integer or null, got {value!r}")
-        if self.parametrization != "mup":
+        if self.parametrization == "sp":
             return
         if self.variant.mup_table(self) is None:
             raise UserError(
-                f"model.parametrization: mup needs arch {self.arch!r} to declare how each of its parameters is treated "
-                f"(its class attribute `mup`, see diffllm/model/parametrization.py); it declares nothing"
+                f"model.parametrization: {self.parametrization} needs arch {self.arch!r} to declare how each of its "
+                f"parameters is treated (its class attribute `mup`, see diffllm/model/parametrization.py); it declares "
+                f"nothing"
             )
 
     @property

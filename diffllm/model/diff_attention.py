@@ -31,6 +31,7 @@ from ..errors import UserError
 from .config import ModelConfig
 from .documents import Documents
 from .layers import AttentionEquations, RMSNorm, heads_of
+from .parametrization import is_mup
 from .registry import register
 from .variant import AttentionVariant, Heads
 
@@ -168,7 +169,7 @@ class DiffAttention(AttentionVariant, DiffEquations):
         """lambda_mup_scale under mup: lambda's dot products over the head dim d, times base_head_dim / d (mup's 1/d,
         as the logits'): an Adam step moves every coordinate by about the lr, so unscaled a dot product moves ~d times
         as far (docs/model.md). Folded into lambda_q1 and lambda_q2."""
-        if cfg.parametrization != "mup" or not cfg.lambda_mup_scale or cfg.base_head_dim is None:
+        if not is_mup(cfg) or not cfg.lambda_mup_scale or cfg.base_head_dim is None:
             return {}
         scale = cfg.base_head_dim / cfg.head_dim
         return {} if scale == 1.0 else {"lambda_q1": scale, "lambda_q2": scale}

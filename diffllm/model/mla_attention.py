@@ -41,6 +41,7 @@ from .cache import LayerCache
 from .config import ModelConfig
 from .documents import Documents
 from .layers import AttentionEquations, RMSNorm, apply_rotary, heads_of
+from .parametrization import is_mup
 from .registry import register
 from .variant import AttentionVariant, Heads
 
@@ -218,7 +219,7 @@ class MLAAttention(AttentionVariant, MLAEquations):
     @classmethod
     def mup_folds(cls, cfg: ModelConfig) -> dict[str, float]:
         """Each readout's input multiplier under mup: its fan-in's base / its fan-in (mup's MuReadout: 1/width_mult)."""
-        if cfg.parametrization != "mup":
+        if not is_mup(cfg):
             return {}
         (E0, H0, d0), kinds = base_shapes(cfg), cls.mup_table(cfg)
         E, H, d = cfg.d_model, cfg.n_heads, mla_dims(cfg)
@@ -232,7 +233,7 @@ class MLAAttention(AttentionVariant, MLAEquations):
     def mup_query_scale(cls, cfg: ModelConfig) -> float:
         """Under mup the logits are q.k sqrt(base key width)/(d_n + d_r), mup's 1/d over the key width; 1 while the
         key width does not grow (a fixed head dim)."""
-        if cfg.parametrization != "mup":
+        if not is_mup(cfg):
             return 1.0
         _, _, (_, _, dn0, dr0, _) = base_shapes(cfg)
         _, _, dn, dr, _ = mla_dims(cfg)

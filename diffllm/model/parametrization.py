@@ -14,6 +14,13 @@ base_width (head count, kv heads, SwiGLU width scale with d_model). A parameter 
 the model's own head dim unless set). A hidden matrix's weight decay is multiplied by m, so AdamW's lr x wd stays
 (`mup.MuAdamW`'s default, decoupled_wd=False). At width_mult 1 everything is sp's, bit for bit.
 
+`model.parametrization: completep` is μP plus CompleteP's depth rules (Dey et al. 2025, arXiv 2505.01618, Table 1 with
+α = 1; EleutherAI/nanoGPT-mup branch `completep`): with depth_mult = n_layers / base_depth, every residual branch is
+scaled by depth_mult^-1 (x + F(x) / depth_mult), and AdamW's ε of every parameter inside a block (its matrices, norm
+weights, biases, the variant's vectors) by depth_mult^-1. At α = 1 the depth factors of the hidden lr (L^(α-1)), the
+hidden weight decay and the init are 1, so they are μP's. CompleteP's ε also carries a width factor 1/m that μP's
+reference (`mup.MuAdamW`) does not: diffllm leaves ε's width alone, so at depth_mult 1 completep is mup exactly.
+
 Who declares what: the model's own parameters in `MODEL_TREATMENT` below; each attention variant its own in its
 class attribute `mup` (fnmatch patterns of its parameters' local names -> kind, first match wins), or in its
 classmethod `mup_table(cfg)` where the kinds depend on which of its widths grow (MLA). A variant without one is
@@ -47,16 +54,38 @@ MODEL_TREATMENT = {
 }
 
 
+def is_mup(cfg: ModelConfig) -> bool:
+    """Whether the width rules of μP apply: under mup and under completep (μP + depth rules)."""
+    return cfg.parametrization in ("mup", "completep")
+
+
 def width_mult(cfg: ModelConfig) -> float:
-    """m = d_model / base_width under mup (base_width null: 1); 1 under sp."""
-    if cfg.parametrization != "mup" or cfg.base_width is None:
+    """m = d_model / base_width under mup and completep (base_width null: 1); 1 under sp."""
+    if not is_mup(cfg) or cfg.base_width is None:
         return 1.0
     return cfg.d_model / cfg.base_width
 
 
+def depth_mult(cfg: ModelConfig) -> float:
+    """n_layers / base_depth under completep (base_depth null: 1); 1 otherwise."""
+    if cfg.parametrization != "completep" or cfg.base_depth is None:
+        return 1.0
+    return cfg.n_layers / cfg.base_depth
+
+
+def branch_scale(cfg: ModelConfig) -> float:
+    """What each residual branch's output is multiplied by: depth_mult^-α with CompleteP's α = 1."""
+    return 1.0 / depth_mult(cfg)
+
+
+def eps_mult(name: str, cfg: ModelConfig) -> float:
+    """AdamW's ε multiplier of parameter `name` (named_parameters): depth_mult^-1 inside a block under completep."""
+    return 1.0 / depth_mult(cfg) if name.startswith("layers.") else 1.0
+
+
 def query_scale(cfg: ModelConfig) -> float:
     """What the queries are multiplied by so the kernels' 1/sqrt(d) becomes sqrt(base_head_dim)/d: sqrt(d_base/d)."""
-    if cfg.parametrization != "mup" or cfg.base_head_dim is None:
+    if not is_mup(cfg) or cfg.base_head_dim is None:
         return 1.0
     return math.sqrt(cfg.base_head_dim / cfg.head_dim)
 
@@ -105,8 +134,8 @@ def init_mult(kind: str, m: float) -> float:
 def folded(cfg: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
     """(an sp config, weights) whose sp forward equals this mup model's: the readout's 1/width_mult folded into
     lm_head, the variant's own multipliers into their parameters (`mup_folds`: MLA's readouts, Diff's scaled lambda),
-    the query scale into the parameters that make the queries (`query_weights`: q_proj's weight and bias by default).
-    What an export writes."""
+    the query scale into the parameters that make the queries (`query_weights`: q_proj's weight and bias by default),
+    completep's branch scale into each branch's last matrix (attn.out_proj, mlp.down_proj). What an export writes."""
     if cfg.parametrization == "sp":
         return cfg, state_dict
     variant = cfg.variant
@@ -126,4 +155,9 @@ def folded(cfg: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
         if len(found) < cfg.n_layers:
             raise UserError(f"export: arch {cfg.arch!r} has no attn.{queries[0]} to fold mup's query scale into")
         sd.update({k: sd[k] * q for k in found})
-    return replace(cfg, parametrization="sp", base_width=None, base_head_dim=None), sd
+    if (b := branch_scale(cfg)) != 1.0:
+        last = [k for k in sd if k.endswith((".attn.out_proj.weight", ".mlp.down_proj.weight"))]
+        if len(last) != 2 * cfg.n_layers:
+            raise UserError(f"export: arch {cfg.arch!r} has no attn.out_proj to fold completep's branch scale into")
+        sd.update({k: sd[k] * b for k in last})
+    return replace(cfg, parametrization="sp", base_width=None, base_head_dim=None, base_depth=None), sd

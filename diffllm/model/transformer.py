@@ -14,12 +14,12 @@ from .config import ModelConfig
 from .documents import Documents
 from .layers import SwiGLU, build_norm, rotary_cos_sin
 from .loss import head_loss
-from .parametrization import init_mult, readout_scale, treatments, width_mult
+from .parametrization import branch_scale, init_mult, is_mup, readout_scale, treatments, width_mult
 from .variant import init_parameter
 
 
 class Block(nn.Module):
-    """Y = X + Attn(Norm(X));  X' = Y + SwiGLU(Norm(Y))."""
+    """Y = X + s Attn(Norm(X));  X' = Y + s SwiGLU(Norm(Y)), s = 1 but under completep base_depth / n_layers."""
 
     def __init__(self, cfg: ModelConfig, depth: int, backend: Optional[str] = None):
         super().__init__()
@@ -27,6 +27,7 @@ class Block(nn.Module):
         self.attn = cfg.variant(cfg, depth, backend)  # backend: None -> cfg.attn_backend
         self.mlp_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
+        self.branch_scale = branch_scale(cfg)  # CompleteP's 1/depth_mult (alpha = 1); 1 under sp and mup
 
     def forward(
         self,
@@ -36,6 +37,9 @@ class Block(nn.Module):
         cache: Optional[LayerCache] = None,
         docs: Optional[Documents] = None,
     ) -> torch.Tensor:
+        if self.branch_scale != 1.0:  # completep below or above its base depth
+            x = x + self.branch_scale * self.attn(self.attn_norm(x), cos, sin, cache, docs=docs)  # (B, T, E)
+            return x + self.branch_scale * self.mlp(self.mlp_norm(x))
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, docs=docs)  # every variant takes docs (registry.register)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -64,7 +68,7 @@ class DecoderLM(nn.Module):
         sqrt(width_mult) (diffllm/model/parametrization.py)."""
         owner = {id(p): (layer.attn, n) for layer in self.layers for n, p in layer.attn.named_parameters()}
         hidden, kinds = self.cfg, {}
-        if self.cfg.parametrization == "mup":
+        if is_mup(self.cfg):
             kinds, m = treatments(self), width_mult(self.cfg)
             hidden = replace(self.cfg, init_std=self.cfg.init_std * init_mult("hidden", m)) if m != 1.0 else hidden
         for name, p in self.named_parameters():

@@ -110,6 +110,9 @@ class CoordCheckConfig:
     """`diffllm scaling coord-check`'s own keys (the model group is the ModelConfig it varies in width)."""
 
     widths: list = field(default_factory=lambda: [16, 32, 64, 128, 256])  # d_model values, >= 2, increasing
+    # n_layers values (>= 2, increasing): set, the check varies depth at the model's own width instead (completep:
+    # base depth the smallest), recording the block that ends the first half and the last block
+    depths: list = field(default_factory=list)
     head_dim: int = 8  # the head dim at every width (n_heads = width / head_dim)
     steps: int = 4  # AdamW steps at each width (values recorded before each step and after the last)
     lr: float = 0.01  # the (base) learning rate, constant

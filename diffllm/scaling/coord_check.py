@@ -5,8 +5,15 @@ of Zipf-distributed random tokens, and the mean |activation| of every layer is r
 output, each block's attention output, MLP output and residual stream, and the logits. Under a parametrization whose
 hyperparameters transfer (mup) they stay flat across width; under sp the later steps' grow with it.
 
-Writes <out>/coord_check.json (every value, the fitted slopes), <out>/coord_check.png (mean |activation| vs width,
-one panel per recorded step) and prints a table of the last step with each layer's slope of log mean|a| on log width.
+With `depths=[2,4,8,16]` it varies depth instead (n_layers; the model's own width, heads and vocabulary; under
+mup and completep the base width is the model's width, under completep the base depth the smallest): the embedding,
+the attention, MLP and residual stream of the block that ends the first half and of the last block, and the logits.
+Under completep (residual branches x base_depth / n_layers, CompleteP's α = 1) they stay flat across depth; under mup
+the residual stream grows with it.
+
+Writes <out>/coord_check.json (every value, the fitted slopes), <out>/coord_check.png (mean |activation| vs width or
+depth, one panel per recorded step) and prints a table of the last step with each layer's slope of log mean|a| on log
+width (or depth).
 """
 
 from __future__ import annotations
@@ -23,13 +30,18 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 from ..errors import UserError
 from ..model.config import ModelConfig
+from ..model.parametrization import is_mup
 from ..model.transformer import DecoderLM
-from ..train.optim import param_groups
+from ..train.optim import param_groups, with_eps
 from .config import COORD_CHECK, CoordCheckConfig
 
 
 def check(own: CoordCheckConfig, model: ModelConfig) -> None:
     """One-line UserErrors for widths the check cannot build."""
+    if own.depths:
+        d = own.depths
+        if len(d) < 2 or any(not isinstance(x, int) or x < 1 for x in d) or list(d) != sorted(set(d)):
+            raise UserError(f"depths: want >= 2 increasing positive integers, got {list(d)}")
     w = own.widths
     if len(w) < 2 or any(not isinstance(x, int) or x < 1 for x in w) or list(w) != sorted(set(w)):
         raise UserError(f"widths: want >= 2 increasing positive integers, got {list(w)}")
@@ -48,8 +60,32 @@ def at_width(model: ModelConfig, width: int, own: CoordCheckConfig) -> ModelConf
     heads = width // own.head_dim
     kv = None if model.n_kv_heads is None else max(1, round(model.n_kv_heads * heads / model.n_heads))
     ffn = None if model.ffn_dim is None else round(model.ffn_dim * ratio)
-    base = own.widths[0] if model.parametrization == "mup" else model.base_width
+    base = own.widths[0] if is_mup(model) else model.base_width
     return replace(model, d_model=width, n_heads=heads, n_kv_heads=kv, ffn_dim=ffn, base_width=base, init_from=None)
+
+
+def at_depth(model: ModelConfig, depth: int, own: CoordCheckConfig) -> ModelConfig:
+    """The model with `depth` blocks at its own width: its base width is itself (width_mult 1), completep's base depth
+    the smallest depth."""
+    base = own.depths[0] if model.parametrization == "completep" else model.base_depth
+    width = model.d_model if is_mup(model) else model.base_width
+    return replace(model, n_layers=depth, base_depth=base, base_width=width, init_from=None)
+
+
+def ends(values: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The layers comparable across depth, at the same fraction of it: the embedding, the block that ends the first
+    half (mid.attn, mid.mlp, mid.residual) and the last block (last.*), the logits."""
+    depth = 1 + max(int(k[5:].split(".")[0]) for k in values if k.startswith("block"))
+    out = {}
+    for k, v in values.items():
+        block, _, part = k[5:].partition(".")
+        if not k.startswith("block"):
+            out[k] = v
+        elif int(block) == depth // 2 - 1:
+            out["mid." + part] = v
+        if k.startswith("block") and int(block) == depth - 1:
+            out["last." + part] = v
+    return {k: out[k] for k in sorted(out, key=lambda k: (k == "logits", k != "embedding", k))}
 
 
 def batch(vocab: int, own: CoordCheckConfig) -> torch.Tensor:
@@ -87,7 +123,7 @@ def run_width(cfg: ModelConfig, own: CoordCheckConfig) -> dict[str, list[float]]
     """layer -> mean |activation| at steps 0..own.steps (step t: after t updates)."""
     torch.manual_seed(own.seed)
     model = DecoderLM(cfg)
-    opt = torch.optim.AdamW(param_groups(model, own.weight_decay), lr=own.lr)
+    opt = torch.optim.AdamW(with_eps(param_groups(model, own.weight_decay), 1e-8), lr=own.lr, eps=1e-8)
     for g in opt.param_groups:
         g["lr"] = own.lr * g.get("lr_mult", 1.0)  # as train/step.py sets it
     tokens = batch(cfg.vocab_size, own)
@@ -115,6 +151,22 @@ def coord_check(model: ModelConfig, own: CoordCheckConfig) -> dict:
     """The check's result: {"widths", "steps", "parametrization", "values": {layer: {width: [per step]}},
     "slopes": {layer: slope at the last step}}."""
     check(own, model)
+    if own.depths:
+        per_depth = {d: ends(run_width(at_depth(model, d, own), own)) for d in own.depths}
+        layers = list(per_depth[own.depths[0]])
+        values = {k: {d: per_depth[d][k] for d in own.depths} for k in layers}
+        slopes = {k: slope(own.depths, [values[k][d][-1] for d in own.depths]) for k in layers}
+        return {
+            "model": model.name,
+            "arch": model.arch,
+            "parametrization": model.parametrization,
+            "depths": list(own.depths),
+            "width": model.d_model,
+            "steps": own.steps,
+            "lr": own.lr,
+            "values": values,
+            "slopes": slopes,
+        }
     per_width = {w: run_width(at_width(model, w, own), own) for w in own.widths}
     layers = list(per_width[own.widths[0]])
     values = {k: {w: per_width[w][k] for w in own.widths} for k in layers}
@@ -132,18 +184,23 @@ def coord_check(model: ModelConfig, own: CoordCheckConfig) -> dict:
 
 
 def table(result: dict) -> str:
-    widths = result["widths"]
+    by_depth = "depths" in result
+    widths, tag = (result["depths"], "L") if by_depth else (result["widths"], "d")
+    at = f" at d_model {result['width']}" if by_depth else ""
     rows = [
-        f"mean |activation| after {result['steps']} steps, {result['arch']} ({result['parametrization']}), "
+        f"mean |activation| after {result['steps']} steps, {result['arch']} ({result['parametrization']}){at}, "
         f"lr {result['lr']:g}",
-        "| layer | " + " | ".join(f"d={w}" for w in widths) + " | slope |",
+        "| layer | " + " | ".join(f"{tag}={w}" for w in widths) + " | slope |",
         "|---|" + "---|" * (len(widths) + 1),
     ]
     for k, by_width in result["values"].items():
         cells = " | ".join(f"{by_width[w][-1]:.4g}" for w in widths)
         rows.append(f"| {k} | {cells} | {result['slopes'][k]:+.3f} |")
     worst = max(result["slopes"], key=lambda k: abs(result["slopes"][k]))
-    rows.append(f"largest |slope|: {worst} {result['slopes'][worst]:+.3f} (flat ~ 0: activations independent of width)")
+    size = "depth" if by_depth else "width"
+    rows.append(
+        f"largest |slope|: {worst} {result['slopes'][worst]:+.3f} (flat ~ 0: activations independent of {size})"
+    )
     return "\n".join(rows)
 
 
@@ -154,7 +211,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = sorted({0, result["steps"] // 2, result["steps"]})
-    widths, layers = result["widths"], list(result["values"])
+    widths, layers = result.get("depths") or result["widths"], list(result["values"])
     depth = 1 + max([int(k[5:].split(".")[0]) for k in layers if k.startswith("block")], default=0)
     style = {"attn": "-", "mlp": "--", "residual": ":"}
     fig, axes = plt.subplots(1, len(steps), figsize=(4.5 * len(steps) + 2, 4), sharey=True, squeeze=False)
@@ -163,10 +220,14 @@ def plot(result: dict, path: Path) -> None:
             if k.startswith("block"):  # colour by depth, line style by sublayer
                 i, part = k[5:].split(".")
                 kw = dict(color=plt.cm.viridis(int(i) / max(1, depth - 1) * 0.85), linestyle=style[part])
+            elif "." in k:  # depth: the block that ends the first half (mid) and the last
+                end, part = k.split(".")
+                kw = dict(color="tab:blue" if end == "mid" else "tab:green", linestyle=style[part])
             else:
                 kw = dict(color="black" if k == "logits" else "tab:red", linewidth=2)
             ax.plot(widths, [result["values"][k][w][t] for w in widths], marker="o", markersize=3, label=k, **kw)
-        ax.set(xscale="log", yscale="log", xlabel="width (d_model)", title=f"step {t}")
+        size = "depth (n_layers)" if "depths" in result else "width (d_model)"
+        ax.set(xscale="log", yscale="log", xlabel=size, title=f"step {t}")
         ax.set_xticks(widths, [str(w) for w in widths])
         ax.minorticks_off()
     axes[0][0].set_ylabel("mean |activation|")

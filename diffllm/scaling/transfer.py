@@ -98,10 +98,9 @@ def fit_optimum(points: Iterable[Point], span: int = SPAN) -> Optional[Optimum]:
     return Optimum(float(x_star), (float(c2), float(c1), float(c0)), inside, tuple(window))
 
 
-def tuned_lrs(source: str, base_width: int, seeds: Optional[list[int]] = None) -> dict[str, tuple[float, int]]:
-    """`lr_from`: arch -> (its fitted optimum lr at width `base_width`, the runs it rests on), from a collected
-    runs.csv or a sweep directory. Under mup the runs at the base width are sp's model, so both count; an arch with
-    two series (two lambda_init values), no runs at that width, or no interior optimum is a one-line error."""
+def tuning_records(source: str, seeds: Optional[list[int]] = None) -> list[RunRecord]:
+    """`lr_from`'s runs: a collected runs.csv or a sweep directory, on `seeds` only when given (one line when one of
+    them, or the source, is missing)."""
     path = Path(source)
     if not path.exists():
         raise UserError(f"lr_from={source}: does not exist (give a tuning sweep's directory or its runs.csv)")
@@ -111,6 +110,18 @@ def tuned_lrs(source: str, base_width: int, seeds: Optional[list[int]] = None) -
         if missing:
             raise UserError(f"lr_from_seeds={list(seeds)}: {source} has no runs of seed {missing[0]}")
         records = [r for r in records if r.seed in set(seeds)]
+    return records
+
+
+def tuned_lrs(source: str, base_width: int, seeds: Optional[list[int]] = None) -> dict[str, tuple[float, int]]:
+    """`lr_from`: arch -> (its fitted optimum lr at width `base_width`, the runs it rests on), from a collected
+    runs.csv or a sweep directory. Under mup the runs at the base width are sp's model, so both count; an arch with
+    two series (two lambda_init values), no runs at that width, or no interior optimum is a one-line error."""
+    return optimum_lrs(tuning_records(source, seeds), base_width, source)
+
+
+def optimum_lrs(records: Sequence[RunRecord], base_width: int, source: str) -> dict[str, tuple[float, int]]:
+    """tuned_lrs on records already read."""
     found = curves(records)
     by_arch: dict[str, list[tuple[str, list[Point]]]] = defaultdict(list)
     for (series, _, width), points in found.items():

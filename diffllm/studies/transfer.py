@@ -1,5 +1,6 @@
 """`diffllm study transfer`: does the best learning rate transfer across width (configs/sweep/micro-transfer.yaml,
-docs/micro-scaling.md#learning-rate-transfer-across-width)?
+docs/micro-scaling.md#learning-rate-transfer-across-width), and how does it move with the token horizon
+(configs/sweep/horizon-tune.yaml, diffllm/scaling/horizon.py: lr*(D) = B·D^-β per series, with its interval)?
 
 Per (series, parametrization) of a sweep with an lr grid at several widths (diffllm/scaling/transfer.py): the best lr
 at each width from a quadratic in log2(lr) over every seed's runs, the shift of that optimum per doubling of the width
@@ -7,6 +8,8 @@ at each width from a quadratic in log2(lr) over every seed's runs, the shift of 
 own generator), and the loss lost at the widest model by training it at the narrowest model's optimum (on the widest
 model's fitted curve, and on its grid means at the tried value nearest that optimum). Where sp and mup runs share a
 width, lr and seed, the largest |difference| of their losses is printed: at the base width the two are one model.
+A sweep at several token budgets gets the width table per budget (with two widths there) and the horizon table: each
+series' lr* per budget and the fitted β with its 90% interval from resampling seeds (horizon.json).
 Writes <out>/transfer.md, transfer.json and transfer.png."""
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import numpy as np
 
 from ..config import run_key_values
 from ..errors import UserError
+from ..scaling.horizon import fit_law, horizon_curves
 from ..scaling.transfer import PARAM, Optimum, Point, curves, fit_optimum, width_of
+from ..sweep.grid import token_label
 from .common import emit, folder_of, read_records
 
 
@@ -199,32 +204,90 @@ def plot(results: list[Series], by_key: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def width_part(records, c: Config, out: Path) -> tuple[list[str], list[Series]]:
+    """The width study of each token budget with a series at >= 2 widths (one budget: the table as before)."""
+    budgets = sorted({r.tokens for r in records if r.tokens})
+    lines: list[str] = []
+    results: list[Series] = []
+    for tokens in budgets or [None]:
+        own = [r for r in records if r.tokens == tokens] if len(budgets) > 1 else list(records)
+        by_key = curves(own)
+        groups: dict[tuple[str, str], dict[int, list[Point]]] = defaultdict(dict)
+        for (name, param, width), pts in by_key.items():
+            groups[(name, param)][width] = pts
+        if not any(len(ws) > 1 for ws in groups.values()):
+            continue
+        found = [
+            analyse(name, param, by_width, np.random.default_rng([c.seed, i]), c.resamples)
+            for i, ((name, param), by_width) in enumerate(sorted(groups.items()))
+        ]
+        figure = "transfer.png" if not results else f"transfer-{tokens}.png"
+        plot(found, by_key, out / figure)
+        at = f" at {tokens:,} tokens" if len(budgets) > 1 else ""
+        lines += [f"Learning-rate transfer across width{at} (final val loss, whole held-out set):", ""]
+        lines += markdown(found, sp_mup_gap(own)) + ["", f"![transfer]({figure})", ""]
+        results += found
+    return lines, results
+
+
+def horizon_part(records, c: Config) -> tuple[list[str], list[dict]]:
+    """The horizon law of each (series, width) trained at >= 2 token budgets, or why it has none."""
+    groups: dict[tuple[str, int], dict[int, list[Point]]] = defaultdict(dict)
+    for (series, width, tokens), pts in horizon_curves(records).items():
+        groups[(series, width)][tokens] = pts
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return [], []
+    budgets = sorted({t for v in groups.values() for t in v})
+    lines = [
+        "Learning-rate transfer across the token horizon, lr*(D) = B·D^-β (Bjorck et al., ICLR 2025):",
+        "",
+        "| series | d_model | " + " | ".join(f"lr* D={token_label(t)}" for t in budgets) + " | β [90% CI] | B |",
+        "|---|---|" + "---|" * len(budgets) + "---|---|",
+    ]
+    laws: list[dict] = []
+    for i, ((series, width), by_tokens) in enumerate(sorted(groups.items())):
+        try:
+            law = fit_law(series, width, by_tokens, np.random.default_rng([c.seed, 1000 + i]), c.resamples)
+        except UserError as e:
+            optima = {t: fit_optimum(pts) for t, pts in by_tokens.items()}
+            cells = " | ".join(optimum_cell(optima.get(t)) if t in optima else "" for t in budgets)
+            lines.append(f"| {series} | {width} | {cells} | no law: {e} | - |")
+            continue
+        cells = " | ".join(optimum_cell(law.optima.get(t)) if t in law.optima else "" for t in budgets)
+        ci = "" if math.isnan(law.beta_ci[0]) else f" [{fmt(law.beta_ci[0])}, {fmt(law.beta_ci[1])}]"
+        lines.append(f"| {series} | {width} | {cells} | {fmt(law.beta)}{ci} | {2**law.log2_b:.4g} |")
+        laws.append({"series": series, "width": width, "beta": law.beta, "beta_ci": list(law.beta_ci),
+                     "B": 2**law.log2_b, "optima": {t: (o.lr if o else None) for t, o in law.optima.items()},
+                     "seeds": list(law.seeds)})  # fmt: skip
+    lines += [
+        "",
+        "lr* at each budget as above; β: the least-squares slope of −log2 lr* on log2 D over >= 3 budgets spanning "
+        ">= 16x, its interval the 5th-95th percentile over seed resamples (the same draw at every budget; draws "
+        "where a budget's lr* leaves its grid are dropped). β > 0: the best lr falls as the run grows.",
+    ]
+    return lines, laws
+
+
 def run(c: Config) -> str:
     records = read_records(c.sweep_dir, "sweep_dir", select=None, baselines=False)
     if c.seeds:
         records = [r for r in records if r.seed in set(c.seeds)]
         if not records:
             raise UserError(f"seeds={c.seeds}: no run of sweep_dir={c.sweep_dir} has these seeds")
-    by_key = curves(records)
-    groups: dict[tuple[str, str], dict[int, list[Point]]] = defaultdict(dict)
-    for (name, param, width), pts in by_key.items():
-        groups[(name, param)][width] = pts
-    if not any(len(ws) > 1 for ws in groups.values()):
-        raise UserError(f"sweep_dir={c.sweep_dir}: no series was trained at two widths (a model.d_model axis)")
-    results = [
-        analyse(name, param, by_width, np.random.default_rng([c.seed, i]), c.resamples)
-        for i, ((name, param), by_width) in enumerate(sorted(groups.items()))
-    ]
     out = Path(c.out) if c.out else folder_of(c.sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
-    gap = sp_mup_gap(records)
-    plot(results, by_key, out / "transfer.png")
+    width_lines, results = width_part(records, c, out)
+    horizon_lines, laws = horizon_part(records, c)
+    if not results and not laws and not horizon_lines:
+        raise UserError(
+            f"sweep_dir={c.sweep_dir}: no series was trained at two widths (a model.d_model axis) or at two token "
+            f"budgets"
+        )
     (out / "transfer.json").write_text(json.dumps([asdict(s) for s in results], indent=1, default=str) + "\n")
-    text = "\n".join(
-        ["Learning-rate transfer across width (final val loss, whole held-out set):", ""]
-        + markdown(results, gap)
-        + ["", "![transfer](transfer.png)"]
-    )
+    if horizon_lines:
+        (out / "horizon.json").write_text(json.dumps(laws, indent=1) + "\n")
+    text = "\n".join((width_lines or []) + horizon_lines).rstrip("\n")
     return emit(text + "\n", out / "transfer.md")
 
 

@@ -28,12 +28,14 @@ from ..errors import UserError
 from ..launch.argv import shell
 from ..model.presets import load_preset
 from ..scaling.config import DEFAULT_SELECT, DEFAULT_SELECT_BY
-from ..scaling.transfer import LR, tuned_lrs
+from ..scaling.horizon import WD, budgets_at, tuned_laws
+from ..scaling.transfer import LR, optimum_lrs, tuning_records
 from .check import check_jobs
 from .collect import check_keep, collect, keep_files, write_tables
 from .grid import SweepConfig, multirun_commands, plan_runs, shard_runs, token_label
 
 LAUNCHERS = ("basic", "submitit_slurm")
+TRANSFERRING = ("mup", "completep")  # the parametrizations whose tuned lr transfers across width
 
 
 @dataclass
@@ -59,7 +61,8 @@ class SweepCommandConfig:
     # then points: the per-run data behind a study, committed with its table
     keep: list[str] = field(default_factory=list)
     # a tuning sweep (its directory or collected runs.csv): each model's lr is its arch's fitted optimum there at the
-    # base width, transferred by mup (diffllm/scaling/transfer.py); the grid then sets no lr
+    # base width, transferred by mup (diffllm/scaling/transfer.py); tuned at >= 3 token budgets, each run's lr is the
+    # arch's lr*(D) = B·D^-beta at its own budget (diffllm/scaling/horizon.py); the grid then sets no lr
     lr_from: Optional[str] = None
     lr_from_seeds: Optional[list[int]] = None  # lr_from: fit on these seeds of the tuning sweep only (null: every seed)
 
@@ -105,35 +108,66 @@ def _importable(module: str) -> bool:
 
 
 def with_lr_from(grid: SweepConfig, source: Optional[str], seeds: Optional[list[int]] = None) -> SweepConfig:
-    """`lr_from=<tuning sweep>`: every model's `optim.lr` is its arch's fitted optimum at the base width there
-    (diffllm/scaling/transfer.py: a quadratic in log2 lr over every seed), which mup transfers to any width. The grid
-    must train under mup with a base width (`model.parametrization=mup`, `model.base_width=B` in sweep.overrides) and
-    set no lr itself; anything else is a one-line error before a run is planned. `seeds`: fit on these tuning seeds only
-    (a prediction pins its lr so that seeds the tuning sweep adds later do not move it)."""
+    """`lr_from=<tuning sweep>`: every model's `optim.lr` from its arch's runs at the base width there (diffllm/scaling/
+    transfer.py: a quadratic in log2 lr over every seed), which mup transfers to any width. A tuning sweep at one
+    token budget gives one lr per arch; one at several gives each run its own, lr*(D) = B·D^-β at the run's budget
+    (diffllm/scaling/horizon.py: >= 3 budgets spanning >= 16x). The grid must train under mup with a base width
+    (`model.parametrization=mup`, `model.base_width=B` in sweep.overrides) and set no lr itself; anything else is a
+    one-line error before a run is planned. `seeds`: fit on these tuning seeds only (a prediction pins its lr so that
+    seeds the tuning sweep adds later do not move it)."""
     if not source:
         return grid
     given = dict(o.lstrip("+~").split("=", 1) for o in grid.overrides if "=" in o)
     if LR in given or LR in grid.grid or any(LR in axes for axes in grid.grid_by_model.values()):
         raise UserError(f"lr_from={source}: sweep {grid.name} also sets {LR} (overrides or grid); keep one")
     base = given.get("model.base_width", "")
-    if given.get("model.parametrization") != "mup" or not base.isdigit():
+    if given.get("model.parametrization") not in TRANSFERRING or not base.isdigit():
         raise UserError(
-            f"lr_from={source}: a tuned lr transfers across width under mup only; put model.parametrization=mup and "
-            f"model.base_width=<the tuning width> in sweep {grid.name}'s overrides"
+            f"lr_from={source}: a tuned lr transfers across width under mup only; put model.parametrization=mup (or "
+            f"completep) and model.base_width=<the tuning width> in sweep {grid.name}'s overrides"
         )
-    tuned = tuned_lrs(source, int(base), seeds)
+    records = tuning_records(source, seeds)
+    if len(budgets_at(records, int(base))) > 1:
+        if grid.tau_fraction is None and any(r.axes.get(WD) is not None for r in records):
+            print(
+                f"note: lr_from={source} set each tuning run's weight decay (sweep.tau_fraction); sweep {grid.name} "
+                f"sets none, so its runs leave the timescale the lrs were tuned at",
+                file=sys.stderr,
+                flush=True,
+            )
+        return _with_laws(grid, source, tuned_laws(records, int(base), source), int(base))
+    tuned = optimum_lrs(records, int(base), source)
     by_model = dict(grid.grid_by_model)
     for m in grid.models:
-        arch = load_preset(m).arch
-        if arch not in tuned:
-            raise UserError(f"lr_from={source}: no {arch} runs to tune {m} on (it has {', '.join(sorted(tuned))})")
-        by_model[m] = {**by_model.get(m, {}), LR: [tuned[arch][0]]}
+        by_model[m] = {**by_model.get(m, {}), LR: [tuned[_arch_of(m, tuned, source)][0]]}
     print(
         f"lr_from={source}: "
         + ", ".join(f"{a} {lr:g} ({n} runs at d_model {base})" for a, (lr, n) in sorted(tuned.items())),
         flush=True,
     )
     return replace(grid, grid_by_model=by_model)
+
+
+def _arch_of(model: str, tuned: dict, source: str) -> str:
+    arch = load_preset(model).arch
+    if arch not in tuned:
+        raise UserError(f"lr_from={source}: no {arch} runs to tune {model} on (it has {', '.join(sorted(tuned))})")
+    return arch
+
+
+def _with_laws(grid: SweepConfig, source: str, laws: dict, base: int) -> SweepConfig:
+    """Each model's lr law (its arch's) in the grid, and one line per arch: the law, β's interval, what it rests on."""
+    lines = []
+    for arch, (law, n) in sorted(laws.items()):
+        ci = "" if math.isnan(law.beta_ci[0]) else f" [90%: {law.beta_ci[0]:.3f}, {law.beta_ci[1]:.3f}]"
+        span = f"{token_label(min(law.optima))}-{token_label(max(law.optima))}"
+        lines.append(
+            f"{arch} lr*(D) = {2**law.log2_b:.4g}·D^-{law.beta:.3f}{ci} ({n} runs at d_model {base}, "
+            f"{len(law.optima)} budgets {span})"
+        )
+    print(f"lr_from={source}: " + "; ".join(lines), flush=True)
+    law_of = {m: laws[_arch_of(m, laws, source)][0] for m in grid.models}
+    return replace(grid, lr_law={m: [law.log2_b, law.beta] for m, law in law_of.items()})
 
 
 def run_sweep(cfg: DictConfig) -> int:

@@ -6,30 +6,38 @@ checkpoints because the run directory is the same).
 Budget modes (`budget_mode`): `scratch` trains every budget from scratch; `branch` trains one WSD *stable* run per
 (model, axes, seed) to the largest budget, keeping a checkpoint where each smaller budget's decay begins
 (`trainer.branch_budgets`), and each smaller budget as a *cooldown* from it (`trainer.branch_from`,
-diffllm/train/checkpoints/branch.py). A stable run and its cooldowns are one *family*: a shard runs whole families,
-and a family's cooldowns are launched after its stable run's multirun returned (the sweep runs its commands in order,
-stable runs of a seed before their cooldowns), so a cooldown never waits on another process."""
+diffllm/train/checkpoints/branch.py). A stable run and its cooldowns are one *family*: a shard runs whole families, and
+a family's cooldowns are launched after its stable run's multirun returned (the sweep runs its commands in order,
+stable runs of a seed before their cooldowns), so a cooldown never waits on another process.
+
+Per-run hyperparameters (scratch mode only): `tau_fraction` sets each run's weight decay from AdamW's timescale
+(1/(lr·wd) = that fraction of its steps), `lr_law` (written by `diffllm sweep lr_from=` from a horizon fit) each run's
+lr from its token budget; both become axes of the run (its folder says them)."""
 
 from __future__ import annotations
 
 import fnmatch
 import itertools
+import math
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from ..budget import whole_steps
 from ..counts import parse_count
 from ..errors import UserError
 from ..model.accounting import model_stats
 from ..model.presets import load_preset
 from ..results import kaplan_n
 from ..runs import Run as RunDir
+from ..scaling.horizon import WD, timescale_weight_decay
 
 JOB_MODULE = "diffllm.sweep.job"
 BUDGET_MODES = ("scratch", "branch")
 BRANCH_KEYS = ("trainer.branch_budgets", "trainer.branch_from")  # set by the sweep itself in branch mode
+LR, BATCH = "optim.lr", "trainer.global_batch_tokens"
 
 
 @dataclass
@@ -48,6 +56,12 @@ class SweepConfig:
     grid_by_model: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # axes per preset glob
     overrides: list[str] = field(default_factory=list)  # passed to every run (trainer.*, data.*, optim.*)
     budget_mode: str = "scratch"  # scratch: every budget from scratch | branch: WSD stable run + cooldowns
+    # AdamW's timescale 1/(lr·wd) as a fraction f of each run's optimizer steps: set, every run's optim.weight_decay is
+    # 1/(lr·f·steps) from its own lr and budget (3 significant digits; docs/scaling.md); null: the overrides' decay
+    tau_fraction: Optional[float] = None
+    # model -> [log2 B, beta], written by `diffllm sweep lr_from=` from a tuning sweep at >= 3 horizons: each run's
+    # optim.lr is B·tokens^-beta (3 significant digits; diffllm/scaling/horizon.py)
+    lr_law: dict[str, list[float]] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not self.models:
@@ -64,6 +78,7 @@ class SweepConfig:
                 raise UserError(f"sweep.grid_by_model: {pattern!r} matches none of sweep.models")
         overridden = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[-1] for o in self.overrides}
         self._check_budget_mode(overridden)
+        self._check_per_run(overridden)
         for key, values in [*self.grid.items(), *(kv for g in self.grid_by_model.values() for kv in g.items())]:
             where = f"sweep.grid.{key}"
             if key in ("model", "seed", "data.seed", "trainer.tokens", "run_dir", *BRANCH_KEYS):
@@ -94,6 +109,48 @@ class SweepConfig:
                 "sweep.budget_mode=branch: branches need a warmup-stable-decay schedule; put "
                 "optim.schedule=wsd in sweep.overrides"
             )
+
+    def _check_per_run(self, overridden: dict[str, str]) -> None:
+        """tau_fraction and lr_law: what each run's own lr and weight decay need."""
+        if not (self.tau_fraction is not None or self.lr_law):
+            return
+        what = "sweep.tau_fraction" if self.tau_fraction is not None else "lr_from's horizon law"
+        if self.budget_mode != "scratch":
+            raise UserError(
+                f"{what}: sets each budget's own lr and weight decay, but a branch family shares its stable run's; "
+                f"use sweep.budget_mode=scratch"
+            )
+        if self.tau_fraction is None:
+            return
+        if not self.tau_fraction > 0:
+            raise UserError(f"sweep.tau_fraction={self.tau_fraction}: must be > 0 (a fraction of each run's steps)")
+        if WD in overridden or any(WD in axes_for(self, m) for m in self.models):
+            raise UserError(f"sweep.tau_fraction: sets {WD} per run; remove it from sweep.overrides and the grid")
+        if BATCH not in overridden:
+            raise UserError(f"sweep.tau_fraction: needs {BATCH} in sweep.overrides (a run's steps = tokens / batch)")
+
+
+def sig3(x: float) -> float:
+    """x to 3 significant digits: what a run's folder and override show, the same on every rerun."""
+    return float(f"{x:.3g}")
+
+
+def per_run_axes(cfg: SweepConfig, model: str, tokens: int, point: tuple) -> tuple[tuple[str, Any], ...]:
+    """The axes a run gets from its budget: its lr from `lr_law`, then its weight decay from `tau_fraction`."""
+    extra: list[tuple[str, Any]] = []
+    if model in cfg.lr_law:
+        log2_b, beta = cfg.lr_law[model]
+        extra.append((LR, sig3(2.0 ** (log2_b - beta * math.log2(tokens)))))
+    if cfg.tau_fraction is not None:
+        overridden = dict(o.lstrip("+~").split("=", 1) for o in cfg.overrides if "=" in o)
+        lr = dict(point + tuple(extra)).get(LR, overridden.get(LR))
+        if lr is None:
+            raise UserError(f"sweep.tau_fraction: no {LR} for {model} (in sweep.overrides, its grid, or lr_from)")
+        lr = float(lr)
+        batch = parse_count(overridden[BATCH], f"sweep.overrides {BATCH}")
+        steps = whole_steps(tokens, f"sweep.tokens of {model}", batch)
+        extra.append((WD, sig3(timescale_weight_decay(lr, cfg.tau_fraction, steps))))
+    return tuple(extra)
 
 
 def axes_for(cfg: SweepConfig, model: str) -> dict[str, list[Any]]:
@@ -178,8 +235,10 @@ def budgets(cfg: SweepConfig, model: str, vocab_size: int | None = None) -> list
 
 
 def axis_keys(cfg: SweepConfig) -> list[str]:
-    """Every extra axis key of the sweep, in first-seen order."""
-    return list(dict.fromkeys(k for m in cfg.models for k in axes_for(cfg, m)))
+    """Every extra axis key of the sweep, in first-seen order (the per-run lr and weight decay last)."""
+    keys = list(dict.fromkeys(k for m in cfg.models for k in axes_for(cfg, m)))
+    derived = ([LR] if cfg.lr_law else []) + ([WD] if cfg.tau_fraction is not None else [])
+    return keys + [k for k in derived if k not in keys]
 
 
 def plan_runs(cfg: SweepConfig, sweep_dir: str | Path, mode: str | None = None) -> list[Run]:
@@ -197,6 +256,7 @@ def plan_runs(cfg: SweepConfig, sweep_dir: str | Path, mode: str | None = None) 
         for t in [tokens[-1]] if branch else tokens:
             for combo in itertools.product(*(axes[k] for k in ordered)):
                 point = tuple(zip(ordered, combo))
+                point += per_run_axes(cfg, m, t, point)  # branch mode (a cost estimate only): the stable run's
                 base = lambda b: root / m / token_label(b) / (axes_label(point, keys) if point else "")  # noqa: E731, B023 - called within this iteration
                 for s in cfg.seeds_by_model.get(m, cfg.seeds):
                     if not branch:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from ..model.parametrization import lr_mult, treatments, width_mult
+from ..model.parametrization import eps_mult, is_mup, lr_mult, treatments, width_mult
 from .config import OptimConfig
 
 
@@ -25,14 +25,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """model: a DecoderLM; what its attention variants keep from decay (Diff: the lambdas) joins the no-decay group.
     Under parametrization=mup each group is split by its parameters' lr multiplier (`lr_mult`, which the step
     multiplies the scheduled lr by; a hidden matrix's weight decay times width_mult): at width_mult 1 the groups
-    are sp's."""
+    are sp's. Under completep also by AdamW's ε multiplier (`eps_mult`: 1/depth_mult inside the blocks), which
+    `with_eps` turns into the group's ε; at depth_mult 1 the groups are mup's."""
     decay, plain = [], []
     exempt = {id(p) for p in model.no_decay_parameters()}
     for name, p in model.named_parameters():
         if p.requires_grad:
             (plain if no_decay(name, p) or id(p) in exempt else decay).append((name, p))
     groups = [("decay", decay, weight_decay), ("no_decay", plain, 0.0)]
-    if model.cfg.parametrization == "mup":
+    if is_mup(model.cfg):
         return [g for label, params, wd in groups for g in mup_groups(model, label, params, wd)]
     return [{"params": [p for _, p in params], "weight_decay": wd, "group": label} for label, params, wd in groups]
 
@@ -40,12 +41,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def mup_groups(model: nn.Module, label: str, params: list, weight_decay: float) -> list[dict]:
     """One group per lr multiplier, in the order first met: {"params", "weight_decay", "group", "lr_mult"}."""
     kinds, m = treatments(model), width_mult(model.cfg)
-    split: dict[float, dict] = {}
+    split: dict[tuple[float, float], dict] = {}
     for name, p in params:
-        mult = lr_mult(kinds[name], m)
+        mult, eps = lr_mult(kinds[name], m), eps_mult(name, model.cfg)
         wd = weight_decay * m if kinds[name] == "hidden" else weight_decay  # mup.MuAdamW: lr x wd unchanged
-        split.setdefault(mult, {"params": [], "weight_decay": wd, "group": label, "lr_mult": mult})["params"].append(p)
+        group = {"params": [], "weight_decay": wd, "group": label, "lr_mult": mult}
+        split.setdefault((mult, eps), group | ({"eps_mult": eps} if eps != 1.0 else {}))["params"].append(p)
     return list(split.values()) or [{"params": [], "weight_decay": weight_decay, "group": label, "lr_mult": 1.0}]
+
+
+def with_eps(groups: list[dict], eps: float) -> list[dict]:
+    """The groups with completep's per-group AdamW ε (`eps_mult` x eps) where they carry one."""
+    return [g | {"eps": eps * g["eps_mult"]} if "eps_mult" in g else g for g in groups]
 
 
 class UpdateGate:
@@ -149,7 +156,7 @@ def build_optimizer(
     host (offload: trainer.offload_optimizer), else torch AdamW, fused when the parameters train on CUDA (`cuda`;
     DeepSpeed moves them there after this), elsewhere torch's default kernels (whose numbers the golden files hold).
     The lr is set by the trainer before every step."""
-    groups = param_groups(model, opt.weight_decay)
+    groups = with_eps(param_groups(model, opt.weight_decay), opt.eps)
     hyper = dict(lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
     if offload:
         return cpu_adam(gate, groups, **hyper)

@@ -1,6 +1,7 @@
 """`diffllm scaling coord-check`: the fitted slope of log mean|activation| on log width (5 widths, 16x) is flat under
-mup and clearly positive under sp for every declared arch, so the check can fail; the CLI writes its table, json and
-plot, and a bad width list is one line on stderr, exit 2."""
+mup and clearly positive under sp for every declared arch, so the check can fail; across depth (2-16 layers) it is flat
+under completep and grows under mup; the CLI writes its table, json and plot, and a bad width list is one line on
+stderr, exit 2."""
 
 from __future__ import annotations
 
@@ -25,6 +26,23 @@ def test_mup_is_flat_and_sp_is_not(arch):
     assert max(abs(s) for s in slopes["mup"].values()) < 0.5, slopes["mup"]
     assert max(slopes["sp"].values()) > 1.0, slopes["sp"]  # the worst layer grows ~ width or faster
     assert slopes["sp"]["logits"] > slopes["mup"]["logits"] + 0.3, (slopes["sp"]["logits"], slopes["mup"]["logits"])
+
+
+DEPTHS = CoordCheckConfig(depths=[2, 4, 8, 16], steps=8, lr=0.003, batch_size=4, seq_len=32)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff", "diff2"])
+def test_completep_is_flat_across_depth_and_mup_is_not(arch):
+    """2-16 layers at d_model 64, 8 steps of lr 0.003 (Diff at a constant lambda_init 0.8, as the ladder: its default
+    schedule lowers the last layer's output with depth by design): under completep every |slope| on log depth < 0.3
+    (measured <= 0.2); under mup (no depth rule) the residual stream grows about as the depth (measured 0.9-1.6)."""
+    cfg = dict(SMALL, d_model=64, n_heads=8, lambda_init=0.8)
+    slopes = {
+        p: coord_check(ModelConfig(arch=arch, parametrization=p, **cfg), DEPTHS)["slopes"] for p in ("mup", "completep")
+    }
+    assert max(abs(s) for s in slopes["completep"].values()) < 0.3, slopes["completep"]
+    assert min(slopes["mup"]["mid.residual"], slopes["mup"]["last.residual"]) > 0.7, slopes["mup"]
+    assert {"embedding", "mid.attn", "mid.mlp", "mid.residual", "last.residual", "logits"} <= set(slopes["mup"])
 
 
 def run(tmp_path, *args):
