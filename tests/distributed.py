@@ -65,14 +65,16 @@ def cli(*argv: str, cwd: Path = REPO, unset: tuple[str, ...] = ()) -> subprocess
     )
 
 
-def cli_here(*argv: str, cwd: Path = REPO, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """`cli` in this process, for what a one-line error is the subject of: the same environment (base_env) and
+def cli_here(
+    *argv: str, cwd: Path = REPO, unset: tuple[str, ...] = (), env: Optional[dict] = None
+) -> subprocess.CompletedProcess:
+    """`cli` in this process, for what a one-line error is the subject of: the same environment (base_env(env)) and
     working folder while it runs, its stdout, stderr and exit code; the environment, sys.argv and folder restored."""
     from diffllm.cli.main import main
 
     out, err, code, saved = io.StringIO(), io.StringIO(), 0, (dict(os.environ), list(sys.argv))
     os.environ.clear()
-    os.environ.update({k: v for k, v in base_env().items() if k not in unset})
+    os.environ.update({k: v for k, v in base_env(env).items() if k not in unset})
     try:
         with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main(list(argv))
