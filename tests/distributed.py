@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import multiprocessing as mp
 import os
 import signal
@@ -61,6 +63,28 @@ def cli(*argv: str, cwd: Path = REPO, unset: tuple[str, ...] = ()) -> subprocess
         text=True,
         timeout=300,
     )
+
+
+def cli_here(
+    *argv: str, cwd: Path = REPO, unset: tuple[str, ...] = (), env: Optional[dict] = None
+) -> subprocess.CompletedProcess:
+    """`cli` in this process, for what a one-line error is the subject of: the same environment (base_env(env)) and
+    working folder while it runs, its stdout, stderr and exit code; the environment, sys.argv and folder restored."""
+    from diffllm.cli.main import main
+
+    out, err, code, saved = io.StringIO(), io.StringIO(), 0, (dict(os.environ), list(sys.argv))
+    os.environ.clear()
+    os.environ.update({k: v for k, v in base_env(env).items() if k not in unset})
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(list(argv))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved[0])
+        sys.argv[:] = saved[1]
+    return subprocess.CompletedProcess(["diffllm", *argv], code, out.getvalue(), err.getvalue())
 
 
 # ----- a function in N processes --------------------------------------------------------------------------------

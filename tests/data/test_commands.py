@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed import cli_here
+
 from .helpers import corpus
 
 DIFFLLM = [sys.executable, "-m", "diffllm.cli"]
@@ -46,12 +48,8 @@ def test_tokenizer_train_then_prepare(tmp_path):
 
 @pytest.mark.slow
 def test_bad_source_is_one_line(tmp_path):
-    out = subprocess.run(
-        DIFFLLM + ["tokenizer", "train", f"data.sources=[{{path:'{tmp_path}/none/*.jsonl'}}]"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DIFFLLM_CACHE": str(tmp_path)},
-        timeout=300,
+    out = cli_here(
+        "tokenizer", "train", f"data.sources=[{{path:'{tmp_path}/none/*.jsonl'}}]", env={"DIFFLLM_CACHE": str(tmp_path)}
     )
     assert out.returncode == 2 and out.stderr.strip() == (
         f"diffllm tokenizer train: error: data.sources[0].path: {tmp_path}/none/*.jsonl: no files match"

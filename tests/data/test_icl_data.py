@@ -5,8 +5,6 @@ the tokens `diffllm eval icl task=synthetic` builds for the same demonstrations 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from diffllm.data.loader import resolve_sources
 from diffllm.data.tokenizer import train_sources
 from diffllm.eval import icl
 from diffllm.eval.icl_tasks import Episode, Task
-from tests.distributed import REPO, base_env
+from tests.distributed import cli_here
 
 from .helpers import cfg
 from .test_structure import windows
@@ -156,21 +154,12 @@ def test_bad_task_specs_are_one_line_errors(fmt, path, message):
 
 
 def test_a_bad_spec_on_the_command_line_is_one_line_and_exit_2(tmp_path):
-    got = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diffllm.cli",
-            "tokenizer",
-            "train",
-            "data=shakespeare-icl",
-            "data.sources.1.path='icl:demos=0'",
-        ],
-        cwd=REPO,
-        env=base_env({"DIFFLLM_CACHE": str(tmp_path)}),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    got = cli_here(
+        "tokenizer",
+        "train",
+        "data=shakespeare-icl",
+        "data.sources.1.path='icl:demos=0'",
+        env={"DIFFLLM_CACHE": str(tmp_path)},
     )
     assert got.returncode == 2 and len(got.stderr.splitlines()) == 1, got.stderr
     assert "data.sources[1].path 'icl:demos=0': needs 1 <= demos LO <= HI" in got.stderr

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tests.distributed import REPO, cli
+from tests.distributed import REPO, cli_here
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,7 @@ def test_a_damaged_tokenizer_json_is_one_line_naming_it(runs, tmp_path, command)
     shutil.copytree(runs("diff"), run)
     text = (run / "tokenizer.json").read_text()
     (run / "tokenizer.json").write_text(text[: len(text) // 2])  # cut short, as by a full disk
-    got = cli(*[a.format(tmp=tmp_path) for a in command], f"run={run}")
+    got = cli_here(*[a.format(tmp=tmp_path) for a in command], f"run={run}")
     assert got.returncode == 2 and got.stdout == ""
     (line,) = got.stderr.splitlines()
     assert line.startswith(f"diffllm {' '.join(command[:2]) if command[0] == 'eval' else command[0]}: error: {run}")
@@ -45,7 +45,7 @@ def test_arguments_are_checked_before_the_weights_are_read(runs, tmp_path, argv,
     shutil.copytree(runs("diff"), run, ignore=shutil.ignore_patterns("eval"))
     for states in (run / "checkpoints").glob("step*/*model_states.pt"):
         states.write_bytes(states.read_bytes()[:100])
-    got = cli(*argv, f"run={run}")
+    got = cli_here(*argv, f"run={run}")
     assert got.returncode == 2 and got.stdout == ""
     command = " ".join(a for a in argv if "=" not in a)
     assert got.stderr.splitlines() == [f"diffllm {command}: error: {error.format(cwd=REPO)}"]

@@ -78,19 +78,10 @@ def test_compare_shows_each_runs_stability_record_from_its_summary(tmp_path):
 
 
 def cli(*argv: str):
-    import subprocess
-    import sys
+    """`diffllm eval compare <argv>`, in this process (its exit code, stdout and stderr)."""
+    from tests.distributed import cli_here
 
-    from tests.distributed import REPO, base_env
-
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "eval", "compare", *argv],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli_here("eval", "compare", *argv)
 
 
 def sweep_run(folder, arch: str, steps: int):

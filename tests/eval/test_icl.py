@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ import torch
 
 from diffllm.eval import icl
 from diffllm.eval.icl_tasks import SYNTHETIC_LABELS, load_task, synthetic
-from tests.distributed import REPO, base_env
+from tests.distributed import cli_here
 
 ROWS = [
     {"text": "the ship sails at dawn", "label": "sea"},
@@ -181,14 +179,7 @@ def test_a_prompt_that_does_not_fit_is_one_line_before_the_weights(runs, tmp_pat
 
 
 def test_command_line_error_names_k_and_the_lengths(runs):
-    got = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "eval", "icl", f"run={runs('diff')}", "k=[0,50]", "queries=2"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    got = cli_here("eval", "icl", f"run={runs('diff')}", "k=[0,50]", "queries=2")
     assert got.returncode == 2 and got.stdout == "" and len(got.stderr.splitlines()) == 1, got.stderr
     assert "k=50: the prompt of query" in got.stderr and "tokens (" in got.stderr and "seq_len=64" in got.stderr
 

@@ -3,17 +3,14 @@ HF's, and exporting that run reproduces the HF weights bit for bit; `load_pretra
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from diffllm.export.hf import export_run, hf_tokenizer
 from diffllm.export.hf_import import import_hf, load_pretrained
 from diffllm.runs import Run
-from tests.distributed import REPO, base_env
-from tests.export.helpers import ENV, TEXT
+from tests.distributed import cli_here
+from tests.export.helpers import TEXT
 
 transformers = pytest.importorskip("transformers")
 SHAPE = dict(vocab_size=1024, hidden_size=64, intermediate_size=176, num_hidden_layers=2, max_position_embeddings=128)
@@ -92,20 +89,12 @@ def test_remote_export_imports_back(runs, tmp_path):
     assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    module, fn = ("import_main", args[1:]) if args[0] == "import" else ("export_main", args[1:])
-    code = f"from diffllm.export.commands import {module}; {module}()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *fn], cwd=REPO, env=base_env(ENV), capture_output=True, text=True, timeout=300
-    )
-
-
 @pytest.mark.slow
 def test_commands_and_a_bad_input_line(runs, hf_dir, tmp_path):
     src, _ = hf_dir("llama")
-    ok = cli("import", str(src), f"out={tmp_path / 'run'}")
+    ok = cli_here("import", str(src), f"out={tmp_path / 'run'}")
     assert ok.returncode == 0 and "imported" in ok.stdout, ok.stderr
-    bad = cli("export", f"run={runs['diff-layernorm-partial']}", f"out={tmp_path / 'x'}", "format=diffllama")
+    bad = cli_here("export", f"run={runs['diff-layernorm-partial']}", f"out={tmp_path / 'x'}", "format=diffllama")
     assert bad.returncode == 2 and bad.stderr == (
         "diffllm export: error: format=diffllama cannot represent this model exactly: DiffLlama has RMSNorm, this "
         "model has norm=layernorm; use format=remote (or auto)\n"

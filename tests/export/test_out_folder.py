@@ -4,25 +4,11 @@ whole; the files are written aside and renamed, so a failed export leaves `out` 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import diffllm.export.hf as hf
-from tests.distributed import REPO, base_env
-from tests.export.helpers import ENV
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "export", *args],
-        cwd=REPO,
-        env=base_env(ENV),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from tests.distributed import cli_here
 
 
 def siblings(out) -> list[str]:
@@ -33,7 +19,9 @@ def test_a_non_empty_out_is_refused_in_one_line_before_the_run_is_read(tmp_path)
     out = tmp_path / "hf"
     out.mkdir()
     (out / "config.json").write_text("{}")
-    got = cli(f"run={tmp_path / 'no-such-run'}", f"out={out}")  # refused first: the run is not even looked at
+    got = cli_here(
+        "export", f"run={tmp_path / 'no-such-run'}", f"out={out}"
+    )  # refused first: the run is not even looked at
     assert got.returncode == 2 and got.stdout == ""
     assert got.stderr == (
         f"diffllm export: error: out={out}: not empty (config.json); choose a new folder, or pass force=true to "
@@ -41,7 +29,7 @@ def test_a_non_empty_out_is_refused_in_one_line_before_the_run_is_read(tmp_path)
     )
     assert (out / "config.json").read_text() == "{}" and siblings(out) == []
     (tmp_path / "file").write_text("")
-    got = cli(f"run={tmp_path / 'no-such-run'}", f"out={tmp_path / 'file'}")
+    got = cli_here("export", f"run={tmp_path / 'no-such-run'}", f"out={tmp_path / 'file'}")
     assert got.returncode == 2 and "file: is a file, not a folder" in got.stderr
 
 

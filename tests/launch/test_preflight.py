@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,18 +17,13 @@ from diffllm.launch.checks import check_memory, check_train_overrides
 from diffllm.model.presets import load_preset
 from diffllm.sweep.check import check_jobs
 from diffllm.sweep.grid import SweepConfig, plan_runs
+from tests.distributed import cli_here
 
 REPO = Path(__file__).resolve().parents[2]
 # Diff Transformer §3.2 (../shared/reference/diff-transformer-spec.md): 1.5e-3 for 830M-2.8B, 7.5e-4 for 6.8B-13.1B
 PAPER_LR = {"830m": 1.5e-3, "1.4b": 1.5e-3, "2.8b": 1.5e-3, "6.8b": 7.5e-4, "13.1b": 7.5e-4}
 BIG = ["model=diff-13.1b", "data=fineweb-edu", "trainer=paper-scaling", "optim=paper-scaling", "optim.lr=7.5e-4"]
 SLURM_4X8 = ["--launcher", "slurm", "--nodes", "4", "--procs", "8", "--dry-run"]
-
-
-def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd
-    )
 
 
 def refused(out: subprocess.CompletedProcess) -> str:
@@ -39,7 +33,7 @@ def refused(out: subprocess.CompletedProcess) -> str:
 
 
 def test_a_window_longer_than_the_model_context_is_refused():
-    line = refused(cli("launch", "--dry-run", "model=diff-830m", "data.seq_len=4096"))
+    line = refused(cli_here("launch", "--dry-run", "model=diff-830m", "data.seq_len=4096"))
     assert line == (
         "diffllm launch: error: data.seq_len=4096: longer than model.max_seq_len=2048 (the model's context); "
         "use data.seq_len <= 2048, or set model.max_seq_len"
@@ -58,7 +52,7 @@ def test_a_misspelt_sweep_axis_is_refused_before_anything_is_planned(tmp_path):
     (tmp_path / "configs" / "sweep" / "typo.yaml").write_text(yaml.safe_dump(grid))
     root = tmp_path / "runs"
     for dry in ("true", "false"):
-        line = refused(cli("sweep", "sweep=typo", f"sweep_dir={root}", f"dry_run={dry}", cwd=tmp_path))
+        line = refused(cli_here("sweep", "sweep=typo", f"sweep_dir={root}", f"dry_run={dry}", cwd=tmp_path))
         assert line == (
             f"diffllm sweep: error: the job of {root}/transformer-micro-1/512K/lrr=0.008/seed1: optim.lrr=0.008: "
             f"unknown key (did you mean optim.lr?)"
@@ -121,19 +115,21 @@ def test_launch_refuses_what_plan_says_does_not_fit():
         "activation_checkpointing=false micro_batch_size=1$",
     ):
         make_plan(load_preset("diff-13.1b"), plan)
-    line = refused(cli("launch", *SLURM_4X8, "--gpu", "h100", *BIG, *ZERO1))
+    line = refused(cli_here("launch", *SLURM_4X8, "--gpu", "h100", *BIG, *ZERO1))
     assert line.startswith("diffllm launch: error: does not fit: diff-13.1b needs ")
     fits = re.search(r"fits: (.*) \(--memory-check false", line).group(1).split()
     assert fits == ["trainer.zero_stage=2", "trainer.activation_checkpointing=false", "trainer.micro_batch_size=1"]
-    anyway = cli("launch", *SLURM_4X8, "--gpu", "h100", "--memory-check", "false", *BIG, *ZERO1)
+    anyway = cli_here("launch", *SLURM_4X8, "--gpu", "h100", "--memory-check", "false", *BIG, *ZERO1)
     assert anyway.returncode == 0 and "model=diff-13.1b" in anyway.stdout
 
 
 @pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_advice_never_names_a_preset_already_given():
-    paper = refused(cli("launch", *SLURM_4X8, *BIG, "trainer.micro_batch_size=8"))  # 8 x 2048 x 32 > the 262,144
+    paper = refused(cli_here("launch", *SLURM_4X8, *BIG, "trainer.micro_batch_size=8"))  # 8 x 2048 x 32 > the 262,144
     assert "trainer=paper-scaling" not in paper and paper.endswith("or trainer.micro_batch_size=4")
-    cpu = refused(cli("launch", *SLURM_4X8, "model=diff-830m"))  # the CPU trainer on a cluster: still pointed there
+    cpu = refused(
+        cli_here("launch", *SLURM_4X8, "model=diff-830m")
+    )  # the CPU trainer on a cluster: still pointed there
     assert cpu.endswith("a paper-size model on a cluster wants trainer=paper-scaling)")
 
 

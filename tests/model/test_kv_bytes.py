@@ -4,9 +4,6 @@ info` and `diffllm plan` report them (plan: inference memory at context= and bat
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -15,6 +12,7 @@ from diffllm.model.accounting import kv_cache_bytes_per_token, model_stats
 from diffllm.model.info import table
 from diffllm.model.presets import load_preset
 from diffllm.scaling.planner import PlanConfig, make_plan, plan_dict, render
+from tests.distributed import cli_here
 
 
 def generated_cache(cfg: ModelConfig, prompt: int = 5, new: int = 6) -> KVCache:
@@ -77,9 +75,9 @@ def test_plan_adds_inference_memory_at_a_context_and_batch():
 @pytest.mark.slow
 def test_cli_info_and_plan_print_kv_cache():
     def cli(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "diffllm.cli", *args], capture_output=True, text=True, timeout=120, check=True
-        ).stdout
+        done = cli_here(*args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
     assert "KV bytes/token       49,152 (all 24 layers, bf16" in cli("info", "model=diff-1.4b-gqa")
     out = cli("plan", "model=diff-1.4b-gqa", "context=4096", "batch=2", "zero_stage=2", "offload=false")

@@ -1,9 +1,6 @@
 """Preset sizes: StableLM-3B exact, paper presets within 2% of their names, every variant's accounting against hand
 formulas; presets compose from their arch/ and size/ bases; `diffllm info` answers for 13.1B and lists every variant."""
 
-import subprocess
-import sys
-
 import pytest
 
 from diffllm.config import compose
@@ -11,6 +8,7 @@ from diffllm.model import variants
 from diffllm.model.accounting import model_stats
 from diffllm.model.info import table
 from diffllm.model.presets import load_preset, preset_names
+from tests.distributed import cli_here
 
 PAPER = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 13.1e9}
 SIZES = [*PAPER, "3b", "tiny", "small", "micro-1", "micro-2", "micro-3", "micro-4"]
@@ -99,11 +97,7 @@ def test_info_table_lists_every_preset_of_every_variant():
 
 
 def test_info_cli_answers_for_13b():
-    out = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "info", "model=diff-13.1b"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    done = cli_here("info", "model=diff-13.1b")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     assert "13,096,627,200" in out and "GiB" in out

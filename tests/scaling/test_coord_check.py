@@ -6,8 +6,6 @@ stderr, exit 2."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +13,7 @@ from diffllm.errors import UserError
 from diffllm.model.config import ModelConfig
 from diffllm.scaling.config import CoordCheckConfig
 from diffllm.scaling.coord_check import coord_check
+from tests.distributed import cli_here
 
 SMALL = dict(n_layers=2, vocab_size=256, max_seq_len=64)
 OWN = CoordCheckConfig(widths=[16, 32, 64, 128, 256], steps=3, batch_size=4, seq_len=32)
@@ -46,15 +45,10 @@ def test_completep_is_flat_across_depth_and_mup_is_not(arch):
 
 
 def run(tmp_path, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "scaling", "coord-check", *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    return cli_here("scaling", "coord-check", *args, cwd=tmp_path)
 
 
-@pytest.mark.slow  # 13-36 s here: a subprocess importing torch, hydra and matplotlib, five widths
+@pytest.mark.slow  # five widths, a table, a plot
 def test_cli_writes_table_json_and_plot(tmp_path):
     r = run(
         tmp_path,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -24,6 +23,7 @@ from diffllm.scaling.fit import (
     ratio_at_equal_loss,
 )
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render, write_report
+from tests.distributed import cli_here
 from tests.scaling.synthetic import write_law_sweep
 
 N = np.geomspace(1e5, 2e6, 6)
@@ -98,9 +98,8 @@ def test_scaling_fit_end_to_end(tmp_path):
 
 
 def scaling_fit(*args: str) -> subprocess.CompletedProcess:
-    """`diffllm scaling fit <args>` in a process of its own."""
-    cmd = [sys.executable, "-m", "diffllm.cli", "scaling", "fit", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    """`diffllm scaling fit <args>`, in this process (its exit code, stdout and stderr)."""
+    return cli_here("scaling", "fit", *args)
 
 
 def test_scaling_fit_cli_missing_dir(tmp_path):
@@ -131,22 +130,7 @@ def test_fits_below_the_minimum_are_refused_in_one_line(tmp_path):
     assert result["power_law"] == [] and result["ratios"] == {}
     line = "L(N) for transformer: no fit (refused: 3 points at 3 sizes; L(N) needs >= 4 points at >= 3 sizes"
     assert any(n.startswith(line) for n in result["notes"])
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diffllm.cli",
-            "scaling",
-            "fit",
-            f"sweep_dir={tmp_path}/sweep",
-            "reps=20",
-            "joint=none",
-            f"out={tmp_path}/out",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = scaling_fit(f"sweep_dir={tmp_path}/sweep", "reps=20", "joint=none", f"out={tmp_path}/out")
     assert done.returncode == 0, done.stderr
     assert "warning: L(N) for diff: no fit (refused: 3 points at 3 sizes" in done.stderr
 

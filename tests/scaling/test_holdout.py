@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from diffllm.results import collect
 from diffllm.scaling.fit import JointLaw
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
+from tests.distributed import cli_here
 from tests.scaling.synthetic import DOC_LAWS, write_law_sweep
 
 LAWS = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
@@ -54,12 +52,7 @@ def test_holdout_budget_is_predicted_by_the_joint_fit(tmp_path):
 @pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 def test_holdout_that_matches_nothing_is_one_line(tmp_path):
     write_law_sweep(tmp_path / "s", LAWS, noise=0.002)
-    done = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/s", "holdout=micro-9"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli_here("scaling", "fit", f"sweep_dir={tmp_path}/s", "holdout=micro-9")
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "diffllm scaling fit: error: holdout=micro-9: no fitted run has this size or budget (sizes: micro-1, "

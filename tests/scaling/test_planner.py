@@ -8,8 +8,6 @@ import dataclasses
 import functools
 import io
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,6 +21,7 @@ from diffllm.model.transformer import Block
 from diffllm.scaling.activations import LiveBytes, activation_bytes, peak_bytes
 from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states, render
 from diffllm.train.zero import zero_knobs
+from tests.distributed import cli_here
 
 ds12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
@@ -205,21 +204,12 @@ def test_every_variant_plans_at_830m(arch):
 
 @pytest.mark.slow
 def test_cli_table_and_unknown_preset():
-    ok = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "plan", "model=diff-13.1b", "nodes=8", "tokens=1T"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    ok = cli_here("plan", "model=diff-13.1b", "nodes=8", "tokens=1T")
     assert ok.returncode == 0, ok.stderr
     assert "| 3 | yes | no |" in ok.stdout and "time" in ok.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "plan", "model=nope"], capture_output=True, text=True, timeout=120
-    )
+    bad = cli_here("plan", "model=nope")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "unknown model=nope" in bad.stderr
-    neg = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "plan", "tokens=-5B"], capture_output=True, text=True, timeout=120
-    )
+    neg = cli_here("plan", "tokens=-5B")
     assert neg.returncode == 2 and neg.stderr.strip() == "diffllm plan: error: tokens: must be positive, got '-5B'"
 
 

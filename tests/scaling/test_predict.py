@@ -5,9 +5,6 @@ same predicted values); a size without a preset and a malformed spec are one-lin
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from diffllm.errors import UserError
@@ -17,6 +14,7 @@ from diffllm.results import collect, kaplan_n, to_csv
 from diffllm.scaling.fit import JointLaw, fit_power_law
 from diffllm.scaling.inputs import read_all
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
+from tests.distributed import cli_here
 from tests.scaling.synthetic import DOC_LAWS, write_law_sweep
 
 LAWS = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
@@ -69,11 +67,7 @@ def test_bad_predict_specs_are_one_line(tmp_path):
     with pytest.raises(UserError, match="expected <size>@<tokens>"):
         ScalingConfig(predict="micro-4").validate()
     write_law_sweep(tmp_path / "s", LAWS, budgets=BUDGETS, sizes=(1, 2, 3))
-    out = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}/s", "predict=micro-9@1M",
-         "reps=20", f"out={tmp_path}/o"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    out = cli_here("scaling", "fit", f"sweep_dir={tmp_path}/s", "predict=micro-9@1M", "reps=20", f"out={tmp_path}/o")
     assert out.returncode != 0 and out.stderr.strip().splitlines()[-1] == (
         "diffllm scaling fit: error: predict: no preset diff-micro-9 (configs/model/diff-micro-9.yaml) "
         "to predict diff at size micro-9"

@@ -5,8 +5,6 @@ seeds), on run records whose losses the test chooses; the commands' one-line err
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from diffllm.errors import UserError
 from diffllm.results import RunRecord
 from diffllm.scaling.protocol import quadratic_optimum, resolve
 from diffllm.scaling.select import choices_markdown, paired_gaps, select_runs, selection_dict
+from tests.distributed import cli_here
 
 LRS = (0.001, 0.002, 0.004, 0.008)
 # seed -> lr -> loss: seed 1's best lr is 0.002; seed 2's noisy minimum is 0.008; on the mean of both, 0.008 wins
@@ -88,12 +87,7 @@ def test_protocol_errors_are_one_line():
 
 
 def test_scaling_fit_cli_rejects_an_unknown_protocol_in_one_line(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "scaling", "fit", f"sweep_dir={tmp_path}", "select_protocol=splt"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli_here("scaling", "fit", f"sweep_dir={tmp_path}", "select_protocol=splt")
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "diffllm scaling fit: error: select_protocol=splt: expected one of auto, split, quadratic, same "

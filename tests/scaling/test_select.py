@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
@@ -17,6 +15,7 @@ from diffllm.scaling.baselines import BIGRAM_K
 from diffllm.scaling.report import ScalingConfig, fit_sweep, render
 from diffllm.scaling.select import select_runs, size_of
 from diffllm.sweep.collect import collect, write_tables
+from tests.distributed import cli_here
 from tests.scaling.synthetic import expected_baselines, tokenizer, write_corpus, write_run
 
 LRS = (0.001, 0.002, 0.004)
@@ -174,22 +173,7 @@ def test_without_selection_every_lr_is_its_own_series(sweep):
 @pytest.mark.slow
 def test_scaling_fit_cli_prints_warnings(sweep):
     root, _, _ = sweep
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diffllm.cli",
-            "scaling",
-            "fit",
-            f"sweep_dir={root}/runs",
-            "reps=20",
-            "joint=none",
-            f"out={root}/fit",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = cli_here("scaling", "fit", f"sweep_dir={root}/runs", "reps=20", "joint=none", f"out={root}/fit")
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("widen the grid") == 2 and "under-trained" in out.stderr
     fits = json.loads((root / "fit" / "fits.json").read_text())
@@ -197,12 +181,8 @@ def test_scaling_fit_cli_prints_warnings(sweep):
     assert fits["selection"]["protocol"]["mode"] == "split"  # the default with 2 seeds: seed 1 selects, 2 reports
     assert all(g["seeds"] == [2] for g in fits["gaps"])
     assert "Selection of optim.lr: protocol split: chosen on seed(s) 1, reported on seed(s) 2 only." in out.stdout
-    swapped = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root}/runs", f"out={root}/swapped"]
-        + ["select_seeds=[2]", "report_seeds=[1]"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    swapped = cli_here(
+        "sweep", "collect", f"sweep_dir={root}/runs", f"out={root}/swapped", "select_seeds=[2]", "report_seeds=[1]"
     )
     assert swapped.returncode == 0, swapped.stderr
     md = (root / "swapped" / "runs.md").read_text()
@@ -275,11 +255,7 @@ def test_select_by_a_typo_is_one_line_with_a_suggestion(sweep):
         r"recall_acc \(did you mean recall_acc\?\)",
     ):
         collect(root / "runs", baselines=False, by="recal_acc")
-    out = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "sweep", "collect", f"sweep_dir={root / 'runs'}", "select_by=recal_acc"],
-        capture_output=True,
-        text=True,
-    )
+    out = cli_here("sweep", "collect", f"sweep_dir={root / 'runs'}", "select_by=recal_acc")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "select_by=recal_acc: expected one of" in out.stderr.strip().splitlines()[-1]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from diffllm.studies import transfer
 from diffllm.studies.common import read_records
 from diffllm.sweep.cli import with_lr_from
 from diffllm.sweep.grid import SweepConfig
+from tests.distributed import cli_here
 
 REPO = Path(__file__).resolve().parents[2]
 WIDTHS, LRS, SEEDS = (16, 32, 64, 128), (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), (1, 2)
@@ -97,23 +97,12 @@ def _results(runs_csv):
 
 
 def test_study_transfer_command_line(runs_csv, tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "study", "transfer", f"sweep_dir={runs_csv}", f"out={tmp_path / 'o'}",
-         "resamples=20"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    out = cli_here("study", "transfer", f"sweep_dir={runs_csv}", f"out={tmp_path / 'o'}", "resamples=20")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "o" / "transfer.md").read_text() in out.stdout
-    one = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "study", "transfer", f"sweep_dir={runs_csv}", f"out={tmp_path / 'one'}",
-         "resamples=5", "seeds=[2]"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    one = cli_here("study", "transfer", f"sweep_dir={runs_csv}", f"out={tmp_path / 'one'}", "resamples=5", "seeds=[2]")
     assert one.returncode == 0 and "Seeds [2]; " in one.stdout, one.stderr
-    missing = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "study", "transfer", f"sweep_dir={tmp_path / 'nope'}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    missing = cli_here("study", "transfer", f"sweep_dir={tmp_path / 'nope'}")
     assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1
     assert "does not exist" in missing.stderr
 
@@ -141,10 +130,7 @@ def sweep(tmp_path: Path, grid: dict, *args: str) -> subprocess.CompletedProcess
     (tmp_path / "configs" / "sweep").mkdir(parents=True, exist_ok=True)
     (tmp_path / "configs" / "sweep" / "sized.yaml").write_text(yaml.safe_dump(grid))
     argv = ["--config-dir", str(tmp_path / "configs"), "sweep=sized", f"sweep_dir={tmp_path / 's'}", "dry_run=true"]
-    return subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "sweep", *argv, *args],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    return cli_here("sweep", *argv, *args)
 
 
 def test_sweep_lr_from_plans_each_arch_at_its_tuned_lr(runs_csv, tmp_path):

@@ -10,8 +10,6 @@ import json
 import math
 import re
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from scipy import stats
 
 from diffllm.eval.by_position import curves
 from diffllm.eval.icl import summarise
+from tests.distributed import cli_here
 from tests.studies.test_studies import record, study, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,10 +179,7 @@ def test_a_run_without_a_result_is_a_line_naming_the_command(tmp_path):
 
 def test_a_result_no_run_has_is_one_line_naming_its_command(tmp_path):
     runs_csv = sweep(tmp_path, ppl=False, icl=False)
-    done = subprocess.run(
-        [sys.executable, "-m", "diffllm.cli", "study", "claims", f"sweep_dir={runs_csv}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    done = cli_here("study", "claims", f"sweep_dir={runs_csv}")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
         f"diffllm study claims: error: sweep_dir={runs_csv}: no selected run has ppl_by_position.json or "

@@ -13,7 +13,7 @@ import yaml
 
 from diffllm.results import read_csv, to_csv, trained_compute
 from diffllm.sweep.collect import collect, write_tables
-from tests.distributed import REPO, cli
+from tests.distributed import REPO, cli_here
 
 LAMBDAS = [{"step": 25, "lambda/0": 0.5, "lambda/1": 0.4}, {"step": 50, "lambda/0": -0.1, "lambda/1": 0.3}]
 
@@ -61,7 +61,7 @@ def test_a_moved_sweep_is_still_read_with_its_runs(tmp_path):
     assert trained_compute(records)[0] == 2 * 2000 + 2 * 500  # each cooldown's shared half counted once, by its parent
 
     # a study reads the runs' own metrics.jsonl through the moved table (its second table needs the run folders)
-    done = cli("study", "stability", f"sweep_dir={moved / 'runs.csv'}")
+    done = cli_here("study", "stability", f"sweep_dir={moved / 'runs.csv'}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("| 1 | 50 | 0 | -0.1, 0.3 |") == 4, done.stdout  # one lambda row per run
 
@@ -79,7 +79,7 @@ def test_absolute_and_csv_relative_paths_read_back(tmp_path):
 
 
 def collect_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return cli("sweep", "collect", *args, cwd=cwd)
+    return cli_here("sweep", "collect", *args, cwd=cwd)
 
 
 def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
@@ -107,7 +107,7 @@ def test_keep_commits_the_runs_files_a_study_reads_with_the_table(tmp_path):
     assert str(tmp_path) not in (out / "runs.md").read_text()  # the committed table names no machine's paths
 
     shutil.rmtree(sweep)
-    study = cli("study", "stability", f"sweep_dir={out / 'runs.csv'}")
+    study = cli_here("study", "stability", f"sweep_dir={out / 'runs.csv'}")
     assert study.returncode == 0, study.stderr
     assert study.stdout.count("| 1 | 50 | 0 | -0.1, 0.3 |") == 2, study.stdout  # both runs' lambdas, from the copies
 

@@ -1,6 +1,7 @@
-"""`diffllm sweep` from the real command line (a subprocess, as a user types it): every documented launcher in a dry
-run, a real tiny sweep through the basic launcher, and the config folders that could hide a command's keys from
-Hydra (issue 31, defect 1: `launcher=` was read as a choice of the `configs/launcher/` group of `diffllm launch`)."""
+"""`diffllm sweep` from the real command line (in this process for dry runs and refusals, a subprocess where jobs
+train): every documented launcher in a dry run, a real tiny sweep through the basic launcher, and the config folders
+that could hide a command's keys from Hydra (issue 31, defect 1: `launcher=` was read as a choice of the
+`configs/launcher/` group of `diffllm launch`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from diffllm.cli.registry import COMMANDS
 from diffllm.config import CONFIG_DIR, compose, config_groups
 from diffllm.config.loading import unknown_key
 from diffllm.sweep.cli import LAUNCHERS, _importable, job_world_size
+from tests.distributed import cli_here
 from tests.train.helpers import TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +49,7 @@ def test_no_command_key_is_hidden_by_a_config_group():
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_each_documented_launcher_plans_the_paper_grid(tmp_path, launcher):
     extra = [PAPER_SLURM] if launcher == "submitit_slurm" else []
-    out = sweep("sweep=paper", f"launcher={launcher}", *extra, f"sweep_dir={tmp_path}/s", "dry_run=true")
+    out = cli_here("sweep", "sweep=paper", f"launcher={launcher}", *extra, f"sweep_dir={tmp_path}/s", "dry_run=true")
     assert out.returncode == 0, out.stderr
     assert "10 runs: 0 finished (skipped), 10 to run" in out.stdout
     commands = [line for line in out.stdout.splitlines() if "--multirun" in line]
@@ -69,7 +71,7 @@ def test_each_documented_launcher_plans_the_paper_grid(tmp_path, launcher):
 @pytest.mark.slow  # > 5 s: make test-slow (make test stays under 8 min)
 @pytest.mark.skipif(SUBMITIT, reason="hydra-submitit-launcher is installed: a real run would submit")
 def test_submitit_without_its_plugin_is_refused_before_anything_runs(tmp_path):
-    out = sweep("sweep=paper", "launcher=submitit_slurm", f"sweep_dir={tmp_path}/s")
+    out = cli_here("sweep", "sweep=paper", "launcher=submitit_slurm", f"sweep_dir={tmp_path}/s")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == (
         "diffllm sweep: error: launcher=submitit_slurm: needs hydra-submitit-launcher (pip install 'diffllm[slurm]')\n"
@@ -80,7 +82,7 @@ def test_submitit_without_its_plugin_is_refused_before_anything_runs(tmp_path):
 def test_a_user_folder_that_hides_a_key_is_named(tmp_path):
     (tmp_path / "configs" / "launcher").mkdir(parents=True)
     (tmp_path / "configs" / "launcher" / "mine.yaml").write_text("nodes: 2\n")
-    out = sweep("launcher=basic", "dry_run=true", cwd=tmp_path)  # ./configs is on the search path
+    out = cli_here("sweep", "launcher=basic", "dry_run=true", cwd=tmp_path)  # ./configs is on the search path
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert f"{tmp_path / 'configs' / 'launcher'} on the config search path makes it a config group" in out.stderr
     assert "did you mean" not in out.stderr
