@@ -153,29 +153,21 @@ def coord_check(model: ModelConfig, own: CoordCheckConfig) -> dict:
     check(own, model)
     if own.depths:
         per_depth = {d: ends(run_width(at_depth(model, d, own), own)) for d in own.depths}
-        layers = list(per_depth[own.depths[0]])
-        values = {k: {d: per_depth[d][k] for d in own.depths} for k in layers}
-        slopes = {k: slope(own.depths, [values[k][d][-1] for d in own.depths]) for k in layers}
-        return {
-            "model": model.name,
-            "arch": model.arch,
-            "parametrization": model.parametrization,
-            "depths": list(own.depths),
-            "width": model.d_model,
-            "steps": own.steps,
-            "lr": own.lr,
-            "values": values,
-            "slopes": slopes,
-        }
-    per_width = {w: run_width(at_width(model, w, own), own) for w in own.widths}
-    layers = list(per_width[own.widths[0]])
-    values = {k: {w: per_width[w][k] for w in own.widths} for k in layers}
-    slopes = {k: slope(own.widths, [values[k][w][-1] for w in own.widths]) for k in layers}
+        return _summary(model, own, "depths", own.depths, per_depth, width=model.d_model)
+    return _summary(model, own, "widths", own.widths, {w: run_width(at_width(model, w, own), own) for w in own.widths})
+
+
+def _summary(model: ModelConfig, own: CoordCheckConfig, axis: str, points, per_point: dict, **extra) -> dict:
+    """The result over `axis` (widths or depths): each layer's values per point and its slope at the last step."""
+    layers = list(per_point[points[0]])
+    values = {k: {p: per_point[p][k] for p in points} for k in layers}
+    slopes = {k: slope(points, [values[k][p][-1] for p in points]) for k in layers}
     return {
         "model": model.name,
         "arch": model.arch,
         "parametrization": model.parametrization,
-        "widths": list(own.widths),
+        axis: list(points),
+        **extra,
         "steps": own.steps,
         "lr": own.lr,
         "values": values,
