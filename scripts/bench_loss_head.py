@@ -25,33 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from diffllm.model import loss as loss_head  # noqa: E402
-from diffllm.scaling.activations import _saved_bytes  # noqa: E402
+from diffllm.scaling.activations import LiveBytes, _saved_bytes  # noqa: E402
 
 GIB = 2**30
-
-
-class PeakBytes(TorchDispatchMode):
-    """The peak of the bytes held by the storages that ops create while the mode is on (freed ones drop out)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                ref = StorageWeakRef(t.untyped_storage())
-                self.live.setdefault(ref.cdata, (ref, t.untyped_storage().nbytes()))
-        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
-        return out
 
 
 def measure(loss, E: int, V: int, seq: int, micro: int) -> tuple[int, int]:
@@ -61,7 +39,7 @@ def measure(loss, E: int, V: int, seq: int, micro: int) -> tuple[int, int]:
         x = torch.empty(micro, seq, E, dtype=torch.bfloat16, requires_grad=True)
         targets = torch.zeros(micro, seq, dtype=torch.long)
     saved = _saved_bytes(lambda: loss(head, x * 1.0, targets), [head.weight])  # x * 1.0: the final norm's output
-    with PeakBytes() as peak:
+    with LiveBytes() as peak:
         loss(head, x * 1.0, targets).backward()
     return saved, peak.peak
 

@@ -25,6 +25,7 @@ from diffllm.model.accounting import attention_flops_per_token
 from diffllm.model.layers import rotary_cos_sin
 from diffllm.model.presets import load_preset, preset_names
 from diffllm.model.transformer import Block
+from tests.saved_bytes import saved_storage_bytes
 
 PAPER = sorted(n for n in preset_names() if re.fullmatch(r"(\w+)-(830m|1\.4b|2\.8b|3b|6\.8b|13\.1b)(-gqa)?", n))
 FAST = ("transformer-830m-gqa", "diff-830m-gqa", "diff2-830m-gqa", "mla-830m")  # GQA; MLA's 144/96 head dims
@@ -148,17 +149,8 @@ def test_the_planners_meta_kernel_makes_the_recorded_calls(preset, monkeypatch):
 
 def _saved_bytes_per_token(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> float:
     """Bytes autograd saves in one block's forward, by storage (parameters excluded), per token."""
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x, cos, sin).sum().backward()
-    return sum(storages.values()) / x.shape[1]
+    saved, _ = saved_storage_bytes(lambda: block(x, cos, sin).sum().backward(), block.parameters())
+    return saved / x.shape[1]
 
 
 @pytest.mark.parametrize("arch", ["transformer", "diff", "diff2", "mla"])

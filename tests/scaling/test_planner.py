@@ -22,6 +22,7 @@ from diffllm.scaling.activations import LiveBytes, activation_bytes, peak_bytes
 from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states, render
 from diffllm.train.zero import zero_knobs
 from tests.distributed import cli_here
+from tests.saved_bytes import saved_storage_bytes
 
 ds12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
@@ -86,19 +87,9 @@ def _real_saved_bytes(cfg, seq_len: int) -> float:
     block = Block(cfg, cfg.n_layers - 1)
     x = torch.randn(1, seq_len, cfg.d_model, requires_grad=True)
     cos, sin = rotary_cos_sin(seq_len, cfg.rotary_dim, cfg.rope_theta, x.device)
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = block(x, cos, sin)
+    saved, y = saved_storage_bytes(lambda: block(x, cos, sin), block.parameters())
     y.sum().backward()  # the saved tensors really are enough for backward
-    return sum(storages.values()) / seq_len
+    return saved / seq_len
 
 
 @pytest.mark.parametrize(
@@ -258,18 +249,10 @@ def _real_head(cfg, seq_len: int, mb: int) -> tuple[int, int]:
     x = torch.randn(mb, seq_len, cfg.d_model, requires_grad=True)
     targets = torch.randint(0, cfg.vocab_size, (mb, seq_len))
     peak = peak_bytes(lambda: head_loss(head, norm(x), targets, None, 1.0, "mean").backward())
-    params = {p.untyped_storage().data_ptr() for p in [*norm.parameters(), *head.parameters()]}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = head_loss(head, norm(x), targets, None, 1.0, "mean")
-    del loss
-    return peak, sum(storages.values())
+    saved, _ = saved_storage_bytes(
+        lambda: head_loss(head, norm(x), targets, None, 1.0, "mean"), [*norm.parameters(), *head.parameters()]
+    )
+    return peak, saved
 
 
 @pytest.mark.parametrize("preset", ["transformer-tiny", "diff-tiny"])
