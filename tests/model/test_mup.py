@@ -165,21 +165,21 @@ def test_mup_at_base_width_is_sp_bit_for_bit(arch):
 
 # A variant that declares nothing: the Transformer's equations with `mup` left None (docs/model.md's worked example
 # inherits the Transformer's declaration instead)
-UNDECLARED = """from diffllm.model.attention import Attention
-from diffllm.model.registry import register
+UNDECLARED = """from diffllm.model.registry import register
+from diffllm.model.standard_attention import StandardAttention
 
 
 @register
-class UndeclaredAttention(Attention):
+class UndeclaredAttention(StandardAttention):
     arch, label, color, mup = "undeclared", "Undeclared", "tab:gray", None
 """
 
 
 def test_undeclared_variant_is_refused_in_one_line(monkeypatch):
     from diffllm.model import registry
-    from diffllm.model.attention import Attention
+    from diffllm.model.standard_attention import StandardAttention
 
-    undeclared = type("UndeclaredAttention", (Attention,), {"arch": "undeclared", "mup": None})
+    undeclared = type("UndeclaredAttention", (StandardAttention,), {"arch": "undeclared", "mup": None})
     monkeypatch.setitem(registry._REGISTRY, "undeclared", undeclared)
     ModelConfig(arch="undeclared")  # sp builds
     with pytest.raises(UserError, match="mup needs arch 'undeclared' to declare"):

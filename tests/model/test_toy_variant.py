@@ -28,8 +28,8 @@ TOY = '''"""Gated attention: softmax attention whose output is multiplied per he
 import torch
 from torch import nn
 
-from diffllm.model.attention import Attention, TransformerEquations
 from diffllm.model.registry import register
+from diffllm.model.standard_attention import StandardAttention, TransformerEquations
 
 
 class GatedEquations(TransformerEquations):
@@ -45,7 +45,7 @@ class GatedEquations(TransformerEquations):
 
 
 @register
-class GatedAttention(Attention, GatedEquations):
+class GatedAttention(StandardAttention, GatedEquations):
     """The Transformer's variant (heads, accounting) with the gated equations."""
 
     arch, label, color, baseline = "gated", "Gated attention", "tab:purple", False

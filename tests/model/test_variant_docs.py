@@ -7,11 +7,11 @@ import pytest
 
 from diffllm.errors import UserError
 from diffllm.model import variants
-from diffllm.model.attention import Attention
 from diffllm.model.registry import register
+from diffllm.model.standard_attention import StandardAttention
 
 
-class NoDocs(Attention):
+class NoDocs(StandardAttention):
     """The Transformer, with a forward written before document masks existed."""
 
     arch, label, color, baseline = "nodocs", "No docs", "tab:gray", False

@@ -39,7 +39,7 @@ class TransformerEquations(AttentionEquations):
 
 
 @register
-class Attention(AttentionVariant, TransformerEquations):
+class StandardAttention(AttentionVariant, TransformerEquations):
     arch, label, color, baseline = "transformer", "Transformer", "tab:blue", True
     mup = {"*_proj.weight": "hidden", "*_proj.bias": "vector"}  # W_Q, W_K, W_V, W_O; q/k/v biases
 
