@@ -6,8 +6,8 @@ import importlib
 _WHERE = {
     "KVCache": "cache",
     "ModelConfig": "config",
-    "DecoderLM": "transformer",
-    "Block": "transformer",
+    "DecoderLM": "decoder",
+    "Block": "decoder",
     "AttentionVariant": "variant",
     "variant": "registry",
     "variants": "registry",

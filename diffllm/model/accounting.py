@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .config import ModelConfig
 
 if TYPE_CHECKING:
-    from .transformer import DecoderLM
+    from .decoder import DecoderLM
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ def meta_model(cfg: ModelConfig) -> DecoderLM:
     """The model with shapes only: any size builds in milliseconds."""
     import torch
 
-    from .transformer import DecoderLM
+    from .decoder import DecoderLM
 
     with torch.device("meta"):
         return DecoderLM(cfg)

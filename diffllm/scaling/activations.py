@@ -21,10 +21,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..model.config import ModelConfig
+from ..model.decoder import Block
 from ..model.layers import build_norm, rotary_cos_sin
 from ..model.loss import head_loss
 from ..model.parametrization import readout_scale
-from ..model.transformer import Block
 
 
 @dataclass(frozen=True)

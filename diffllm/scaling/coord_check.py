@@ -30,8 +30,8 @@ from omegaconf import DictConfig
 from ..config import hydra_app
 from ..errors import UserError
 from ..model.config import ModelConfig
+from ..model.decoder import DecoderLM
 from ..model.parametrization import is_mup
-from ..model.transformer import DecoderLM
 from ..train.optim import param_groups, with_eps
 from .config import COORD_CHECK, CoordCheckConfig
 

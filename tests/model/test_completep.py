@@ -11,8 +11,8 @@ import torch
 
 from diffllm.errors import UserError
 from diffllm.model.config import ModelConfig
+from diffllm.model.decoder import DecoderLM
 from diffllm.model.parametrization import folded
-from diffllm.model.transformer import DecoderLM
 from diffllm.train.config import OptimConfig
 from diffllm.train.optim import UpdateGate, build_optimizer, param_groups
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from diffllm.model import DecoderLM, kernels
 from diffllm.model.accounting import attention_flops_per_token
+from diffllm.model.decoder import Block
 from diffllm.model.layers import rotary_cos_sin
 from diffllm.model.presets import load_preset, preset_names
-from diffllm.model.transformer import Block
 from tests.saved_bytes import saved_storage_bytes
 
 PAPER = sorted(n for n in preset_names() if re.fullmatch(r"(\w+)-(830m|1\.4b|2\.8b|3b|6\.8b|13\.1b)(-gqa)?", n))

@@ -17,8 +17,8 @@ import torch
 from diffllm.errors import UserError
 from diffllm.model import KVCache
 from diffllm.model.config import ModelConfig
+from diffllm.model.decoder import DecoderLM
 from diffllm.model.parametrization import init_mult, treatments
-from diffllm.model.transformer import DecoderLM
 from diffllm.scaling.coord_check import slope
 from diffllm.train.optim import param_groups
 from tests.distributed import REPO

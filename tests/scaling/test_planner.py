@@ -15,9 +15,9 @@ import torch
 
 from diffllm.model import variants
 from diffllm.model.accounting import meta_model
+from diffllm.model.decoder import Block
 from diffllm.model.layers import rotary_cos_sin
 from diffllm.model.presets import load_preset
-from diffllm.model.transformer import Block
 from diffllm.scaling.activations import LiveBytes, activation_bytes, peak_bytes
 from diffllm.scaling.planner import GiB, PlanConfig, largest_layer_params, make_plan, model_states, render
 from diffllm.train.zero import zero_knobs
