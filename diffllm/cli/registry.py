@@ -141,13 +141,13 @@ _REGISTRY: dict[str, Command] = {
     "eval ppl": Command(
         "diffllm.eval.ppl:main",
         "loss, perplexity and bits per byte of a run, per held-out source",
-        schema="diffllm.eval.options:PplConfig",
+        schema="diffllm.eval.config:PplConfig",
         examples=("diffllm eval ppl run=runs/diff-tiny", "diffllm eval ppl run=runs/diff-tiny data=my_texts/*.txt"),
     ),
     "eval needle": Command(
         "diffllm.eval.needle:main",
         "multi-needle retrieval: accuracy by needles x depth x length, heatmap",
-        schema="diffllm.eval.options:NeedleConfig",
+        schema="diffllm.eval.config:NeedleConfig",
         examples=(
             "diffllm eval needle run=runs/diff-tiny mode=synthetic",
             "diffllm eval needle run=runs/diff-tiny mode=text lengths=[256,512]",
@@ -156,7 +156,7 @@ _REGISTRY: dict[str, Command] = {
     "eval recall": Command(
         "diffllm.eval.recall:main",
         "associative recall on held-out key-value sets: accuracy by N x gap x length, bootstrap intervals",
-        schema="diffllm.eval.options:RecallConfig",
+        schema="diffllm.eval.config:RecallConfig",
         examples=(
             "diffllm eval recall run=runs/recall-tiny",
             "diffllm eval recall run=runs/recall-tiny n=[2,4,8] gaps=[0,16,32] lengths=[64,128] trials=64",
@@ -165,7 +165,7 @@ _REGISTRY: dict[str, Command] = {
     "eval attention": Command(
         "diffllm.eval.attention:main",
         "attention mass on the answer (needle, or recall pair) vs the rest of the context, per layer",
-        schema="diffllm.eval.options:AttentionConfig",
+        schema="diffllm.eval.config:AttentionConfig",
         examples=(
             "diffllm eval attention run=runs/diff-tiny",
             "diffllm eval attention run=runs/diff-recall task=recall n=[2,4,8] gaps=[0,16] length=64 trials=32",
@@ -174,7 +174,7 @@ _REGISTRY: dict[str, Command] = {
     "eval outliers": Command(
         "diffllm.eval.outliers:main",
         "top-k activation and attention-logit magnitudes; loss with quantised logits",
-        schema="diffllm.eval.options:OutliersConfig",
+        schema="diffllm.eval.config:OutliersConfig",
         examples=("diffllm eval outliers run=runs/diff-tiny",),
     ),
     "eval lm-eval": Command(

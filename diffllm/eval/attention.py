@@ -25,9 +25,9 @@ import torch
 
 from ..config import run_key_values
 from .common import EvalError, load_run, out_dir, say, write_json
+from .config import AttentionConfig
 from .maps import attention_map, capture
 from .needle import Format, build_prompt, haystack_tokens
-from .options import AttentionConfig
 from .recall import RecallPrompt, RecallTask, task_prompts
 
 TASKS = ("needle", "recall")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from .options import PplConfig
+    from .config import PplConfig
 
 STEM = "ppl_by_position"
 

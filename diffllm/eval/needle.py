@@ -23,7 +23,7 @@ import torch
 from ..config import run_key_values
 from ..data.needle import FILLER, KEYS, LINK, MARK, VALUES, needle_phrase
 from .common import EvalError, load_run, out_dir, padded, say, write_report
-from .options import CITIES, MODES, NeedleConfig, NeedleTask  # noqa: F401 - the configs live apart, light for --help
+from .config import CITIES, MODES, NeedleConfig, NeedleTask  # noqa: F401 - the configs live apart, light for --help
 
 
 @dataclass

@@ -22,8 +22,8 @@ from ..config import run_key_values
 from ..model.documents import causal_mask
 from . import cloze
 from .common import EvalError, load_run, out_dir, say, write_json
+from .config import OutliersConfig
 from .maps import capture, scores_transformed
-from .options import OutliersConfig
 from .ppl import eval_sources, perplexity
 
 TOPS = (1, 2, 3, 10, 100)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from ..config import run_key_values
 from .common import EvalError, data_config, documents, load_run, out_dir, say, target_logprobs, write_json
-from .options import PplConfig
+from .config import PplConfig
 
 if TYPE_CHECKING:  # numpy and torch are imported where they are used: `eval ppl --help` imports this module
     import torch

@@ -27,8 +27,8 @@ import torch
 from ..config import run_key_values
 from ..data.recall import recall_document
 from .common import EvalError, load_run, out_dir, say, write_report
+from .config import RecallConfig, RecallTask  # noqa: F401 - the configs live apart, light for --help
 from .needle import answers_correct
-from .options import RecallConfig, RecallTask  # noqa: F401 - the configs live apart, light for --help
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..config import run_key_values
 from ..errors import UserError
-from ..eval.options import NeedleConfig
+from ..eval.config import NeedleConfig
 from ..scaling.select import select_runs, size_of
 from .common import by_size, emit, folder_of, read_records
 

@@ -1,4 +1,4 @@
-"""The eval commands' typed configs (`diffllm eval needle|recall|attention|outliers key=value`), apart from the code
+"""The eval commands' typed configs (`diffllm eval ppl|needle|recall|attention|outliers key=value`), apart from the code
 that runs them: --help reads them (diffllm/cli/registry.py names them here) without importing torch. Their checks
 import what they need when they run."""
 
