@@ -1,7 +1,7 @@
 """Hooks around the training loop (as OLMo-core's callbacks) and the `View` of the run they are given: checkpoint
-timing and the step's window metrics live here, not inside the loop (validation too, which the loop calls; the summary
-is summary.py's, diagnostics diagnostics.py's, fault injection faults.py's, in-loop evaluation eval_hook.py's). A new
-concern (a profiler, generations) is one small class:
+timing and the step's window metrics live here, not inside the loop (validation, which the loop calls, is
+validation.py's; the summary is summary.py's, diagnostics diagnostics.py's, fault injection faults.py's, in-loop
+evaluation eval_hook.py's). A new concern (a profiler, generations) is one small class:
 
     class Generations(Hook):
         def on_validate(self, view, losses):
@@ -23,7 +23,6 @@ all-reduce); work that only rank 0 must do checks `view.rank == 0`. A hook must 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -31,17 +30,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import torch
 
-from .dist import all_reduce_sum
-from .metrics import finite_or_none, logged, mfu
+from .metrics import logged, mfu
 
 if TYPE_CHECKING:
     from ..budget import Budget
-    from ..data import Batch
     from ..runs import Run
     from .checkpoints.state import TrainState
     from .context import LaunchContext
-
-MAIN_VAL = "val"  # the validation set named by data.val; its loss is `val_loss` (others: `val_loss/<name>`)
 
 
 @dataclass
@@ -82,16 +77,6 @@ class View:
 
     def beat(self, phase: str) -> None:  # the step watchdog hears that `phase` is busy
         self.ctx.beat(phase)
-
-
-def lm_loss(model, batch: Batch, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy of `model` on a Batch of windows (B, T+1), in fp32 (float64 stays float64): the one
-    loss of training and validation (the model's loss head, diffllm/model/loss.py). With document ids the model
-    attends within documents. With a loss mask (data.loss_on=marked) only the marked targets count: their sum, or for
-    "mean" their sum / their count (0 for none; a mask that marks every target gives today's loss bit for bit)."""
-    return model(
-        batch.inputs, **batch.model_kwargs(), targets=batch.targets, target_mask=batch.target_mask, reduction=reduction
-    )
 
 
 class Hook:
@@ -151,56 +136,6 @@ class Hooks:
         for hook in self.hooks:
             record.update(hook.on_step_end(self.view, MappingProxyType(record)) or {})
         return record
-
-
-def val_losses_record(step: int, tokens: int, losses: dict[str, float]) -> dict:
-    """The metrics.jsonl record of one validation: val_loss for the main set, val_loss/<name> for the others."""
-    rec = {"step": step, "tokens": tokens}
-    for name, loss in losses.items():
-        rec["val_loss" if name == MAIN_VAL else f"val_loss/{name}"] = finite_or_none(loss)
-    return rec
-
-
-class Validation:
-    """Held-out loss at the start (step 0 is recorded), every `every` steps, and at the end: the loop calls it. `sets`:
-    named lists of Batches; the main one is "val". The loss is per counted target token (with data.loss_on=marked:
-    the marked ones)."""
-
-    def __init__(self, sets: dict[str, list[Batch]], every: int):
-        self.sets, self.every = sets, every
-
-    def due(self, view: View) -> bool:
-        step = view.state.step
-        return bool(self.every) and step % self.every == 0 and step < view.budget.steps and not view.failing()
-
-    def validate(self, view: View) -> dict[str, float]:
-        """Every set's loss, said; the caller records it."""
-        losses = {name: self.evaluate(view, batches) for name, batches in self.sets.items()}
-        main = losses.get(MAIN_VAL, next(iter(losses.values())))
-        view.state.last_val_loss = main
-        view.say(
-            f"step {view.state.step}: val_loss {main:.4f}"
-            + "".join(f", {name} {v:.4f}" for name, v in losses.items() if name != MAIN_VAL)
-        )
-        return losses
-
-    @torch.no_grad()
-    def evaluate(self, view: View, batches: list[Batch]) -> float:
-        """Mean token loss over `batches`, split over ranks. Every rank runs the same number of forwards (ZeRO-3
-        gathers parameters collectively), padding with a zero-weight batch where its share is short."""
-        engine, r, ws = view.model(), view.rank, view.world_size
-        engine.eval()
-        mine = batches[r::ws]
-        total, count = 0.0, 0
-        for i in range(math.ceil(len(batches) / ws)):
-            view.beat("validation")
-            batch = (mine[i] if i < len(mine) else batches[0]).to(view.device)
-            loss = lm_loss(engine, batch, reduction="sum")
-            if i < len(mine):
-                total, count = total + loss.item(), count + batch.loss_tokens()
-        engine.train()
-        total, count = all_reduce_sum([total, float(count)])
-        return total / count if count else float("nan")
 
 
 class Checkpointing(Hook):

@@ -29,7 +29,7 @@ from .engine import build_engine, deepspeed_config, resolve_precision
 from .eval_hook import eval_hooks
 from .faults import fault_hooks
 from .final_val import FinalValidation
-from .hooks import MAIN_VAL, Checkpointing, Hook, Hooks, StepMetrics, Validation, View, val_losses_record
+from .hooks import Checkpointing, Hook, Hooks, StepMetrics, View
 from .lock import hold_run_dir
 from .metrics import MetricsWriter, device_name, peak_tflops
 from .optim import UpdateGate
@@ -38,6 +38,7 @@ from .spikes import SpikeGuard
 from .step import Asks, Step
 from .summary import Summary, bad_records, banner, summary_of
 from .tracking import new_run_id, open_wandb
+from .validation import MAIN_VAL, Validation, val_losses_record
 from .watchdog import STALL_EXIT_CODE, Watchdog
 
 EXIT_FINISHED = 0

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from .dist import all_reduce_, world_size
-from .hooks import Hooks, lm_loss
+from .hooks import Hooks
+from .loss import lm_loss
 from .metrics import finite_or_none
 from .schedule import lr_at
 

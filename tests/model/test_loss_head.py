@@ -205,7 +205,7 @@ def _zero3_run(chunk_bytes: int) -> dict:
     from diffllm.data.batch import Batch
     from diffllm.train.config import OptimConfig, TrainerConfig
     from diffllm.train.engine import build_engine, deepspeed_config
-    from diffllm.train.hooks import lm_loss
+    from diffllm.train.loss import lm_loss
     from diffllm.train.optim import UpdateGate
 
     loss_head.CHUNK_BYTES = chunk_bytes

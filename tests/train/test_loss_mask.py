@@ -9,7 +9,7 @@ import torch
 
 from diffllm.data.batch import Batch
 from diffllm.model import DecoderLM, ModelConfig
-from diffllm.train.hooks import lm_loss
+from diffllm.train.loss import lm_loss
 
 
 def _setup():

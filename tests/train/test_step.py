@@ -22,7 +22,8 @@ def _two_steps(run_dir: str) -> dict:
     from diffllm.train.config import OptimConfig, SpikesConfig, TrainerConfig
     from diffllm.train.dist import skip_shm_op
     from diffllm.train.engine import build_engine, deepspeed_config
-    from diffllm.train.hooks import Hook, Hooks, lm_loss
+    from diffllm.train.hooks import Hook, Hooks
+    from diffllm.train.loss import lm_loss
     from diffllm.train.optim import UpdateGate
     from diffllm.train.schedule import lr_at
     from diffllm.train.signals import StopFlag
