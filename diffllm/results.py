@@ -233,9 +233,29 @@ def collect(root: str | Path) -> list[RunRecord]:
         if flats[r.run_dir]:
             groups[(r.model, r.tokens)].append(flats[r.run_dir])
     axes = find_axes(groups)
+    if WIDTH_KEY not in axes and _off_preset_width(records, flats):
+        axes = sorted([*axes, WIDTH_KEY])
     for r in records:
         r.axes = {k: flats[r.run_dir].get(k) for k in axes}
     return sorted(records, key=lambda r: (r.arch, _preset_size(r.model), r.tokens or 0, r.seed or 0, r.run_dir))
+
+
+WIDTH_KEY = "model.d_model"
+
+
+def _off_preset_width(records: list[RunRecord], flats: dict[str, dict]) -> bool:
+    """Whether some run trained at a width its preset does not have (a tuning grid's one `model.d_model`, e.g. μP's base
+    width): kept as an axis though it never varies, or the run would read as its preset's width."""
+    from .model.presets import load_preset, preset_names
+
+    names, widths = set(preset_names()), {}
+    for r in records:
+        d = flats[r.run_dir].get(WIDTH_KEY)
+        if d is not None and r.model in names:
+            widths.setdefault(r.model, load_preset(r.model).d_model)
+            if d != widths[r.model]:
+                return True
+    return False
 
 
 def _shares_prefix(r: RunRecord, present: set) -> bool:

@@ -5,6 +5,8 @@ command line giving each run its own lr and weight decay from its budget."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
 import subprocess
@@ -16,9 +18,10 @@ import pytest
 import yaml
 
 from diffllm.errors import UserError
-from diffllm.results import RunRecord, to_csv
+from diffllm.model.presets import load_preset
+from diffllm.results import RunRecord, collect, to_csv
 from diffllm.scaling.horizon import fit_law, timescale_weight_decay
-from diffllm.scaling.transfer import Point
+from diffllm.scaling.transfer import Point, width_of
 from diffllm.studies import transfer
 from diffllm.sweep.cli import with_lr_from
 from diffllm.sweep.grid import SweepConfig, plan_runs
@@ -93,6 +96,30 @@ def record(arch: str, tokens: int, lr: float, seed: int, root: Path) -> RunRecor
         str(run_dir), model, arch, seed, None, None, None, tokens, None, loss, loss, 1.0, 1, "finished",
         axes={"model.d_model": 16, "optim.lr": lr},
     )  # fmt: skip
+
+
+def test_collect_keeps_a_grid_width_that_never_varies(tmp_path):
+    """A tuning grid trains every run at one `model.d_model` (the base width) that is not its preset's: collect keeps it
+    as an axis though it never varies, so `lr_from` and `study transfer` see the width the runs trained at (without
+    it, every run read as its preset's d_model 32 and lr_from found no runs at the base width)."""
+    for arch, lr in (("transformer", 0.01), ("transformer", 0.02), ("diff", 0.01)):
+        run = tmp_path / "runs" / f"{arch}-l4-d32" / "98304" / f"d_model=16,lr={lr}" / "seed1"
+        run.mkdir(parents=True)
+        model = {**dataclasses.asdict(load_preset(f"{arch}-l4-d32")), "d_model": 16}
+        (run / "config.yaml").write_text(yaml.safe_dump({"model": model, "optim": {"lr": lr}, "seed": 1}))
+        summary = {
+            "model": f"{arch}-l4-d32",
+            "arch": arch,
+            "tokens": 98304,
+            "final_val_loss": 5.0,
+            "status": "finished",
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+    records = collect(tmp_path / "runs")
+    assert {(r.arch, r.axes["model.d_model"], width_of(r)) for r in records} == {
+        ("transformer", 16, 16),
+        ("diff", 16, 16),
+    }
 
 
 @pytest.fixture
