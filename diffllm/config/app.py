@@ -54,13 +54,11 @@ def one_line_errors(prog: str) -> Iterator[None]:
 def hydra_app(
     config_name: str, schema: Schema, prog: str = ""
 ) -> Callable[[Callable[[DictConfig, dict[str, Any]], Any]], Callable[[], Any]]:
-    """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/train.yaml along the search path over the typed configs
-    `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), built and checked once
-    and given to the task beside the composed config: `task(cfg, {group: its dataclass})`. Named `prog` in its
-    messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
-    an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2.
-    A run is composed here (its errors are ours to word); a multirun, Hydra's own flags (`--cfg job`) and `hydra.*`
-    overrides go to Hydra's app, once its first job has been composed here (first_job)."""
+    """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/<config_name>.yaml over the typed configs `schema`
+    ({group ("" = root keys): dataclass}), built and checked once: `task(cfg, {group: its dataclass})`. Messages name
+    `prog` (default `diffllm <config_name>`; the dispatcher's argv[0] wins). A run is composed here (its errors are ours
+    to word); a multirun, Hydra's flags (`--cfg job`) and `hydra.*` overrides go to Hydra's app once their first job
+    has been composed here (first_job)."""
 
     declare(config_name, schema)
 
@@ -85,7 +83,7 @@ def hydra_app(
             except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
-                fail(name, explain(e, config_name, argv))
+                fail(name, explain(e, config_name))
             if not hydras:
                 return checked(cfg)
             sys.argv = [sys.argv[0]] + argv  # the one rewrite: Hydra's app reads sys.argv
