@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 from typing import Any, Callable, Iterator, Optional
 
@@ -39,15 +38,12 @@ from .loading import (
 @contextlib.contextmanager
 def one_line_errors(prog: str) -> Iterator[None]:
     """A UserError inside: its first line on stderr, exit code 2; a YAML file that does not parse (a config of the
-    user's, a run's config.yaml): one line naming the file and line, exit code 2. Raised as they are under
-    HYDRA_FULL_ERROR=1."""
+    user's, a run's config.yaml): one line naming the file and line, exit code 2."""
     try:
         yield
-    except (UserError, yaml.YAMLError) as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        if isinstance(e, yaml.YAMLError):
-            fail(prog, yaml_error(e))
+    except yaml.YAMLError as e:
+        fail(prog, yaml_error(e))
+    except UserError as e:
         fail(prog, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
@@ -81,8 +77,6 @@ def hydra_app(
             try:
                 cfg = compose(config_name, first_job(argv) if hydras else argv)
             except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
-                if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                    raise
                 fail(name, explain(e, config_name))
             if not hydras:
                 return checked(cfg)
