@@ -86,10 +86,15 @@ def group_defaults(group: str, name: str) -> dict[str, str]:
     return out
 
 
+_NON_STRING = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|true|false|null|[+-]?inf|nan", re.I)
+
+
 def to_overrides(config_name: str, argv: list[str]) -> list[str]:
     """A command's arguments as Hydra overrides, rewritten in one place: `--config-dir DIR` into $DIFFLLM_CONFIG_PATH,
-    the deepspeed launcher's `--local_rank N` into $LOCAL_RANK, `+key=v` on a declared field as `++key=v`, an option
-    named like a number quoted (quote_option_names). Rewriting its own output changes nothing."""
+    the deepspeed launcher's `--local_rank N` into $LOCAL_RANK, `+key=v` on a declared field as `++key=v` (the form
+    documented before every field existed), `sweep=2024` as `sweep='2024'` (an option named like a number, true, false
+    or null stays the option's name; Hydra's grammar would type it and fail on it with a traceback). Rewriting its own
+    output changes nothing."""
     rest, i = [], 0
     while i < len(argv):
         key, eq, value = argv[i].partition("=")
@@ -99,7 +104,18 @@ def to_overrides(config_name: str, argv: list[str]) -> list[str]:
             continue
         rest.append(argv[i])
         i += 1
-    return quote_option_names(plus_to_force(take_config_dirs(rest), register_schema(config_name)))
+    rest = take_config_dirs(rest)
+    schema = register_schema(config_name)
+    fields = {f"{g}.{f.name}" if g else f.name for g, cls in schema.items() for f in dataclasses.fields(cls)}
+    dirs, out = search_path(), []
+    for a in rest:
+        if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields:
+            a = "+" + a
+        m = re.fullmatch(r"(\+{0,2})([A-Za-z_][\w.]*)=(.*)", a)
+        if m and _NON_STRING.fullmatch(m.group(3)) and any((d / m.group(2).replace(".", "/")).is_dir() for d in dirs):
+            a = f"{m.group(1)}{m.group(2)}='{m.group(3)}'"
+        out.append(a)
+    return out
 
 
 def first_job(overrides: list[str]) -> list[str]:
@@ -231,11 +247,10 @@ def schema_node(schema: Schema) -> dict[str, Any]:
     return node
 
 
-def declare(name: str, schema: Union[Schema, Callable[[], Schema]]) -> Any:
+def declare(name: str, schema: Union[Schema, Callable[[], Schema]]) -> None:
     """Name the typed configs of configs/<name>.yaml or of the command `name` ("eval ppl"): a schema, or a function
     that imports it when it is first needed (a dispatcher may name every command's so, and --help stays light)."""
     _SCHEMAS[name] = schema
-    return schema
 
 
 def schema_for(name: str) -> Schema:
@@ -338,28 +353,6 @@ def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
         seen.add(id(e))
         yield e
         e = e.__cause__ or e.__context__
-
-
-def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
-    """`+model.lambda_init=0.5` (the form documented before every field existed) -> `++model.lambda_init=0.5`."""
-    fields = {f"{g}.{f.name}" if g else f.name for g, cls in schema.items() for f in dataclasses.fields(cls)}
-    return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
-
-
-_NON_STRING = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|true|false|null|[+-]?inf|nan", re.I)
-
-
-def quote_option_names(argv: list[str]) -> list[str]:
-    """`sweep=2024` -> `sweep='2024'`: a config group's option named like a number (or true/false/null) stays the
-    option's name; Hydra's grammar would type it and fail on it with a traceback."""
-    dirs = search_path()
-    out = []
-    for a in argv:
-        m = re.fullmatch(r"(\+{0,2})([A-Za-z_][\w.]*)=(.*)", a)
-        if m and _NON_STRING.fullmatch(m.group(3)) and any((d / m.group(2).replace(".", "/")).is_dir() for d in dirs):
-            a = f"{m.group(1)}{m.group(2)}='{m.group(3)}'"
-        out.append(a)
-    return out
 
 
 def yaml_error(e: BaseException) -> str:

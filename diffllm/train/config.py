@@ -84,6 +84,7 @@ class EvalConfig:
         import difflib
 
         from ..config import find_config, group_options
+        from ..eval.config import NeedleTask, RecallTask
 
         if self.every < 0:
             _bad("trainer.eval.every", f"must be >= 0, got {self.every}")
@@ -104,8 +105,6 @@ class EvalConfig:
                     f"unknown data config {name!r}"
                     + (f" (did you mean {near[0]}?)" if near else f" (options: {', '.join(options)})"),
                 )
-        from ..eval.config import NeedleTask, RecallTask
-
         needle = NeedleTask(
             mode=self.needle_mode,
             n_needles=list(self.needle_n),
