@@ -8,20 +8,21 @@ import contextlib
 import io
 import sys
 
-from .registry import COMMANDS, Command, load
+from .registry import COMMANDS, load
 
 
-def command_help(cmd: Command, argv: list[str]) -> str:
+def command_help(name: str, argv: list[str]) -> str:
+    cmd = COMMANDS[name]
     if cmd.config is not None:
         from ..config.help import config_help
 
-        subs = tuple(f"diffllm {n} ({c.summary})" for n, c in COMMANDS.items() if n.startswith(cmd.name + " "))
-        return config_help(cmd.config, f"diffllm {cmd.name}", cmd.summary, cmd.examples, subs)
+        subs = tuple(f"diffllm {n} ({c.summary})" for n, c in COMMANDS.items() if n.startswith(name + " "))
+        return config_help(cmd.config, f"diffllm {name}", cmd.summary, cmd.examples, subs)
     if cmd.schema:
         from ..config.help import key_value_help
 
-        return key_value_help(cmd.name, cmd.examples)
-    sys.argv = [f"diffllm {cmd.name}"] + argv
+        return key_value_help(name, cmd.examples)
+    sys.argv = [f"diffllm {name}"] + argv
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:

@@ -54,7 +54,6 @@ def resolve(argv: list[str]) -> tuple[str, list[str]]:
     )
     hint = f" (did you mean {close[0]}?)" if close else f" (commands: {', '.join(COMMANDS)})"
     fail("diffllm", f"unknown command {word!r}{hint}")
-    raise AssertionError  # fail() exits
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,7 +87,7 @@ def dispatch(argv: list[str]) -> None:
         if "-h" in rest or "--help" in rest:
             from .help import command_help
 
-            print(command_help(cmd, rest))
+            print(command_help(name, rest))
             return
         if cmd.config is not None:  # before the command's (heavy) imports: a mistyped preset answers at once
             check_group_options(rest, config_groups(cmd.config))

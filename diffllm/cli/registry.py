@@ -6,7 +6,6 @@ so `diffllm --help` stays light; follow an entry's string to find the command (`
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from importlib import import_module
@@ -17,7 +16,7 @@ from ..config import declare
 
 @dataclass(frozen=True)
 class Command:
-    """One command. A new one is one entry in _REGISTRY. A `key=value` command names its typed configs in `schema`:
+    """One command. A new one is one entry in COMMANDS. A `key=value` command names its typed configs in `schema`:
     with a `config`, Hydra composes configs/<config>.yaml (which lists `- <config>_schema` first in its defaults: every
     field at its dataclass default) over them; without one, its arguments are the schema's root dataclass alone
     (diffllm.config.run_key_values). No schema: the command parses its own argv (launch's flags; --help goes to it)."""
@@ -27,10 +26,9 @@ class Command:
     config: Optional[str] = None  # configs/<config>.yaml
     schema: str = ""  # "module:NAME": a {group ("" = root keys): dataclass} dict, or the root dataclass alone
     examples: tuple[str, ...] = ()
-    name: str = ""
 
 
-_REGISTRY: dict[str, Command] = {
+COMMANDS: dict[str, Command] = {
     "info": Command(
         "diffllm.model.info:main",
         "parameters, training FLOPs per token and weight memory of a model preset",
@@ -276,7 +274,6 @@ _REGISTRY: dict[str, Command] = {
         ),
     ),
 }
-COMMANDS: dict[str, Command] = {name: dataclasses.replace(c, name=name) for name, c in _REGISTRY.items()}
 
 
 def load(target: str) -> Any:
@@ -285,12 +282,12 @@ def load(target: str) -> Any:
     return getattr(import_module(module), attr)
 
 
-def schema(cmd: Command) -> dict[str, type]:
-    """The command's typed configs, {group ("" = root keys): dataclass}: its schema names a dict or a root dataclass."""
-    found = load(cmd.schema) if cmd.schema else {}
+def schema(target: str) -> dict[str, type]:
+    """The typed configs a Command.schema names, {group ("" = root keys): dataclass}: a dict, or a root dataclass."""
+    found = load(target)
     return found if isinstance(found, dict) else {"": found}
 
 
-for _cmd in COMMANDS.values():  # composing a config or a command's arguments finds its typed configs by name
-    for _name in {_cmd.name, _cmd.config or _cmd.name} if _cmd.schema else ():
-        declare(_name, functools.partial(schema, _cmd))
+for _name, _cmd in COMMANDS.items():  # composing a config or a command's arguments finds its typed configs by name
+    for _key in {_name, _cmd.config or _name} if _cmd.schema else ():
+        declare(_key, functools.partial(schema, _cmd.schema))

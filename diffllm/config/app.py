@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 from typing import Any, Callable, Iterator, Optional
 
@@ -39,28 +38,23 @@ from .loading import (
 @contextlib.contextmanager
 def one_line_errors(prog: str) -> Iterator[None]:
     """A UserError inside: its first line on stderr, exit code 2; a YAML file that does not parse (a config of the
-    user's, a run's config.yaml): one line naming the file and line, exit code 2. Raised as they are under
-    HYDRA_FULL_ERROR=1."""
+    user's, a run's config.yaml): one line naming the file and line, exit code 2."""
     try:
         yield
-    except (UserError, yaml.YAMLError) as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        if isinstance(e, yaml.YAMLError):
-            fail(prog, yaml_error(e))
+    except yaml.YAMLError as e:
+        fail(prog, yaml_error(e))
+    except UserError as e:
         fail(prog, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 def hydra_app(
     config_name: str, schema: Schema, prog: str = ""
 ) -> Callable[[Callable[[DictConfig, dict[str, Any]], Any]], Callable[[], Any]]:
-    """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/train.yaml along the search path over the typed configs
-    `schema` ({group ("" = root keys): dataclass}, declared for configs/<config_name>.yaml), built and checked once
-    and given to the task beside the composed config: `task(cfg, {group: its dataclass})`. Named `prog` in its
-    messages (default `diffllm <config_name>`; the dispatcher's argv[0] wins). `-h/--help` prints the config's keys;
-    an unknown key or option, a wrong type or an invalid value is one line on stderr, exit code 2.
-    A run is composed here (its errors are ours to word); a multirun, Hydra's own flags (`--cfg job`) and `hydra.*`
-    overrides go to Hydra's app, once its first job has been composed here (first_job)."""
+    """`@hydra_app("train", SCHEMA)`: a Hydra app on configs/<config_name>.yaml over the typed configs `schema`
+    ({group ("" = root keys): dataclass}), built and checked once: `task(cfg, {group: its dataclass})`. Messages name
+    `prog` (default `diffllm <config_name>`; the dispatcher's argv[0] wins). A run is composed here (its errors are ours
+    to word); a multirun, Hydra's flags (`--cfg job`) and `hydra.*` overrides go to Hydra's app once their first job
+    has been composed here (first_job)."""
 
     declare(config_name, schema)
 
@@ -83,9 +77,7 @@ def hydra_app(
             try:
                 cfg = compose(config_name, first_job(argv) if hydras else argv)
             except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
-                if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                    raise
-                fail(name, explain(e, config_name, argv))
+                fail(name, explain(e, config_name))
             if not hydras:
                 return checked(cfg)
             sys.argv = [sys.argv[0]] + argv  # the one rewrite: Hydra's app reads sys.argv

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import re
 import textwrap
 from pathlib import Path
@@ -89,17 +90,10 @@ def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def header(path: Path | None) -> list[str]:
-    """The comment lines a YAML file opens with."""
-    lines = []
-    for line in path.read_text().splitlines() if path else []:
-        if not line.startswith("#"):
-            break
-        lines.append(line.lstrip("# ").rstrip())
-    return lines
-
-
 def _show(value: Any) -> str:
+    """A default as the command line writes it (YAML): null, false, [a, b]; a long list or a dict node in short."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_show, value)) + "]"
     if isinstance(value, ListConfig):
         items = [value._get_node(i) for i in range(len(value))]
         if all(not isinstance(v, (DictConfig, ListConfig)) for v in items):
@@ -129,11 +123,12 @@ def config_help(
 ) -> str:
     """The whole --help text of the command `prog` running configs/<config_name>.yaml; `subcommands` are lines
     `diffllm <name> (<summary>)`."""
-    top = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
+    top = find_config("", config_name)
     cfg = compose(config_name)
     groups = config_groups(config_name)
+    schema = schema_for(config_name)
     comments: dict[str, str] = {}
-    for group, cls in schema_for(config_name).items():  # dataclass comments first, the YAML files' win
+    for group, cls in schema.items():  # dataclass comments first, the YAML files' win
         comments.update(field_comments(cls, f"{group}." if group else ""))
     comments.update(yaml_comments(top))
     for group, option in groups.items():
@@ -142,7 +137,9 @@ def config_help(
     lines = [f"usage: {prog} [--config-dir DIR] [group=option ...] [key=value ...]", ""]
     if summary:
         lines += [summary[0].upper() + summary[1:] + ".", ""]
-    lines += [ln for ln in header(top)] + [""] if header(top) else []
+    opening = itertools.takewhile(lambda ln: ln.startswith("#"), top.read_text().splitlines() if top else [])
+    head = [ln.lstrip("# ").rstrip() for ln in opening]  # the comment lines the file opens with
+    lines += head + [""] if head else []
     if subcommands:
         lines += ["subcommands: " + ", ".join(subcommands), ""]
     if groups:
@@ -154,7 +151,6 @@ def config_help(
             )
             lines += [f"  {group}={option}   ({len(options)} option{'s' * (len(options) != 1)})", listing]
         lines.append("")
-    schema = schema_for(config_name)
     nested = set(groups) | {
         f"{g}.{f.name}".lstrip(".")
         for g, cls in schema.items()
@@ -186,7 +182,7 @@ def key_value_help(command: str, examples: tuple[str, ...] = ()) -> str:
     rows = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((f"{f.name}={_show_plain(default)}", meaning.get(f.name, "")))
+        rows.append((f"{f.name}={_show(default)}", meaning.get(f.name, "")))
     width = max(len(k) for k, _ in rows) + 2
     doc = inspect.cleandoc(cls.__doc__ or "")
     lines = [f"usage: diffllm {command} key=value ...", "", doc, "", "keys (key=default):"]
@@ -202,13 +198,6 @@ def _key_line(text: str, meaning: str, width: int, columns: int = 118) -> str:
     indent = " " * (2 + width)
     body = textwrap.fill(meaning, columns, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
     return f"  {text}\n{body}" if len(text) >= width else f"  {text:<{width}}{body[len(indent) :]}"
-
-
-def _show_plain(value: Any) -> str:
-    """A Python default as the command line writes it (YAML): null, false, [a, b]."""
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(map(_show_plain, value)) + "]"
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _examples(examples: tuple[str, ...]) -> list[str]:

@@ -21,8 +21,9 @@ import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, TypeVar, Union
+from typing import Any, Callable, Iterator, List, NoReturn, Optional, TypeVar, Union
 
+import yaml
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
@@ -55,7 +56,7 @@ def search_path() -> list[Path]:
 
 
 def find_config(group: str, name: str) -> Optional[Path]:
-    """configs/<group>/<name>.yaml along the search path (None when no directory has it)."""
+    """configs/<group>/<name>.yaml along the search path, None if absent (group "": configs/<name>.yaml)."""
     return next((d / group / f"{name}.yaml" for d in search_path() if (d / group / f"{name}.yaml").is_file()), None)
 
 
@@ -66,7 +67,7 @@ def group_options(group: str) -> list[str]:
 
 def config_groups(config_name: str) -> dict[str, str]:
     """{group: default option} from the defaults list of configs/<config>.yaml (Hydra's own groups left out)."""
-    path = next((d / f"{config_name}.yaml" for d in search_path() if (d / f"{config_name}.yaml").is_file()), None)
+    path = find_config("", config_name)
     entries = OmegaConf.load(path).get("defaults", []) if path else []
     return {
         k: str(v) for e in entries if isinstance(e, DictConfig) for k, v in e.items() if not k.startswith("override")
@@ -85,10 +86,15 @@ def group_defaults(group: str, name: str) -> dict[str, str]:
     return out
 
 
+_NON_STRING = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|true|false|null|[+-]?inf|nan", re.I)
+
+
 def to_overrides(config_name: str, argv: list[str]) -> list[str]:
     """A command's arguments as Hydra overrides, rewritten in one place: `--config-dir DIR` into $DIFFLLM_CONFIG_PATH,
-    the deepspeed launcher's `--local_rank N` into $LOCAL_RANK, `+key=v` on a declared field as `++key=v`, an option
-    named like a number quoted (quote_option_names). Rewriting its own output changes nothing."""
+    the deepspeed launcher's `--local_rank N` into $LOCAL_RANK, `+key=v` on a declared field as `++key=v` (the form
+    documented before every field existed), `sweep=2024` as `sweep='2024'` (an option named like a number, true, false
+    or null stays the option's name; Hydra's grammar would type it and fail on it with a traceback). Rewriting its own
+    output changes nothing."""
     rest, i = [], 0
     while i < len(argv):
         key, eq, value = argv[i].partition("=")
@@ -98,7 +104,18 @@ def to_overrides(config_name: str, argv: list[str]) -> list[str]:
             continue
         rest.append(argv[i])
         i += 1
-    return quote_option_names(plus_to_force(take_config_dirs(rest), register_schema(config_name)))
+    rest = take_config_dirs(rest)
+    schema = register_schema(config_name)
+    fields = {f"{g}.{f.name}" if g else f.name for g, cls in schema.items() for f in dataclasses.fields(cls)}
+    dirs, out = search_path(), []
+    for a in rest:
+        if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields:
+            a = "+" + a
+        m = re.fullmatch(r"(\+{0,2})([A-Za-z_][\w.]*)=(.*)", a)
+        if m and _NON_STRING.fullmatch(m.group(3)) and any((d / m.group(2).replace(".", "/")).is_dir() for d in dirs):
+            a = f"{m.group(1)}{m.group(2)}='{m.group(3)}'"
+        out.append(a)
+    return out
 
 
 def first_job(overrides: list[str]) -> list[str]:
@@ -155,43 +172,22 @@ def load_group(group: str, name: str) -> DictConfig:
     naming the nearest options."""
     if find_config(group, name) is None:
         raise UserError(unknown_option(group, name, group_options(group)))
-    node = _compose_file(f"{group}/{name}")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside a running Hydra app: its instance reads the same search path
+        node = hydra_compose(config_name=f"{group}/{name}")
+    else:
+        use_search_path()
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            node = hydra_compose(config_name=f"{group}/{name}")
     for part in group.split("/"):
         node = node[part]
     return node
 
 
-def _compose_file(config_name: str) -> DictConfig:
-    """One config file composed by Hydra along the search path (inside a running Hydra app, with that app's
-    instance, which reads the same search path)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name=config_name)
-    use_search_path()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return hydra_compose(config_name=config_name)
-
-
 # ---------------------------------------------------------------------------------------------- typed dataclasses
-def _suggest(key: str, candidates: list[str], dot: str = "") -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {dot}{close[0]}?)" if close else ""
-
-
-def _call_validate(obj: Any, prefix: str) -> None:
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
-        required = [
-            p
-            for p in inspect.signature(validate).parameters.values()
-            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        validate(prefix) if required else validate()  # SourceConfig.validate(where)
-
-
 def build(cls: type[T], node: Any, prefix: str) -> T:
     """A typed dataclass from a config node, checked against the dataclass's fields and types and by its validate():
     an unknown key or a bad value is a one-line ValueError naming it (`model.d_modle: unknown key (did you mean
@@ -201,17 +197,17 @@ def build(cls: type[T], node: Any, prefix: str) -> T:
     dot = f"{prefix}." if prefix else ""
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise UserError(
-            f"{dot}{unknown[0]}: unknown key{_suggest(unknown[0], fields, dot)}"
-            f" (valid keys: {', '.join(sorted(fields))})"
-        )
+        close = difflib.get_close_matches(unknown[0], fields, n=1, cutoff=0.6)
+        hint = f" (did you mean {dot}{close[0]}?)" if close else ""
+        raise UserError(f"{dot}{unknown[0]}: unknown key{hint} (valid keys: {', '.join(sorted(fields))})")
     try:
         typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values), resolve=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise UserError(f"{dot}{key}: {str(e).splitlines()[0]}") from None
     obj = cls(**typed)
-    _call_validate(obj, prefix)
+    if hasattr(obj, "validate"):
+        obj.validate(prefix) if inspect.signature(obj.validate).parameters else obj.validate()  # SourceConfig's: where
     return obj
 
 
@@ -233,20 +229,14 @@ def from_key_values(cls: type[T], argv: list[str], prefix: str) -> T:
             raise UserError(f"{prefix}.{key}: unknown key{hint}")
         if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":  # Hydra quoting: "prompt='Anne Elliot was'"
             raw = raw[1:-1]
-        value = raw if hints[key] in (str, Optional[str]) else _yaml(raw, f"{prefix}.{key}")
+        try:
+            value = raw if hints[key] in (str, Optional[str]) else yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            raise UserError(f"{prefix}.{key}: cannot parse {raw!r}") from None
         if typing.get_origin(hints[key]) in (list, List) and not isinstance(value, list) and value is not None:
             value = [raw if typing.get_args(hints[key]) == (str,) else value]  # stop=. is stop=[.]
         values[key] = value
     return build(cls, values, prefix)
-
-
-def _yaml(raw: str, where: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(raw) if raw != "" else None
-    except yaml.YAMLError:
-        raise UserError(f"{where}: cannot parse {raw!r}") from None
 
 
 def schema_node(schema: Schema) -> dict[str, Any]:
@@ -257,11 +247,10 @@ def schema_node(schema: Schema) -> dict[str, Any]:
     return node
 
 
-def declare(name: str, schema: Union[Schema, Callable[[], Schema]]) -> Any:
+def declare(name: str, schema: Union[Schema, Callable[[], Schema]]) -> None:
     """Name the typed configs of configs/<name>.yaml or of the command `name` ("eval ppl"): a schema, or a function
     that imports it when it is first needed (a dispatcher may name every command's so, and --help stays light)."""
     _SCHEMAS[name] = schema
-    return schema
 
 
 def schema_for(name: str) -> Schema:
@@ -288,23 +277,17 @@ def check_typed(cfg: DictConfig, schema: Schema) -> dict[str, Any]:
     type or bad value is a one-line ValueError."""
     typed: dict[str, Any] = {}
     for group, cls in schema.items():
-        if group:
-            typed[group] = build(cls, cfg.get(group), group)
-        else:
-            names = {f.name for f in dataclasses.fields(cls)}
-            typed[group] = build(
-                cls, {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k in names}, ""
-            )
+        node = cfg.get(group) if group else OmegaConf.to_container(cfg, resolve=True)
+        if not group:  # the root keys among the whole config's
+            node = {k: v for k, v in node.items() if k in {f.name for f in dataclasses.fields(cls)}}
+        typed[group] = build(cls, node, group)
     return typed
 
 
 # ------------------------------------------------------------------------------------------------ bad overrides
-def flat_keys(node: Any, prefix: str = "") -> Iterator[str]:
-    if isinstance(node, DictConfig):
-        for k in node.keys():
-            yield from flat_keys(node._get_node(k), f"{prefix}{k}.")  # no interpolation resolved
-    elif prefix:
-        yield prefix[:-1]
+def flat_keys(node: dict, prefix: str = "") -> Iterator[str]:
+    for k, v in node.items():
+        yield from flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
 
 
 def unknown_key(key: str, keys: list[str]) -> str:
@@ -336,9 +319,8 @@ def check_group_options(argv: list[str], groups: list[str]) -> None:
                 raise UserError(unknown_option(m.group(1), option, group_options(m.group(1))))
 
 
-def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
+def explain(e: BaseException, config_name: str) -> str:
     """One line for a Hydra composition error: an unknown key or option with the nearest names, else its first line."""
-    import yaml
     from hydra.errors import MissingConfigException
 
     bad_yaml = next((c for c in _chain(e) if isinstance(c, yaml.YAMLError)), None)
@@ -351,12 +333,7 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     m = re.match(r"Could not override '([^']+)'", msg)
     if m:
         key = m.group(1)
-        others = [
-            o
-            for o in overrides
-            if not re.match(rf"[+~]*{re.escape(key)}=", o) and "," not in o and not o.startswith("-")
-        ]
-        keys = _schema_keys(config_name) or _composed_keys(config_name, others)
+        keys = list(flat_keys(schema_node(schema_for(config_name))))  # from the dataclasses: no second composition
         folders = [str(d / key) for d in search_path() if (d / key).is_dir()]
         if key in keys and folders:  # Hydra reads `key=value` as a choice of the config group that folder makes
             return (
@@ -369,20 +346,6 @@ def explain(e: BaseException, config_name: str, overrides: list[str]) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _schema_keys(config_name: str) -> list[str]:
-    """Every key of a command's typed configs (what a typed key can be), from the dataclasses alone: a suggestion for
-    a mistyped key without composing the config a second time (a Hydra composition: 0.5-2 s on 2 cores)."""
-    return list(flat_keys(OmegaConf.create(schema_node(schema_for(config_name)))))
-
-
-def _composed_keys(config_name: str, overrides: list[str]) -> list[str]:
-    """The keys of the composed config (a command without typed configs)."""
-    try:
-        return list(flat_keys(compose(config_name, overrides)))
-    except Exception:  # noqa: BLE001 - the suggestion is a nicety; the message stands without it
-        return []
-
-
 def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
     """An exception and its causes (__cause__, else __context__), each once."""
     seen: set[int] = set()
@@ -390,28 +353,6 @@ def _chain(e: Optional[BaseException]) -> Iterator[BaseException]:
         seen.add(id(e))
         yield e
         e = e.__cause__ or e.__context__
-
-
-def plus_to_force(argv: list[str], schema: dict[str, type]) -> list[str]:
-    """`+model.lambda_init=0.5` (the form documented before every field existed) -> `++model.lambda_init=0.5`."""
-    fields = {f"{g}.{f.name}" if g else f.name for g, cls in schema.items() for f in dataclasses.fields(cls)}
-    return ["+" + a if re.match(r"\+[^+]", a) and a[1:].split("=", 1)[0] in fields else a for a in argv]
-
-
-_NON_STRING = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|true|false|null|[+-]?inf|nan", re.I)
-
-
-def quote_option_names(argv: list[str]) -> list[str]:
-    """`sweep=2024` -> `sweep='2024'`: a config group's option named like a number (or true/false/null) stays the
-    option's name; Hydra's grammar would type it and fail on it with a traceback."""
-    dirs = search_path()
-    out = []
-    for a in argv:
-        m = re.fullmatch(r"(\+{0,2})([A-Za-z_][\w.]*)=(.*)", a)
-        if m and _NON_STRING.fullmatch(m.group(3)) and any((d / m.group(2).replace(".", "/")).is_dir() for d in dirs):
-            a = f"{m.group(1)}{m.group(2)}='{m.group(3)}'"
-        out.append(a)
-    return out
 
 
 def yaml_error(e: BaseException) -> str:
@@ -435,7 +376,7 @@ def yaml_error(e: BaseException) -> str:
     return f"{name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{tail}"
 
 
-def fail(prog: str, message: str) -> None:
+def fail(prog: str, message: str) -> NoReturn:
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
 

@@ -4,7 +4,7 @@ token-budget arithmetic is diffllm/budget.py's). A field's role on resume is its
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 from ..budget import Budget, Tokens, plan_budget  # noqa: F401 - re-exported: the trainer's budget
 from ..counts import parse_count
@@ -37,6 +37,10 @@ def operational(default: Any = MISSING, factory: Any = MISSING) -> Any:
 def branch_free(default: Any = MISSING) -> Any:
     """A field of role branch (see ROLES)."""
     return field(default=default, metadata=BRANCH)
+
+
+def _bad(key: str, why: str) -> NoReturn:
+    raise UserError(f"{key}: {why}")
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -80,62 +84,46 @@ class EvalConfig:
         import difflib
 
         from ..config import find_config, group_options
-
-        def bad(key: str, why: str) -> None:
-            raise UserError(f"trainer.eval.{key}: {why}")
+        from ..eval.config import NeedleTask, RecallTask
 
         if self.every < 0:
-            bad("every", f"must be >= 0, got {self.every}")
+            _bad("trainer.eval.every", f"must be >= 0, got {self.every}")
         for key in ("batch_size", "needle_trials", "needle_queries", "recall_trials"):
             if getattr(self, key) < 1:
-                bad(key, f"must be >= 1, got {getattr(self, key)}")
+                _bad(f"trainer.eval.{key}", f"must be >= 1, got {getattr(self, key)}")
         for key in ("ppl_max_tokens", "needle_length"):
             if getattr(self, key) is not None and getattr(self, key) < 2:
-                bad(key, f"must be >= 2 or null, got {getattr(self, key)}")
+                _bad(f"trainer.eval.{key}", f"must be >= 2 or null, got {getattr(self, key)}")
         if self.needle_mode not in NEEDLE_MODES:
-            bad("needle_mode", f"got {self.needle_mode!r}, expected one of {NEEDLE_MODES}")
+            _bad("trainer.eval.needle_mode", f"got {self.needle_mode!r}, expected one of {NEEDLE_MODES}")
         for name in self.ppl_data:
             if not isinstance(name, str) or find_config("data", name) is None:
                 options = group_options("data")
                 near = difflib.get_close_matches(str(name), options, n=1, cutoff=0.5)
-                bad(
-                    "ppl_data",
+                _bad(
+                    "trainer.eval.ppl_data",
                     f"unknown data config {name!r}"
                     + (f" (did you mean {near[0]}?)" if near else f" (options: {', '.join(options)})"),
                 )
-        if self.needle_n:
-            from ..eval.needle import NeedleTask
-
+        needle = NeedleTask(
+            mode=self.needle_mode,
+            n_needles=list(self.needle_n),
+            queries=self.needle_queries,
+            depths=list(self.needle_depths),
+            trials=self.needle_trials,
+        )
+        recall = RecallTask(n=list(self.recall_n), gaps=list(self.recall_gaps), lengths=[self.recall_length])
+        ours = dict(n_needles="needle_n", depths="needle_depths", queries="needle_queries", trials="needle_trials")
+        ours.update(mode="needle_mode", pairs="recall_n", length="recall_length", gap="recall_gaps")
+        for task in [needle] * bool(self.needle_n) + [recall] * bool(self.recall_n):
             try:
-                NeedleTask(
-                    mode=self.needle_mode,
-                    n_needles=list(self.needle_n),
-                    queries=self.needle_queries,
-                    depths=list(self.needle_depths),
-                    trials=self.needle_trials,
-                ).validate()
-            except ValueError as e:  # its keys are NeedleTask's: name ours
+                task.validate()
+            except ValueError as e:  # its keys are the task's: name ours
                 key, _, why = str(e).partition("=")
-                names = {
-                    "n_needles": "needle_n",
-                    "depths": "needle_depths",
-                    "queries": "needle_queries",
-                    "trials": "needle_trials",
-                    "mode": "needle_mode",
-                }
-                raise UserError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
-        if self.recall_n:
-            from ..eval.recall import RecallTask
-
-            try:
-                RecallTask(n=list(self.recall_n), gaps=list(self.recall_gaps), lengths=[self.recall_length]).validate()
-            except ValueError as e:  # its keys are RecallTask's: name ours
-                key, _, why = str(e).partition("=")
-                names = {"pairs": "recall_n", "length": "recall_length", "gap": "recall_gaps"}
-                raise UserError(f"trainer.eval.{names.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
+                raise UserError(f"trainer.eval.{ours.get(key, key)}={why}" if why else f"trainer.eval: {e}") from None
         if self.on and not (self.ppl_data or self.needle_n or self.recall_n):
-            bad(
-                "every" if self.every else "at_end",
+            _bad(
+                "trainer.eval.every" if self.every else "trainer.eval.at_end",
                 "in-loop evaluation is on but measures nothing: set "
                 "trainer.eval.ppl_data=[<data config>], trainer.eval.needle_n=[1,2] and/or trainer.eval.recall_n=[2,4]",
             )
@@ -156,20 +144,17 @@ class SpikesConfig:
     max_consecutive_skips: int = 5  # action=skip: this many skipped spikes in a row save and stop the run (exit 7)
 
     def validate(self) -> None:
-        def bad(key: str, why: str) -> None:
-            raise UserError(f"trainer.spikes.{key}: {why}")
-
         if self.action not in SPIKE_ACTIONS:
-            bad("action", f"got {self.action!r}, expected one of {SPIKE_ACTIONS}")
+            _bad("trainer.spikes.action", f"got {self.action!r}, expected one of {SPIKE_ACTIONS}")
         if self.warmup < 2:
-            bad("warmup", f"must be >= 2 (a standard deviation needs two values), got {self.warmup}")
+            _bad("trainer.spikes.warmup", f"must be >= 2 (a standard deviation needs two values), got {self.warmup}")
         if self.window < self.warmup:
-            bad("window", f"must be >= trainer.spikes.warmup={self.warmup}, got {self.window}")
+            _bad("trainer.spikes.window", f"must be >= trainer.spikes.warmup={self.warmup}, got {self.window}")
         for key in ("z_loss", "z_grad"):
             if not getattr(self, key) >= 0:
-                bad(key, f"must be >= 0 (0: not tested), got {getattr(self, key)}")
+                _bad(f"trainer.spikes.{key}", f"must be >= 0 (0: not tested), got {getattr(self, key)}")
         if self.max_consecutive_skips < 1:
-            bad("max_consecutive_skips", f"must be >= 1, got {self.max_consecutive_skips}")
+            _bad("trainer.spikes.max_consecutive_skips", f"must be >= 1, got {self.max_consecutive_skips}")
 
 
 @dataclass
@@ -239,46 +224,36 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         from ..config import build
 
-        if not isinstance(self.eval, EvalConfig):
-            self.eval = build(EvalConfig, self.eval, "trainer.eval")
-        if not isinstance(self.spikes, SpikesConfig):
-            self.spikes = build(SpikesConfig, self.spikes, "trainer.spikes")
-        if not isinstance(self.faults, FaultsConfig):
-            self.faults = build(FaultsConfig, self.faults, "trainer.faults")
+        for key, cls in (("eval", EvalConfig), ("spikes", SpikesConfig), ("faults", FaultsConfig)):
+            if not isinstance(getattr(self, key), cls):  # a node: built and checked
+                setattr(self, key, build(cls, getattr(self, key), f"trainer.{key}"))
 
     def validate(self) -> None:
-        def bad(key: str, why: str) -> None:
-            raise UserError(f"trainer.{key}: {why}")
-
         if self.zero_stage not in (0, 1, 2, 3):
-            bad("zero_stage", f"got {self.zero_stage}, expected 0, 1, 2 or 3")
+            _bad("trainer.zero_stage", f"got {self.zero_stage}, expected 0, 1, 2 or 3")
         if self.precision not in PRECISIONS:
-            bad("precision", f"got {self.precision!r}, expected one of {PRECISIONS}")
+            _bad("trainer.precision", f"got {self.precision!r}, expected one of {PRECISIONS}")
         if self.diagnostics not in DIAGNOSTICS:
-            bad("diagnostics", f"got {self.diagnostics!r}, expected one of {DIAGNOSTICS}")
+            _bad("trainer.diagnostics", f"got {self.diagnostics!r}, expected one of {DIAGNOSTICS}")
         if self.offload_params and self.zero_stage != 3:
-            bad("offload_params", "needs trainer.zero_stage=3")
+            _bad("trainer.offload_params", "needs trainer.zero_stage=3")
         if self.offload_optimizer and self.zero_stage == 0:
-            bad("offload_optimizer", "needs trainer.zero_stage >= 1")
+            _bad("trainer.offload_optimizer", "needs trainer.zero_stage >= 1")
         for key in ("micro_batch_size", "log_every", "keep_last", "val_batches", "max_nonfinite_in_a_row"):
             if getattr(self, key) < 1:
-                bad(key, f"must be >= 1, got {getattr(self, key)}")
+                _bad(f"trainer.{key}", f"must be >= 1, got {getattr(self, key)}")
         if self.val_tokens is not None and self.val_tokens < 1:
-            bad("val_tokens", f"must be >= 1 (null: the whole held-out set), got {self.val_tokens}")
+            _bad("trainer.val_tokens", f"must be >= 1 (null: the whole held-out set), got {self.val_tokens}")
         for key in ("val_every", "save_every_steps", "save_every_minutes"):
             if getattr(self, key) < 0:
-                bad(key, f"must be >= 0, got {getattr(self, key)}")
+                _bad(f"trainer.{key}", f"must be >= 0, got {getattr(self, key)}")
         if self.branch_from is not None and self.resume not in ("auto", "none"):
-            bad(
-                "branch_from",
+            _bad(
+                "trainer.branch_from",
                 f"a branch starts from its parent's checkpoint, not trainer.resume={self.resume}: drop one of the two",
             )
-        if not isinstance(self.branch_budgets, (list, tuple)):
-            bad("branch_budgets", f"expected a list of token budgets like [0.5M, 1M], got {self.branch_budgets!r}")
         for i, b in enumerate(self.branch_budgets):
             parse_count(b, f"trainer.branch_budgets[{i}]")
-        if not isinstance(self.deepspeed, dict):
-            bad("deepspeed", f"must be a mapping of raw DeepSpeed keys, got {type(self.deepspeed).__name__}")
 
 
 @dataclass
@@ -295,26 +270,21 @@ class OptimConfig:
     decay_fraction: float = 0.2  # wsd only: the final fraction of steps that decays to min_lr
 
     def validate(self) -> None:
-        def bad(key: str, why: str) -> None:
-            raise UserError(f"optim.{key}: {why}")
-
         if self.name != "adamw":
-            bad("name", f"got {self.name!r}; only adamw is implemented")
+            _bad("optim.name", f"got {self.name!r}; only adamw is implemented")
         if self.schedule not in SCHEDULES:
-            bad("schedule", f"got {self.schedule!r}, expected one of {SCHEDULES}")
+            _bad("optim.schedule", f"got {self.schedule!r}, expected one of {SCHEDULES}")
         if not self.lr >= 0.0:  # a NaN too
-            bad("lr", f"must be >= 0 (the peak learning rate), got {self.lr}")
+            _bad("optim.lr", f"must be >= 0 (the peak learning rate), got {self.lr}")
         if not 0.0 <= self.min_lr <= self.lr:
-            bad("min_lr", f"must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
+            _bad("optim.min_lr", f"must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            bad("betas", f"expected two values in [0, 1), got {self.betas}")
-        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            bad(
-                "warmup_steps" if self.warmup_steps < 0 else "grad_clip" if self.grad_clip < 0 else "weight_decay",
-                "must be >= 0",
-            )
+            _bad("optim.betas", f"expected two values in [0, 1), got {self.betas}")
+        for key in ("warmup_steps", "grad_clip", "weight_decay"):
+            if getattr(self, key) < 0:
+                _bad(f"optim.{key}", "must be >= 0")
         if not 0.0 <= self.decay_fraction <= 1.0:
-            bad("decay_fraction", f"must lie in [0, 1], got {self.decay_fraction}")
+            _bad("optim.decay_fraction", f"must lie in [0, 1], got {self.decay_fraction}")
 
 
 @dataclass
