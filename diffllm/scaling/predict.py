@@ -150,9 +150,13 @@ def scored(rows: list[dict], held: list[RunRecord], series_of: dict[str, str], l
             continue
         g = got["paired"].value
         w["measured_gap"] = got
+        naive_forecasts = {"zero": 0.0, "largest": w.get("naive_gap"), "tokens": w.get("tokens_gap")}
+        if "law" in w:
+            law = w["law"]
+            law["covered"] = bool(law["low"] <= g <= law["high"])
+            law["skill"] = {k: skill(law["gap"] - g, v - g) for k, v in naive_forecasts.items() if v is not None}
         if "gap" in w:
             w["gap_covered"] = bool(w["gap_low"] <= g <= w["gap_high"])
-            naive_forecasts = {"zero": 0.0, "largest": w.get("naive_gap"), "tokens": w.get("tokens_gap")}
             w["gap_skill"] = {k: skill(w["gap"] - g, v - g) for k, v in naive_forecasts.items() if v is not None}
 
 
@@ -192,7 +196,39 @@ def markdown(spec: str, rows: list[dict], level: float) -> list[str]:
             if key in w:
                 lines += ["", f"{w['series']}: gap {verb}; not identified ({w[key]})"]
     measured = [w for w in rows if "measured" in w]
-    return lines + (_scored_markdown(measured, level) if measured else [])
+    return lines + _law_markdown(rows, level) + (_scored_markdown(measured, level) if measured else [])
+
+
+def _law_markdown(rows: list[dict], level: float) -> list[str]:
+    """The gap laws (gap_law.py): each gap fitted seed by seed, its prediction, and once measured, its score."""
+    laws = [w for w in rows if "law" in w]
+    if not laws:
+        return []
+    lines = [
+        "",
+        "Gap law (diffllm/scaling/gap_law.py): g = a + b·log2 N + c·log2 D fitted to each seed's gaps over the "
+        f"cells both series trained (same size and budget rank, same seed), at the baseline's N and D; {level:.0%} "
+        "Student t interval over the seeds' predictions (the law's form assumed, not tested):",
+        "",
+        "| series | cells | seeds | a, b, c (seed mean) | predicted gap [interval] | measured gap | error | covered | "
+        "skill vs zero / largest / tokens-only |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w in laws:
+        law, got = w["law"], w.get("measured_gap")
+        cells = [w["series"], str(law["cells"]), str(law["seeds"]), ", ".join(f"{c:+.4f}" for c in law["coef"])]
+        cells.append(f"{law['gap']:+.4f} [{law['low']:+.4f}, {law['high']:+.4f}]")
+        if got is None:
+            cells += ["-"] * 4
+        else:
+            g, sk = got["paired"].value, law["skill"]
+            cells += [f"{g:+.4f}", f"{law['gap'] - g:+.4f}", "yes" if law["covered"] else "no"]
+            cells.append(" / ".join(_f(sk.get(k), "+.2f") for k in ("zero", "largest", "tokens")))
+        lines.append("| " + " | ".join(cells) + " |")
+    for w in laws:
+        if w["law"]["left_out"]:
+            lines += ["", f"{w['series']}: gap law without seed(s) {w['law']['left_out']} (missing a cell)"]
+    return lines
 
 
 def _scored_markdown(measured: list[dict], level: float) -> list[str]:

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import UserError
 from ..model.registry import baseline, variants
 from ..results import RunRecord, relative
-from . import holdout, predict
+from . import gap_law, holdout, predict
 from .baselines import BASELINES_NOTE
 from .config import ScalingConfig
 from .fit import (
@@ -338,6 +338,7 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
             cfg.predict, cfg.params, joint, joint_boot, base_joint, cfg.level, pairs, why, cfg.refuse_unidentified
         )
         predict.naive(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss)
+        gap_law.add(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss, cfg.level)
         predict.scored(rows, held, sel.series, cfg.loss, cfg.level)
         result["prediction"] = rows
     if held:
