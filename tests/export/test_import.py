@@ -80,6 +80,7 @@ def test_load_pretrained_reads_hf_dirs_and_runs_alike(hf_dir, tmp_path):
     assert cfg.arch == "diff" and cfg.lambda_init is None and cfg.padded_vocab_size == 1024
 
 
+@pytest.mark.slow  # the only fast test that needed `runs` (every layout trained, ~57 s); test-slow trains them anyway
 def test_remote_export_imports_back(runs, tmp_path):
     layout = "diff-layernorm-partial"
     export_run(runs[layout], tmp_path / "hf", format="remote")
