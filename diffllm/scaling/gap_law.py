@@ -31,7 +31,7 @@ PARAMS = 3  # a, b, c
 def cells(runs: list[RunRecord], series_of: dict[str, str], n_of: Callable, loss: str) -> dict[str, dict]:
     """series -> {(size, k-th budget of that size): {"N", "D", "by_seed": {seed: loss}}}."""
     out: dict[str, dict] = defaultdict(dict)
-    budgets: dict[tuple, list] = defaultdict(set)
+    budgets: dict[tuple, set] = defaultdict(set)
     for r in runs:
         budgets[(series_of[r.run_dir], size_of(r.model, r.arch))].add(r.tokens)
     for r in runs:

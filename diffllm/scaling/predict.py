@@ -150,14 +150,18 @@ def scored(rows: list[dict], held: list[RunRecord], series_of: dict[str, str], l
             continue
         g = got["paired"].value
         w["measured_gap"] = got
-        naive_forecasts = {"zero": 0.0, "largest": w.get("naive_gap"), "tokens": w.get("tokens_gap")}
         if "law" in w:
             law = w["law"]
-            law["covered"] = bool(law["low"] <= g <= law["high"])
-            law["skill"] = {k: skill(law["gap"] - g, v - g) for k, v in naive_forecasts.items() if v is not None}
+            law["covered"], law["skill"] = bool(law["low"] <= g <= law["high"]), _gap_skills(w, law["gap"], g)
         if "gap" in w:
-            w["gap_covered"] = bool(w["gap_low"] <= g <= w["gap_high"])
-            w["gap_skill"] = {k: skill(w["gap"] - g, v - g) for k, v in naive_forecasts.items() if v is not None}
+            w["gap_covered"], w["gap_skill"] = bool(w["gap_low"] <= g <= w["gap_high"]), _gap_skills(w, w["gap"], g)
+
+
+def _gap_skills(w: dict, forecast: float, measured: float) -> dict:
+    """A forecast gap's skill against each naive forecast of row `w` that it has: no gap, the largest fitted size's,
+    the tokens-only laws'."""
+    naive_forecasts = {"zero": 0.0, "largest": w.get("naive_gap"), "tokens": w.get("tokens_gap")}
+    return {k: skill(forecast - measured, v - measured) for k, v in naive_forecasts.items() if v is not None}
 
 
 def _f(x: Optional[float], fmt: str = "+.4f") -> str:

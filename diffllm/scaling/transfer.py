@@ -19,10 +19,11 @@ import numpy as np
 
 from ..errors import UserError
 from ..model.presets import load_preset
+from ..results import WIDTH_KEY as WIDTH
 from ..results import RunRecord, collect, read_csv
 from .select import series_without
 
-LR, WIDTH, PARAM = "optim.lr", "model.d_model", "model.parametrization"
+LR, PARAM = "optim.lr", "model.parametrization"
 SPAN = 5  # grid values a quadratic is fitted over: the best mean and up to 2 either side
 
 
