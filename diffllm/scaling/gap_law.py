@@ -3,7 +3,8 @@ where each arch's own L(N, D) is not identified (its five parameters from a shor
 which the shared seeds move together, is.
 
     cells        (size, k-th budget of that size): the same grid point of both series, paired by seed
-    the law      g(N, D) = a + b·log2 N + c·log2 D at the baseline's N and D of each cell
+    the law      g(N, D) = a + b·log2 N + c·log2 D at the baseline's N and D of each cell; on a ladder of one
+                 budget (every cell at one D), g(N) = a + b·log2 N at that D, and no prediction at another D
     per seed s   (a, b, c)_s by least squares on that seed's cell gaps L_series(s) − L_baseline(s); its prediction
                  p_s = g_s(N*, D*) at the baseline's N*, D* of the predicted size
     prediction   the mean of the p_s (which is the law fitted to the cells' mean gaps: least squares is linear), with
@@ -25,7 +26,6 @@ from ..results import RunRecord
 from .paired import mean_interval
 from .select import size_of
 
-PARAMS = 3  # a, b, c
 
 
 def cells(runs: list[RunRecord], series_of: dict[str, str], n_of: Callable, loss: str) -> dict[str, dict]:
@@ -44,16 +44,23 @@ def cells(runs: list[RunRecord], series_of: dict[str, str], n_of: Callable, loss
 
 def fit(series: dict, base: dict, n: float, d: float, level: float) -> Optional[dict]:
     """The gap law of `series` against `base` (both from `cells`) and its prediction at the baseline's (n, d); None
-    without >= 3 shared cells that fix the three coefficients, or 2 seeds holding all of them."""
+    without shared cells that fix its coefficients, 2 seeds holding all of them, or (on a ladder of one budget) a
+    prediction at that budget."""
     keys = sorted(set(series) & set(base))
-    x = np.array([[1.0, np.log2(base[k]["N"]), np.log2(base[k]["D"])] for k in keys])
-    if len(keys) < PARAMS or np.linalg.matrix_rank(x) < PARAMS:
+    if not keys:
+        return None
+    log_d = np.log2([base[k]["D"] for k in keys])
+    one_budget = bool(np.ptp(log_d) == 0)
+    if one_budget and np.log2(d) != log_d[0]:
+        return None  # the ladder says nothing about the gap's change with D
+    x = np.array([[1.0, np.log2(base[k]["N"])] + ([] if one_budget else [np.log2(base[k]["D"])]) for k in keys])
+    if len(keys) < x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
         return None
     every = [set(series[k]["by_seed"]) & set(base[k]["by_seed"]) for k in keys]
     seeds = sorted(set.intersection(*every))
     if len(seeds) < 2:
         return None
-    target = np.array([1.0, np.log2(n), np.log2(d)])
+    target = np.array([1.0, np.log2(n)] + ([] if one_budget else [np.log2(d)]))
     coef = np.array(
         [
             np.linalg.lstsq(x, [series[k]["by_seed"][s] - base[k]["by_seed"][s] for k in keys], rcond=None)[0]

@@ -102,11 +102,14 @@ def naive(rows: list[dict], fitted: list[RunRecord], series_of: dict[str, str], 
     """The forecasts to beat, added to `rows`: (1) no gap; (2) naive_gap: each series' gap to the baseline stays what
     it measured at the largest fitted size (the baseline's largest N), at that size's largest budget of each series,
     paired by seed (naive_at: that size); (3) tokens_loss: a tokens-only law L(D) = E + B D^-beta fitted to every
-    fitted run of the series (size ignored), at the predicted D, and tokens_gap, its difference to the baseline's."""
+    fitted run of the series (size ignored), at the predicted D (on a ladder of one budget, predicted at it: the
+    series' mean loss there), and tokens_gap, its difference to the baseline's."""
     for w in rows:
         mine = [r for r in fitted if series_of.get(r.run_dir) == w["series"] and r.tokens]
         if len(mine) >= 3 and len({r.tokens for r in mine}) >= 2:
             w["tokens_loss"] = float(fit_power_law([r.tokens for r in mine], [getattr(r, loss) for r in mine])(w["D"]))
+        elif mine and {r.tokens for r in mine} == {w["D"]}:  # a ladder of one budget, predicted at it: its mean loss
+            w["tokens_loss"] = float(np.mean([getattr(r, loss) for r in mine]))
     by = {w["series"]: w for w in rows}
     base = next((w["baseline"] for w in rows if "baseline" in w), None)
     for w in rows:
@@ -210,11 +213,12 @@ def _law_markdown(rows: list[dict], level: float) -> list[str]:
         return []
     lines = [
         "",
-        "Gap law (diffllm/scaling/gap_law.py): g = a + b·log2 N + c·log2 D fitted to each seed's gaps over the "
+        "Gap law (diffllm/scaling/gap_law.py): g = a + b·log2 N + c·log2 D (a + b·log2 N on a ladder of one budget) "
+        "fitted to each seed's gaps over the "
         f"cells both series trained (same size and budget rank, same seed), at the baseline's N and D; {level:.0%} "
         "Student t interval over the seeds' predictions (the law's form assumed, not tested):",
         "",
-        "| series | cells | seeds | a, b, c (seed mean) | predicted gap [interval] | measured gap | error | covered | "
+        "| series | cells | seeds | a, b(, c) (seed mean) | predicted gap [interval] | measured gap | error | covered | "
         "skill vs zero / largest / tokens-only |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

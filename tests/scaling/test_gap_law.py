@@ -25,16 +25,16 @@ def true_gap(n: float, d: float) -> float:
     return float(COEF @ [1.0, np.log2(n), np.log2(d)])
 
 
-def ladder(rng, seeds=(3, 4, 5, 6), shared=0.2, offset=0.03, slope=0.004, cell=0.01):
+def ladder(rng, seeds=(3, 4, 5, 6), shared=0.2, offset=0.03, slope=0.004, cell=0.01, one_budget=False):
     """(series cells, baseline cells) as gap_law.cells builds them: the baseline's loss moved by a per-seed `shared`
     amount that the series shares (same data order and init), the series' gap by a per-seed offset and log2 N slope
-    and each cell's own noise."""
+    and each cell's own noise. `one_budget`: every size at the target's D (configs/sweep/micro-predict2b.yaml)."""
     moved = {s: rng.normal(0, shared) for s in seeds}
     own = {s: (rng.normal(0, offset), rng.normal(0, slope)) for s in seeds}
     series, base = {}, {}
     for i, n in enumerate(SIZES):
-        for j, tpp in enumerate(TPP):
-            d, b_loss, s_loss = n * tpp, {}, {}
+        for j, d in enumerate([TARGET[1]] if one_budget else [n * tpp for tpp in TPP]):
+            b_loss, s_loss = {}, {}
             for s in seeds:
                 b_loss[s] = 4.0 + 2.0 / np.log2(n * d) + moved[s] + rng.normal(0, cell)
                 s_loss[s] = b_loss[s] + true_gap(n, d) + own[s][0] + own[s][1] * np.log2(n) + rng.normal(0, cell)
@@ -75,6 +75,20 @@ def test_the_prediction_is_the_law_of_the_mean_gaps_and_a_seed_missing_a_cell_is
     assert gap_law.fit(two_cells, base, *TARGET, 0.9) is None  # 2 cells cannot fix 3 coefficients
 
 
+def test_a_ladder_of_one_budget_fits_one_slope_and_predicts_only_at_its_budget():
+    series, base = ladder(np.random.default_rng(3), offset=0.0, slope=0.0, cell=0.0, one_budget=True)
+    got = gap_law.fit(series, base, *TARGET, 0.9)
+    a, b, c = COEF
+    assert got["gap"] == pytest.approx(true_gap(*TARGET), abs=1e-12)
+    assert got["coef"] == pytest.approx([a + c * np.log2(TARGET[1]), b], abs=1e-12)
+    assert (got["seeds"], got["cells"]) == (4, 3)
+    assert gap_law.fit(series, base, TARGET[0], TARGET[1] * 2, 0.9) is None  # no slope in D to carry it there
+    rng = np.random.default_rng(4)
+    draws = [gap_law.fit(*ladder(rng, seeds=range(12), one_budget=True), *TARGET, 0.9) for _ in range(1000)]
+    covered = np.mean([d["low"] <= true_gap(*TARGET) <= d["high"] for d in draws])
+    assert 0.87 <= covered <= 0.93
+
+
 def test_scaling_fit_predict_reports_the_gap_law(tmp_path):
     laws = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
     write_law_sweep(tmp_path / "s", laws, budgets=(524288, 1048576, 2097152), seeds=lambda size: (1, 2), noise=0.01)
@@ -84,3 +98,17 @@ def test_scaling_fit_predict_reports_the_gap_law(tmp_path):
     assert (law["cells"], law["seeds"]) == (12, 2) and law["low"] <= law["gap"] <= law["high"]
     assert "law" not in rows["transformer"]
     assert "Gap law (diffllm/scaling/gap_law.py)" in render(fit_sweep(cfg, collect(cfg.sweep_dir)))
+
+
+def test_scaling_fit_predict_on_a_ladder_of_one_budget(tmp_path):
+    laws = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
+    write_law_sweep(tmp_path / "s", laws, budgets=(1048576,), sizes=(1, 2, 3), seeds=lambda size: (1, 2, 3), noise=0.01)
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict="micro-4@1048576", refuse_unidentified=False)
+    runs = collect(cfg.sweep_dir)
+    rows = {w["series"]: w for w in fit_sweep(cfg, runs)["prediction"]}
+    assert (rows["diff"]["law"]["cells"], rows["diff"]["law"]["seeds"], len(rows["diff"]["law"]["coef"])) == (3, 3, 2)
+    # the tokens-only forecast at the ladder's one budget is each series' mean loss there (size ignored)
+    mean = {a: np.mean([r.final_val_loss for r in runs if r.arch == a]) for a in ("diff", "transformer")}
+    assert rows["diff"]["tokens_gap"] == pytest.approx(mean["diff"] - mean["transformer"], rel=1e-12)
+    other = ScalingConfig(sweep_dir=cfg.sweep_dir, reps=20, predict="micro-4@2097152", refuse_unidentified=False)
+    assert "law" not in {w["series"]: w for w in fit_sweep(other, runs)["prediction"]}["diff"]
