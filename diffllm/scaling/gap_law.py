@@ -27,7 +27,6 @@ from .paired import mean_interval
 from .select import size_of
 
 
-
 def cells(runs: list[RunRecord], series_of: dict[str, str], n_of: Callable, loss: str) -> dict[str, dict]:
     """series -> {(size, k-th budget of that size): {"N", "D", "by_seed": {seed: loss}}}."""
     out: dict[str, dict] = defaultdict(dict)

@@ -218,8 +218,8 @@ def _law_markdown(rows: list[dict], level: float) -> list[str]:
         f"cells both series trained (same size and budget rank, same seed), at the baseline's N and D; {level:.0%} "
         "Student t interval over the seeds' predictions (the law's form assumed, not tested):",
         "",
-        "| series | cells | seeds | a, b(, c) (seed mean) | predicted gap [interval] | measured gap | error | covered | "
-        "skill vs zero / largest / tokens-only |",
+        "| series | cells | seeds | a, b(, c) (seed mean) | predicted gap [interval] | measured gap | error | covered "
+        "| skill vs zero / largest / tokens-only |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for w in laws:
