@@ -102,7 +102,7 @@ def test_commands_and_a_bad_input_line(runs, hf_dir, tmp_path):
     ), bad.stderr
 
 
-def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
+def test_bad_inputs_are_one_line_errors(fast_runs, hf_dir, tmp_path):
     src, _ = hf_dir("llama")
     import_hf(src, tmp_path / "run")
     (tmp_path / "empty").mkdir()
@@ -110,10 +110,10 @@ def test_bad_inputs_are_one_line_errors(runs, hf_dir, tmp_path):
     transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(gpt2)
     cases = [
         (lambda: export_run(tmp_path / "empty", tmp_path / "x"), "empty: no checkpoints"),
-        (lambda: export_run(runs["stablelm"], tmp_path / "x", format="lama"), "did you mean 'llama'"),
-        (lambda: export_run(runs["stablelm"], tmp_path / "x", step=3), "no checkpoint at that step (steps: 6)"),
+        (lambda: export_run(fast_runs["stablelm"], tmp_path / "x", format="lama"), "did you mean 'llama'"),
+        (lambda: export_run(fast_runs["stablelm"], tmp_path / "x", step=3), "no checkpoint at that step (steps: 6)"),
         (
-            lambda: export_run(runs["stablelm"], tmp_path / "x", dtype="fp8"),
+            lambda: export_run(fast_runs["stablelm"], tmp_path / "x", dtype="fp8"),
             "dtype='fp8': expected one of float32, bfloat16, float16",
         ),
         (

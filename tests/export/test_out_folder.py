@@ -33,13 +33,13 @@ def test_a_non_empty_out_is_refused_in_one_line_before_the_run_is_read(tmp_path)
     assert got.returncode == 2 and "file: is a file, not a folder" in got.stderr
 
 
-def test_force_replaces_the_folder_whole_and_a_failed_export_leaves_it_as_it_was(runs, tmp_path, monkeypatch):
+def test_force_replaces_the_folder_whole_and_a_failed_export_leaves_it_as_it_was(fast_runs, tmp_path, monkeypatch):
     out = tmp_path / "hf"
-    hf.export_run(runs["diff-interleaved-gqa"], out)  # a DiffLlama export ...
+    hf.export_run(fast_runs["diff-interleaved-gqa"], out)  # a DiffLlama export ...
     (out / "unrelated.txt").write_text("mine")
     with pytest.raises(hf.UserError, match="not empty"):
-        hf.export_run(runs["stablelm"], out)
-    done = hf.export_run(runs["stablelm"], out, force=True)  # ... replaced by a StableLM one, nothing of it left
+        hf.export_run(fast_runs["stablelm"], out)
+    done = hf.export_run(fast_runs["stablelm"], out, force=True)  # ... replaced by a StableLM one, nothing of it left
     assert done.format == "stablelm" and json.loads((out / "config.json").read_text())["model_type"] == "stablelm"
     assert not (out / "unrelated.txt").exists() and siblings(out) == []
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -50,8 +50,8 @@ def test_force_replaces_the_folder_whole_and_a_failed_export_leaves_it_as_it_was
 
     monkeypatch.setattr(hf, "write_hf", crash)
     with pytest.raises(OSError, match="No space left"):
-        hf.export_run(runs["diff-interleaved-gqa"], out, force=True)
+        hf.export_run(fast_runs["diff-interleaved-gqa"], out, force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and siblings(out) == []
     with pytest.raises(OSError):
-        hf.export_run(runs["diff-interleaved-gqa"], tmp_path / "new")
+        hf.export_run(fast_runs["diff-interleaved-gqa"], tmp_path / "new")
     assert siblings(out) == []  # neither `new` nor a temporary folder
