@@ -53,34 +53,44 @@ def predictions(
     pairs: dict,
     why: dict,
     refuse: bool = True,
+    order: tuple = (),
 ) -> list[dict]:
-    """One row per series with an L(N, D) fit: its preset, N, D, the predicted loss [interval] and, but for the
-    baseline's row, the gap to the baseline's prediction [interval] (pairs: series -> (baseline replicates, its
-    replicates) from one draw of seeds, or None: the residual replicates paired by index). why: series -> the reasons
-    its fit is not identified; a row whose fit or the baseline's has some is refused its gap (`refused`), or, with
-    refuse=False, keeps it flagged (`unidentified`)."""
+    """One row per series of `order` (default: those with an L(N, D) fit): its preset, N, D and, from its L(N, D) if it
+    has one (else `no_fit`), the predicted loss [interval]; every row but the baseline's names the baseline and, where
+    both have an L(N, D), gets the gap to the baseline's prediction [interval] (pairs: series -> (baseline replicates,
+    its replicates) from one draw of seeds, or None: the residual replicates paired by index). why: series -> the
+    reasons its fit is not identified; a row whose fit or the baseline's has some is refused its gap (`refused`), or,
+    with refuse=False, keeps it flagged (`unidentified`). A series without a fit still gets the gap law and the naive
+    forecasts (gap_law.add, naive): on a ladder of one budget no L(N, D) can be fitted, the gap law can."""
     size, tokens = parse_predict(spec)
     rows, at = [], {}
-    for series, law in joint.items():
+    for series in order or joint:
         name, n = preset_n(series.split(" ", 1)[0], size, params)
-        at[series] = (n, law)
-        iv = interval(float(law(n, tokens)), [float(b(n, tokens)) for b in joint_boot[series]], level)
-        rows.append({"series": series, "preset": name, "N": n, "D": tokens, "loss": iv.value, "loss_low": iv.low,
-                     "loss_high": iv.high})  # fmt: skip
-    if base not in at:
+        row = {"series": series, "preset": name, "N": n, "D": tokens}
+        if series in joint:
+            law = at[series] = joint[series]
+            iv = interval(float(law(n, tokens)), [float(b(n, tokens)) for b in joint_boot[series]], level)
+            row.update({"loss": iv.value, "loss_low": iv.low, "loss_high": iv.high})
+        else:
+            row["no_fit"] = True
+        rows.append(row)
+    if base not in {w["series"] for w in rows}:
         return rows
-    n_b, law_b = at[base]
+    n_b = next(w["N"] for w in rows if w["series"] == base)
     for row in rows:
         if row["series"] == base:
             continue
-        n, law = at[row["series"]]
+        row["baseline"] = base
+        if row["series"] not in at or base not in at:
+            continue
+        n, law, law_b = row["N"], at[row["series"]], at[base]
         boot_b, boot = pairs.get(row["series"]) or (joint_boot[base], joint_boot[row["series"]])
 
         def gap(x: Callable, y: Callable, n: int = n) -> float:
             return float(x(n, tokens)) - float(y(n_b, tokens))
 
         iv = interval(gap(law, law_b), [gap(a, b) for a, b in zip(boot, boot_b)], level)
-        row.update({"baseline": base, "paired": pairs.get(row["series"]) is not None})
+        row["paired"] = pairs.get(row["series"]) is not None
         reasons = [f"{s}: {w}" for s in (base, row["series"]) for w in why.get(s, [])]
         if reasons and refuse:
             row["refused"] = "; ".join(reasons)
@@ -145,8 +155,9 @@ def scored(rows: list[dict], held: list[RunRecord], series_of: dict[str, str], l
         if not mine:
             continue
         w["measured"], w["seeds"] = float(np.mean(list(mine.values()))), len(mine)
-        w["covered"] = bool(w["loss_low"] <= w["measured"] <= w["loss_high"])
-        if "tokens_loss" in w:
+        if "loss" in w:
+            w["covered"] = bool(w["loss_low"] <= w["measured"] <= w["loss_high"])
+        if "tokens_loss" in w and "loss" in w:
             w["loss_skill"] = skill(w["loss"] - w["measured"], w["tokens_loss"] - w["measured"])
         got = paired_gap(mine, seeds[w["baseline"]], level) if "baseline" in w and w["baseline"] in seeds else None
         if got is None:
@@ -165,6 +176,10 @@ def _gap_skills(w: dict, forecast: float, measured: float) -> dict:
     the tokens-only laws'."""
     naive_forecasts = {"zero": 0.0, "largest": w.get("naive_gap"), "tokens": w.get("tokens_gap")}
     return {k: skill(forecast - measured, v - measured) for k, v in naive_forecasts.items() if v is not None}
+
+
+def _loss(w: dict) -> str:
+    return f"{w['loss']:.4f} [{w['loss_low']:.4f}, {w['loss_high']:.4f}]" if "loss" in w else "- (no L(N, D) fit)"
 
 
 def _f(x: Optional[float], fmt: str = "+.4f") -> str:
@@ -187,6 +202,8 @@ def markdown(spec: str, rows: list[dict], level: float) -> list[str]:
     for w in rows:
         if "refused" in w:
             gap = "refused: not identified"
+        elif "baseline" in w and "gap" not in w:
+            gap = "- (no L(N, D) fit)"
         elif "gap" in w:
             gap = f"{w['gap']:+.4f} [{w['gap_low']:+.4f}, {w['gap_high']:+.4f}]" + ("" if w["paired"] else " unpaired")
             gap += " (not identified)" if "unidentified" in w else ""
@@ -195,7 +212,7 @@ def markdown(spec: str, rows: list[dict], level: float) -> list[str]:
         naive_gap = f"{w['naive_gap']:+.4f} ({w['naive_at']})" if w.get("naive_gap") is not None else "-"
         lines.append(
             f"| {w['series']} | {w['preset']} | {w['N']:,} | {w['D']:,} | "
-            f"{w['loss']:.4f} [{w['loss_low']:.4f}, {w['loss_high']:.4f}] | {gap} | {naive_gap} | "
+            f"{_loss(w)} | {gap} | {naive_gap} | "
             f"{_f(w.get('tokens_loss'), '.4f')} | {_f(w.get('tokens_gap'))} |"
         )
     for w in rows:
@@ -253,8 +270,12 @@ def _scored_markdown(measured: list[dict], level: float) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in measured:
-        cells = [w["series"], str(w["seeds"]), f"{w['measured']:.4f}", f"{w['loss'] - w['measured']:+.4f}"]
-        cells += ["yes" if w["covered"] else "no", _f(w.get("loss_skill"), "+.2f")]
+        cells = [w["series"], str(w["seeds"]), f"{w['measured']:.4f}"]
+        if "loss" in w:
+            cells += [f"{w['loss'] - w['measured']:+.4f}", "yes" if w["covered"] else "no"]
+        else:
+            cells += ["- (no fit)", "-"]
+        cells.append(_f(w.get("loss_skill"), "+.2f"))
         got = w.get("measured_gap")
         if got is None:
             cells += ["(baseline)" if "baseline" not in w else "-"] + ["-"] * 5
