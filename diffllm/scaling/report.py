@@ -340,7 +340,10 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
         predict.naive(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss)
         gap_law.add(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss, cfg.level)
         if not joint and not any("law" in w for w in rows):
-            raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from ({_why_no_fit(notes, 'L(N, D)')})")
+            one = f"; a ladder of one budget predicts its gap at {min(budgets)} tokens only" * (len(budgets) == 1)
+            raise UserError(
+                f"predict={cfg.predict}: no L(N, D) fit to predict from ({_why_no_fit(notes, 'L(N, D)')}){one}"
+            )
         predict.scored(rows, held, sel.series, cfg.loss, cfg.level)
         result["prediction"] = rows
     if held:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from diffllm.errors import UserError
 from diffllm.results import collect
 from diffllm.scaling import gap_law
 from diffllm.scaling.fit import JointLaw
@@ -102,13 +103,27 @@ def test_scaling_fit_predict_reports_the_gap_law(tmp_path):
 
 def test_scaling_fit_predict_on_a_ladder_of_one_budget(tmp_path):
     laws = {a: JointLaw(*p) for a, p in DOC_LAWS.items()}
-    write_law_sweep(tmp_path / "s", laws, budgets=(1048576,), sizes=(1, 2, 3), seeds=lambda size: (1, 2, 3), noise=0.01)
-    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict="micro-4@1048576", refuse_unidentified=False)
+    # final points only (as configs/sweep/micro-predict2b.yaml's runs: val_every=0): no L(N, D) can be fitted from one
+    # budget, and the prediction is the gap law's, beside the naive forecasts
+    write_law_sweep(
+        tmp_path / "s", laws, budgets=(1048576,), sizes=(1, 2, 3), seeds=lambda size: (1, 2, 3), noise=0.01,
+        curve_points=1,
+    )  # fmt: skip
+    cfg = ScalingConfig(sweep_dir=str(tmp_path / "s"), reps=20, predict="micro-4@1048576")
     runs = collect(cfg.sweep_dir)
-    rows = {w["series"]: w for w in fit_sweep(cfg, runs)["prediction"]}
+    result = fit_sweep(cfg, runs)
+    rows = {w["series"]: w for w in result["prediction"]}
+    assert "loss" not in rows["diff"] and "gap" not in rows["diff"] and rows["diff"]["baseline"] == "transformer"
     assert (rows["diff"]["law"]["cells"], rows["diff"]["law"]["seeds"], len(rows["diff"]["law"]["coef"])) == (3, 3, 2)
+    assert rows["diff"]["naive_gap"] == pytest.approx(
+        np.mean([r.final_val_loss for r in runs if r.model == "diff-micro-3"])
+        - np.mean([r.final_val_loss for r in runs if r.model == "transformer-micro-3"]),
+        rel=1e-12,
+    )
+    assert "| - (no L(N, D) fit) | - (no L(N, D) fit) |" in render(result)
     # the tokens-only forecast at the ladder's one budget is each series' mean loss there (size ignored)
     mean = {a: np.mean([r.final_val_loss for r in runs if r.arch == a]) for a in ("diff", "transformer")}
     assert rows["diff"]["tokens_gap"] == pytest.approx(mean["diff"] - mean["transformer"], rel=1e-12)
-    other = ScalingConfig(sweep_dir=cfg.sweep_dir, reps=20, predict="micro-4@2097152", refuse_unidentified=False)
-    assert "law" not in {w["series"]: w for w in fit_sweep(other, runs)["prediction"]}["diff"]
+    other = ScalingConfig(sweep_dir=cfg.sweep_dir, reps=20, predict="micro-4@2097152")
+    with pytest.raises(UserError, match="a ladder of one budget predicts its gap at 1048576 tokens only$"):
+        fit_sweep(other, runs)  # nothing to predict from at another budget
