@@ -56,7 +56,7 @@ def predictions(
     order: tuple = (),
 ) -> list[dict]:
     """One row per series of `order` (default: those with an L(N, D) fit): its preset, N, D and, from its L(N, D) if it
-    has one (else `no_fit`), the predicted loss [interval]; every row but the baseline's names the baseline and, where
+    has one, the predicted loss [interval]; every row but the baseline's names the baseline and, where
     both have an L(N, D), gets the gap to the baseline's prediction [interval] (pairs: series -> (baseline replicates,
     its replicates) from one draw of seeds, or None: the residual replicates paired by index). why: series -> the
     reasons its fit is not identified; a row whose fit or the baseline's has some is refused its gap (`refused`), or,
@@ -71,8 +71,6 @@ def predictions(
             law = at[series] = joint[series]
             iv = interval(float(law(n, tokens)), [float(b(n, tokens)) for b in joint_boot[series]], level)
             row.update({"loss": iv.value, "loss_low": iv.low, "loss_high": iv.high})
-        else:
-            row["no_fit"] = True
         rows.append(row)
     if base not in {w["series"] for w in rows}:
         return rows
@@ -288,6 +286,6 @@ def _scored_markdown(measured: list[dict], level: float) -> list[str]:
                 cells += [f"{w['gap'] - p.value:+.4f}", "yes" if w["gap_covered"] else "no"]
                 cells.append(" / ".join(_f(sk.get(k), "+.2f") for k in ("zero", "largest", "tokens")))
             else:
-                cells += ["(refused)", "-", "-"]
+                cells += ["(refused)" if "refused" in w else "(no L(N, D) fit)", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

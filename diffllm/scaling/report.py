@@ -332,18 +332,15 @@ def fit_sweep(cfg: ScalingConfig, runs: list[RunRecord], notes: Optional[list[st
                 row["multiplier_refused"] = "; ".join(f"{s}: {w}" for s in (base_joint, a) for w in why[s])
                 notes.append(f"compute multiplier of {a}: refused, not identified ({row['multiplier_refused']})")
     if cfg.predict:
-        base_all = baseline_series(sel, series, baseline().arch)
-        rows = predict.predictions(
-            cfg.predict, cfg.params, joint, joint_boot, base_all, cfg.level, pairs, why, cfg.refuse_unidentified,
-            order=tuple(series),
-        )  # fmt: skip
+        base_all = baseline_series(sel, series, baseline().arch)  # the gap law's baseline, with or without L(N, D)
+        rows = predict.predictions(cfg.predict, cfg.params, joint, joint_boot, base_all, cfg.level, pairs, why,
+                                   cfg.refuse_unidentified, order=tuple(series))  # fmt: skip
         predict.naive(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss)
         gap_law.add(rows, done, sel.series, lambda r: _n(r, cfg.params), cfg.loss, cfg.level)
         if not joint and not any("law" in w for w in rows):
+            why_not = _why_no_fit(notes, "L(N, D)")
             one = f"; a ladder of one budget predicts its gap at {min(budgets)} tokens only" * (len(budgets) == 1)
-            raise UserError(
-                f"predict={cfg.predict}: no L(N, D) fit to predict from ({_why_no_fit(notes, 'L(N, D)')}){one}"
-            )
+            raise UserError(f"predict={cfg.predict}: no L(N, D) fit to predict from ({why_not}){one}")
         predict.scored(rows, held, sel.series, cfg.loss, cfg.level)
         result["prediction"] = rows
     if held:
