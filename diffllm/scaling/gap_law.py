@@ -52,14 +52,18 @@ def fit(series: dict, base: dict, n: float, d: float, level: float) -> Optional[
     one_budget = bool(np.ptp(log_d) == 0)
     if one_budget and np.log2(d) != log_d[0]:
         return None  # the ladder says nothing about the gap's change with D
-    x = np.array([[1.0, np.log2(base[k]["N"])] + ([] if one_budget else [np.log2(base[k]["D"])]) for k in keys])
+
+    def terms(n: float, d: float) -> list[float]:  # 1, log2 N (, log2 D where the ladder's budgets vary)
+        return [1.0, np.log2(n)] + ([] if one_budget else [np.log2(d)])
+
+    x = np.array([terms(base[k]["N"], base[k]["D"]) for k in keys])
     if len(keys) < x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
         return None
     every = [set(series[k]["by_seed"]) & set(base[k]["by_seed"]) for k in keys]
     seeds = sorted(set.intersection(*every))
     if len(seeds) < 2:
         return None
-    target = np.array([1.0, np.log2(n)] + ([] if one_budget else [np.log2(d)]))
+    target = np.array(terms(n, d))
     coef = np.array(
         [
             np.linalg.lstsq(x, [series[k]["by_seed"][s] - base[k]["by_seed"][s] for k in keys], rcond=None)[0]
