@@ -132,12 +132,16 @@ def kaplan_n(stats, tied: bool) -> int:
 
 def block_params(model_config: Optional[dict]) -> Optional[int]:
     """Kaplan's N of the model a run saved in its config.yaml (None without one, or one this diffllm cannot read)."""
+    return _block_params(json.dumps(model_config, sort_keys=True, default=str)) if model_config else None
+
+
+@functools.cache
+def _block_params(model_json: str) -> Optional[int]:  # a sweep's runs share a few models: each is built once
     from .config import build
     from .model.accounting import model_stats
     from .model.config import ModelConfig
 
-    if not model_config:
-        return None
+    model_config = json.loads(model_json)
     try:
         cfg = build(ModelConfig, model_config, "model")
         return kaplan_n(model_stats(cfg), cfg.tie_embeddings)

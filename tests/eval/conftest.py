@@ -24,6 +24,7 @@ TINY = [
     f"trainer.tokens={STEPS * 1024}",
     "trainer.log_every=4",
     "trainer.val_batches=2",
+    "trainer.val_tokens=4096",  # the final validation: 4096 tokens of the held-out plays (all of them: ~12 s a run)
     "trainer.val_every=0",
     "trainer.save_every_steps=4",
     "trainer.zero_stage=0",
@@ -70,7 +71,9 @@ def held_out_run(tokenizer):
     held-out window, saved with ZeRO-1 (its weights are read back through DeepSpeed's zero_to_fp32)."""
     run_dir = SESSION / "eval-run-held-out"
     if not (run_dir / "summary.json").is_file():
-        overrides = [o for o in TINY if not o.startswith(("trainer.val_batches", "trainer.zero_stage"))]
+        overrides = [
+            o for o in TINY if not o.startswith(("trainer.val_batches", "trainer.val_tokens", "trainer.zero_stage"))
+        ]
         run_train(
             overrides + HELD_OUT + ["model=diff-tiny", f"run_dir={run_dir}"],
             1,

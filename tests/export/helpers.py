@@ -17,6 +17,7 @@ TRAIN = [
     "trainer.tokens=1536",
     "trainer.log_every=1",
     "trainer.val_batches=2",
+    "trainer.val_tokens=4096",  # the final validation: 4096 tokens of the held-out plays (all of them: ~12 s a run)
     "trainer.save_every_steps=6",
     "trainer.zero_stage=0",
     "optim.warmup_steps=2",

@@ -50,6 +50,7 @@ def test_launch_two_processes_on_cpu(tmp_path, launcher):
             "trainer.micro_batch_size=8",
             "trainer.zero_stage=2",
             "trainer.val_batches=2",
+            "trainer.val_tokens=4096",  # the final validation: a share of the held-out plays, for speed
             "trainer.log_every=1",
             "logging.wandb=disabled",
             f"run_dir={run_dir}",

@@ -75,7 +75,7 @@ round_tokens_to: 1024
 seeds: [1]
 overrides: [model.d_model=64, model.n_layers=2, data.seq_len=64, data.tokenizer.vocab_size=1024,
             trainer.micro_batch_size=4, trainer.global_batch_tokens=1024, trainer.val_batches=2,
-            trainer.save_every_steps=0, optim.warmup_steps=1]
+            trainer.val_tokens=4096, trainer.save_every_steps=0, optim.warmup_steps=1]
 """
 
 

@@ -130,6 +130,7 @@ def test_two_real_tiny_runs(tmp_path):
             "trainer.micro_batch_size=16",
             "trainer.zero_stage=0",
             "trainer.val_batches=4",
+            "trainer.val_tokens=4096",  # the final validation: a share of the held-out plays, for speed
             "trainer.save_every_steps=0",
             "optim.warmup_steps=2",
             f"optim.lr={lr}",
