@@ -52,7 +52,8 @@ test-packages:
 
 # `make test`: every test not marked slow (target: 8 min on 2 cores). `make test-slow`: the slow-marked ones
 # (multi-process DeepSpeed runs, real SLURM and ssh launches, bf16 and compiled training: about 25 min more).
-# `make test-all` runs both, as CI does (.ci/run).
+# `make test-all` runs both, as CI does (.ci/run). Both print the host's speed first (scripts/host_speed.py), so a wall
+# time can be read against the machine that gave it.
 # `make lint`: ruff's linter and formatter (configured in pyproject.toml) over the tree; `make test` runs it first, so
 # style never drifts. `ruff format diffllm tests scripts` and `ruff check --fix ...` repair most of what it reports.
 lint: install
@@ -60,9 +61,11 @@ lint: install
 	$(BIN)/ruff format --check diffllm tests scripts
 
 test: install test-packages lint
+	$(BIN)/python scripts/host_speed.py
 	$(BIN)/python -m pytest -q --durations=25 -m "not slow and not image" tests
 
 test-slow: install test-packages
+	$(BIN)/python scripts/host_speed.py
 	$(BIN)/python -m pytest -q --durations=25 -m "slow and not image" tests
 
 # `make test-image`: scripts/gpu_check.sh as the lent GPU machine's image runs it (tests/scripts/test_gpu_check_image.py:

@@ -37,6 +37,7 @@ TESTED = {
     "train.sbatch",
     "repeat_tests.sh",
     "hostfile.example",
+    "host_speed.py",  # make test and make test-slow print it first; test_host_speed_is_one_line below
 }  # hostfile.example: the format docs/launch.md shows, read by tests/launch
 
 
@@ -220,3 +221,22 @@ def test_bench_loss_head_prints_the_chunked_bytes():
     (row,) = [line.split("|") for line in res.stdout.splitlines() if line.strip().startswith("50,304")]
     vocab, d_model, chunks, _, per_chunk = row[0].split()
     assert int(chunks) > 1 and float(row[1].split()[-1]) < 0.25, res.stdout  # several chunks, under 1/4 the bytes
+
+
+def test_host_speed_is_one_line(capsys, monkeypatch):
+    """scripts/host_speed.py (make test and make test-slow print it first): one line with both rates, the cores and
+    the load; measured here on small sizes."""
+    import functools
+
+    spec = importlib.util.spec_from_file_location("host_speed", SCRIPTS / "host_speed.py")
+    host_speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_speed)
+    monkeypatch.setattr(host_speed, "loop_rate", functools.partial(host_speed.loop_rate, 20_000))
+    monkeypatch.setattr(host_speed, "matmul_rate", functools.partial(host_speed.matmul_rate, 32, 2))
+    host_speed.main()
+    line = capsys.readouterr().out
+    assert re.fullmatch(
+        r"host: python \d+\.\d M loop steps/s, torch fp32 matmul \d+\.\d GFLOP/s \(1 thread\), \d+ cores, "
+        r"load \d+\.\d\d \(1 min\)\n",
+        line,
+    ), line
