@@ -149,7 +149,7 @@ def test_two_real_tiny_runs(tmp_path):
     loader = build_train_loader(data, tok, 0, 1, 16)
     train = np.concatenate([next(loader).tokens.numpy() for _ in range(8)])
     loader.close()
-    val = np.stack([w[0] for ws in held_out_windows(data, tok).values() for w in ws])  # the whole held-out set
+    val = np.stack([w[0] for ws in held_out_windows(data, tok, 4096).values() for w in ws])  # trainer.val_tokens
     uni, bi = hand_baselines(train.tolist(), val.tolist(), tok.vocab_size, BIGRAM_K)
     assert (records[0].unigram_loss, records[0].bigram_loss) == pytest.approx((uni, bi), rel=1e-12)
     assert records[1].bigram_loss == records[0].bigram_loss  # same data, tokens and seed: one cache entry
