@@ -3,7 +3,7 @@ time can be read against the machine that gave it: the suite's time is mostly th
 configs) and small fp32 matmuls on one thread each (tiny training runs), so those two are measured, with the load.
 
     python scripts/host_speed.py
-    host: python 41.2 M loop steps/s, torch fp32 matmul 38.5 GFLOP/s (1 thread), 2 cores, load 0.31 (1 min)
+    host: python 33.1 M loop steps/s, torch fp32 matmul 98.7 GFLOP/s (1 thread), 2 cores, load 1.16 (1 min)
 
 Each figure is the best of 5 repeats (the least disturbed by other work); about 1.5 s in all."""
 
