@@ -132,19 +132,25 @@ def kaplan_n(stats, tied: bool) -> int:
 
 def block_params(model_config: Optional[dict]) -> Optional[int]:
     """Kaplan's N of the model a run saved in its config.yaml (None without one, or one this diffllm cannot read)."""
-    return _block_params(json.dumps(model_config, sort_keys=True, default=str)) if model_config else None
+    counted = saved_model_stats(model_config) if model_config else None
+    return kaplan_n(*counted) if counted else None
+
+
+def saved_model_stats(model_config: dict, seq_len: Optional[int] = None) -> Optional[tuple[Any, bool]]:
+    """(ModelStats at seq_len, tie_embeddings) of the model config a run saved; None for one this diffllm cannot
+    build (another version's). Counted once per config: a sweep's runs share a few models."""
+    return _counted(json.dumps(model_config, sort_keys=True, default=str), seq_len)
 
 
 @functools.cache
-def _block_params(model_json: str) -> Optional[int]:  # a sweep's runs share a few models: each is built once
+def _counted(model_json: str, seq_len: Optional[int]) -> Optional[tuple[Any, bool]]:
     from .config import build
     from .model.accounting import model_stats
     from .model.config import ModelConfig
 
-    model_config = json.loads(model_json)
     try:
-        cfg = build(ModelConfig, model_config, "model")
-        return kaplan_n(model_stats(cfg), cfg.tie_embeddings)
+        cfg = build(ModelConfig, json.loads(model_json), "model")
+        return model_stats(cfg, seq_len), cfg.tie_embeddings
     except (ValueError, TypeError):  # a config of another diffllm version, or a model this one cannot build
         return None
 

@@ -49,20 +49,10 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, bytes_per_number: int = 2) -> int
     return cfg.n_layers * cfg.variant.kv_cache_width(cfg) * bytes_per_number
 
 
-_STATS: dict[tuple[str, int], ModelStats] = {}  # by (repr of the config, seq_len): a sweep's runs share a few models
-
-
 def model_stats(cfg: ModelConfig, seq_len: int | None = None) -> ModelStats:
     """Counts from the model built on the meta device; FLOPs = 6 x matmul params + the variant's attention FLOPs
-    (for cfg.attn_backend). Computed once per config and seq_len (the repr names every field)."""
+    (for cfg.attn_backend)."""
     seq_len = seq_len or cfg.max_seq_len
-    key = (repr(cfg), seq_len)
-    if key not in _STATS:
-        _STATS[key] = _count(cfg, seq_len)
-    return _STATS[key]
-
-
-def _count(cfg: ModelConfig, seq_len: int) -> ModelStats:
     model = meta_model(cfg)
     total = sum(p.numel() for p in model.parameters())
     embedding = model.tok_embeddings.weight.numel()

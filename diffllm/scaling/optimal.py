@@ -22,14 +22,12 @@ fit.py paired_joint) where the sweep has them."""
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..results import RunRecord
+from ..results import RunRecord, saved_model_stats
 from ..runs import Run
 from .fit import Interval, JointLaw, interval, no_interval
 
@@ -128,27 +126,15 @@ def exponents(fr: Frontier) -> tuple[float, float]:
 
 
 # -------------------------------------------------------------------------------------- from a sweep's runs
-@functools.cache
-def _flops_per_token(model_json: str, seq_len: Optional[int]) -> Optional[float]:
-    from ..config import build
-    from ..model.accounting import model_stats
-    from ..model.config import ModelConfig
-
-    try:
-        return model_stats(build(ModelConfig, json.loads(model_json), "model"), seq_len).flops_per_token
-    except (ValueError, TypeError):  # a config of another diffllm version, or a model this one cannot build
-        return None
-
-
 def run_flops_per_token(r: RunRecord) -> Optional[float]:
     """The run's training FLOPs per token, counted by model_stats from the model and data.seq_len its config.yaml
     saved (as the trainer counts them); else its summary's flops / tokens; None without either."""
     config = Run(r.run_dir).config() or {}
     if config.get("model"):
         seq_len = (config.get("data") or {}).get("seq_len")
-        f = _flops_per_token(json.dumps(config["model"], sort_keys=True), seq_len)
-        if f:
-            return f
+        counted = saved_model_stats(config["model"], seq_len)
+        if counted and counted[0].flops_per_token:
+            return counted[0].flops_per_token
     return r.flops / r.tokens if r.flops and r.tokens else None
 
 
